@@ -1,0 +1,259 @@
+"""The YAML config file (DESIGN.md section 9): pydantic models, env substitution, errors that
+name the file, line and key path of every problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from core.ids import sync_id_for
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def _duration(v: Any) -> Any:
+    """``7d``, ``12h``, ``30m``, ``10s``, ``250ms`` or a number of seconds."""
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if not m:
+            raise ValueError("expected a duration like 250ms, 10s, 30m, 12h or 7d")
+        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    return v
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(Model):
+    """Where the streams are kept. ``url`` defaults to the first postgres source's url."""
+
+    url: SecretStr | None = None
+    schema_: str = Field("weir", alias="schema")
+    events_retention: Duration = timedelta(days=7)
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_name(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be a lower-case SQL identifier")
+        return v
+
+
+class SourceBase(Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    id: uuid.UUID | None = None
+
+    @property
+    def sync_id(self) -> uuid.UUID:
+        return self.id or sync_id_for(self.name)
+
+
+class PostgresSource(SourceBase):
+    """A database captured by logical replication (pgoutput)."""
+
+    kind: Literal["postgres"]
+    url: SecretStr
+    publication: str = "weir_pub"
+    slot: str = "weir_slot"
+    tables: list[str] = []
+    schemas: list[str] = []
+    key_columns: dict[str, list[str]] = {}
+    create_publication: bool = True
+    heartbeat_interval: Duration = timedelta(seconds=30)
+    status_interval: Duration = timedelta(seconds=10)
+    max_batch: int = Field(5000, ge=1, le=100_000)
+    max_batch_wait: Duration = timedelta(milliseconds=50)
+
+    @property
+    def provider(self) -> str:
+        return "postgres"
+
+    @field_validator("publication", "slot")
+    @classmethod
+    def _ident(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be a lower-case identifier: letters, digits and _")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if t.count(".") != 1 or not all(t.split(".")):
+                raise ValueError(f"{t!r}: tables are written schema.table")
+        return v
+
+    @model_validator(mode="after")
+    def _some_tables(self) -> PostgresSource:
+        if not self.tables and not self.schemas:
+            raise ValueError("give tables: [schema.table, ...] or schemas: [name, ...]")
+        return self
+
+
+class HttpSource(SourceBase):
+    """Records pushed over HTTP by an API sync."""
+
+    kind: Literal["http"]
+    provider: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+
+
+Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
+
+
+class WeirConfig(Model):
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig.model_validate({}))
+    sources: list[Source] = []
+
+    @model_validator(mode="after")
+    def _checks(self) -> WeirConfig:
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique: {', '.join(dupes)}")
+        if self.store.url is None and not any(isinstance(s, PostgresSource) for s in self.sources):
+            raise ValueError("store.url is required when no postgres source is declared")
+        return self
+
+    @property
+    def store_url(self) -> str:
+        if self.store.url is not None:
+            return self.store.url.get_secret_value()
+        pg = next(s for s in self.sources if isinstance(s, PostgresSource))
+        return pg.url.get_secret_value()
+
+    def source(self, name: str) -> PostgresSource | HttpSource:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(
+            f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})"
+        )
+
+
+class ConfigError(Exception):
+    """A config file is invalid; ``str()`` lists every problem as ``file:line: key: message``."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        super().__init__("\n".join(f"{self.path}:{p}" for p in problems))
+
+
+# -- YAML with line numbers and ${VAR} substitution -------------------------------------------
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+Lines = dict[tuple[str | int, ...], int]
+_SCALARS = yaml.SafeLoader("")
+
+
+def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs: list[str]) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            key = str(k.value)
+            lines[(*path, key)] = k.start_mark.line + 1
+            if key in out:
+                errs.append(f"{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key")
+            out[key] = _to_python(v, (*path, key), lines, errs)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, (*path, i), lines, errs) for i, v in enumerate(node.value)]
+    assert isinstance(node, yaml.ScalarNode)
+    value = _SCALARS.construct_object(node)  # resolves int, bool, null, ... as YAML does
+    if isinstance(value, str) and "${" in value:
+
+        def sub(m: re.Match[str]) -> str:
+            found = os.environ.get(m.group(1))
+            if found is not None:
+                return found
+            if m.group(2) is not None:
+                return m.group(2)
+            errs.append(
+                f"{node.start_mark.line + 1}: {_dotted(path)}: environment variable "
+                f"{m.group(1)} is not set (write ${{{m.group(1)}:-default}} for a default)"
+            )
+            return ""
+
+        return _VAR.sub(sub, value)  # substituted text stays text; pydantic converts it
+    return value
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top)"
+
+
+def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:
+    """The YAML line of a pydantic error location (whose union tags we drop)."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            continue  # a union tag (e.g. 'postgres') or a missing key: stay on the parent
+        path.append(part)
+    while tuple(path) not in lines and path:
+        path.pop()
+    return lines.get(tuple(path), 1), tuple(path)
+
+
+def load_config(path: str | Path) -> WeirConfig:
+    """Read and validate a config file; raises :class:`ConfigError` listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(path, [f"0: cannot read the file: {e.strerror}"]) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise ConfigError(path, [f"{line}: invalid YAML: {getattr(e, 'problem', e)}"]) from None
+    lines: Lines = {}
+    errs: list[str] = []
+    data = _to_python(root, (), lines, errs) if root is not None else {}
+    if errs:
+        raise ConfigError(path, errs)
+    if not isinstance(data, dict):
+        raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
+    try:
+        return WeirConfig.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            line, where = _line_of(tuple(err["loc"]), lines, data)
+            rest = [p for p in err["loc"] if p not in where and p not in ("postgres", "http")]
+            key = _dotted((*where, *rest)) if err["loc"] else "(top)"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{line}: {key}: {msg}")
+        raise ConfigError(path, problems) from None

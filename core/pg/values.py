@@ -1,0 +1,193 @@
+"""Column text (as pgoutput sends it) to JSON values, by PostgreSQL type (DESIGN.md section 4).
+
+The replication session runs with ``TimeZone=UTC``, ``DateStyle=ISO``, ``bytea_output=hex``,
+``extra_float_digits=3`` and ``IntervalStyle=iso_8601`` so that the text is predictable.
+A converter is chosen once per column when a Relation message arrives; the hot path only calls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+Converter = Callable[[bytes], Any]
+
+# Built-in type OIDs (pg_type.dat); stable across PostgreSQL versions.
+BOOL, BYTEA, INT8, INT2, INT4, OID = 16, 17, 20, 21, 23, 26
+JSON, JSONB, FLOAT4, FLOAT8, NUMERIC = 114, 3802, 700, 701, 1700
+TIMESTAMP, TIMESTAMPTZ, UUID = 1114, 1184, 2950
+
+
+def to_text(b: bytes) -> str:
+    return b.decode()
+
+
+def to_bool(b: bytes) -> bool:
+    return b == b"t"
+
+
+def to_float(b: bytes) -> float | str:
+    v = float(b)
+    # NaN and +-Infinity are not JSON numbers: keep Postgres's spelling as a string.
+    return v if math.isfinite(v) else b.decode()
+
+
+def to_json(b: bytes) -> Any:
+    return orjson.loads(b)
+
+
+def to_bytea(b: bytes) -> str:
+    # bytea_output=hex: "\x0a0b..."
+    return base64.b64encode(bytes.fromhex(b[2:].decode())).decode()
+
+
+def _iso_datetime(s: str, suffix: str) -> str:
+    """``2026-11-22 10:00:00.12`` -> ``2026-11-22T10:00:00.120000`` + suffix."""
+    if s.endswith(" BC") or s[0] in "-i":  # BC dates and +-infinity stay as Postgres prints them
+        return s
+    day, _, time = s.partition(" ")
+    if len(time) == 8:
+        time += ".000000"
+    elif len(time) < 15:
+        time = time.ljust(15, "0")
+    return f"{day}T{time}{suffix}"
+
+
+def to_timestamptz(b: bytes) -> str:
+    s = b.decode()
+    if s.endswith("+00"):
+        return _iso_datetime(s[:-3], "Z")
+    return s  # infinity, or an offset we did not ask for
+
+
+def to_timestamp(b: bytes) -> str:
+    return _iso_datetime(b.decode(), "")
+
+
+def parse_array(text: str, element: Converter, delimiter: str = ",") -> Any:
+    """Postgres array literal (``{1,2,"a b",NULL,{3,4}}``) to nested lists of converted values."""
+    if text.startswith("["):  # explicit bounds: [0:1]={...}
+        text = text[text.index("=") + 1 :]
+    pos = 0
+    n = len(text)
+
+    def parse_list() -> list[Any]:
+        nonlocal pos
+        assert text[pos] == "{"
+        pos += 1
+        items: list[Any] = []
+        if text[pos] == "}":
+            pos += 1
+            return items
+        while True:
+            ch = text[pos]
+            if ch == "{":
+                items.append(parse_list())
+            elif ch == '"':
+                pos += 1
+                buf = []
+                while text[pos] != '"':
+                    if text[pos] == "\\":
+                        pos += 1
+                    buf.append(text[pos])
+                    pos += 1
+                pos += 1
+                items.append(element("".join(buf).encode()))
+            else:
+                start = pos
+                while pos < n and text[pos] != delimiter and text[pos] != "}":
+                    pos += 1
+                raw = text[start:pos].strip()
+                items.append(None if raw == "NULL" else element(raw.encode()))
+            if text[pos] == delimiter:
+                pos += 1
+                continue
+            assert text[pos] == "}"
+            pos += 1
+            return items
+
+    return parse_list()
+
+
+_BY_OID: dict[int, Converter] = {
+    BOOL: to_bool,
+    BYTEA: to_bytea,
+    INT8: int,
+    INT2: int,
+    INT4: int,
+    OID: int,
+    JSON: to_json,
+    JSONB: to_json,
+    FLOAT4: to_float,
+    FLOAT8: to_float,
+    TIMESTAMP: to_timestamp,
+    TIMESTAMPTZ: to_timestamptz,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PgType:
+    oid: int
+    name: str
+    typtype: str  # b base, d domain, e enum, c composite, r range, m multirange
+    element: int  # array element type, 0 when not an array
+    base: int  # base type of a domain, 0 otherwise
+    delimiter: str
+    is_array: bool
+
+
+TYPES_SQL = """
+SELECT t.oid::bigint, t.typname, t.typtype, t.typelem::bigint, t.typbasetype::bigint, t.typdelim,
+       t.typcategory = 'A' AND t.typelem <> 0
+FROM pg_type t
+"""
+
+
+class TypeCatalog:
+    """Knows how to turn any column type of one database into JSON values.
+
+    Loaded from ``pg_type`` by the capture process; ``refresh`` is called with a fresh row set
+    when a Relation message names a type that is not known yet (a type created after start).
+    """
+
+    def __init__(self, rows: list[tuple[Any, ...]] | None = None) -> None:
+        self.types: dict[int, PgType] = {}
+        self._cache: dict[int, Converter] = {}
+        if rows:
+            self.refresh(rows)
+
+    def refresh(self, rows: list[tuple[Any, ...]]) -> None:
+        self.types = {r[0]: PgType(*r) for r in rows}
+        self._cache.clear()
+
+    def knows(self, oid: int) -> bool:
+        return oid in _BY_OID or oid in self.types
+
+    def converter(self, oid: int) -> Converter:
+        conv = self._cache.get(oid)
+        if conv is None:
+            conv = self._cache[oid] = self._build(oid, depth=0)
+        return conv
+
+    def _build(self, oid: int, depth: int) -> Converter:
+        if oid in _BY_OID:
+            return _BY_OID[oid]
+        t = self.types.get(oid)
+        if t is None or depth > 10:
+            return to_text  # unknown: keep the text rather than guess
+        if t.typtype == "d" and t.base:
+            return self._build(t.base, depth + 1)
+        if t.is_array:
+            element = self._build(t.element, depth + 1)
+            delimiter = t.delimiter
+
+            def to_array(b: bytes) -> Any:
+                return parse_array(b.decode(), element, delimiter)
+
+            return to_array
+        return to_text  # numeric, uuid, text, enums, dates, times, intervals, ranges, ...

@@ -1,0 +1,116 @@
+"""The stream store's schema, created and upgraded by numbered migrations on startup.
+
+Migrations run in one transaction under an advisory lock, so several Weir processes starting at
+once apply each exactly once. A migration is never edited after it has shipped: add a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger("weir.store")
+
+# Each migration is SQL with {s} standing for the quoted schema name.
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "sources, events stream, records stream, cursors",
+        """
+CREATE TABLE {s}.sources (
+    sync_id      uuid PRIMARY KEY,
+    name         text NOT NULL UNIQUE,
+    kind         text NOT NULL,
+    provider     text NOT NULL,
+    events_seq   bigint NOT NULL DEFAULT 0,  -- last seq given out in the events stream
+    records_seq  bigint NOT NULL DEFAULT 0,  -- last seq given out in the records stream
+    commit_lsn   bigint NOT NULL DEFAULT 0,  -- last captured commit (postgres sources)
+    end_lsn      bigint NOT NULL DEFAULT 0,  -- its end: where replication resumes
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Every change, append-only, pruned by age.
+CREATE TABLE {s}.events (
+    sync_id       uuid NOT NULL,
+    seq           bigint NOT NULL,
+    collection_id text NOT NULL,
+    record_id     text,                       -- null for truncate
+    action        text NOT NULL,              -- insert | update | delete | truncate
+    commit_lsn    bigint NOT NULL,
+    commit_idx    integer NOT NULL,           -- position in its transaction
+    committed_at  timestamptz NOT NULL,
+    record        jsonb,
+    changes       jsonb,
+    inserted_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sync_id, seq)
+);
+CREATE INDEX events_inserted_at ON {s}.events USING brin (inserted_at);
+
+-- The latest version of every record; a new version takes a new seq. Deletes stay as
+-- tombstones. (version, version_idx) only grows: no writer replaces a newer version.
+CREATE TABLE {s}.records (
+    sync_id             uuid NOT NULL,
+    collection_id       text NOT NULL,
+    record_id           text NOT NULL,
+    seq                 bigint NOT NULL,
+    version             bigint NOT NULL,
+    version_idx         integer NOT NULL,
+    deleted             boolean NOT NULL,
+    record              jsonb NOT NULL,
+    upstream_updated_at timestamptz,
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sync_id, collection_id, record_id)
+);
+CREATE UNIQUE INDEX records_seq ON {s}.records (sync_id, seq);
+
+-- Where each connector is in each source's stream, and what the broker had taken.
+CREATE TABLE {s}.cursors (
+    connector    text NOT NULL,
+    sync_id      uuid NOT NULL,
+    stream       text NOT NULL,
+    seq          bigint NOT NULL,
+    broker_state jsonb,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (connector, sync_id)
+);
+""",
+    ),
+]
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
+    """Bring ``schema`` up to the newest migration. Returns the schema version.
+
+    Called on startup by every process that uses the store; safe to run concurrently.
+    """
+    s = sql.Identifier(schema)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('weir:migrate:' || %s))", (schema,))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.schema_migrations ("
+                "version integer PRIMARY KEY, description text NOT NULL, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(s)
+        )
+        row = conn.execute(
+            sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_migrations").format(s)
+        ).fetchone()
+        current = int(row[0]) if row else 0  # type: ignore[call-overload]
+        for version, description, body in MIGRATIONS:
+            if version <= current:
+                continue
+            log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
+            conn.execute(sql.SQL(body.replace("{s}", "{schema}")).format(schema=s))
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.schema_migrations (version, description) VALUES (%s, %s)"
+                ).format(s),
+                (version, description),
+            )
+            current = version
+    return current

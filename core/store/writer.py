@@ -1,0 +1,280 @@
+"""Writes changes into one source's events and records streams.
+
+Used by every producer of a source (CDC capture, HTTP ingest, backfill): a batch of changes and
+the source's checkpoint are committed in one store transaction, and seqs are given out under the
+source row's lock, so they are gap-free and commit in order. This is the store half of the
+capture hot path: rows go to the events stream by COPY and to the records stream in one
+set-based upsert per batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NamedTuple
+
+import orjson
+from psycopg import sql
+
+from core.store import Conn, Store
+
+
+class Change(NamedTuple):
+    """One change to one record, in the order it was committed upstream.
+
+    ``record`` holds new values (old ones for a delete); ``partial`` says that it lacks columns
+    whose values are unknown (unchanged TOAST, a delete carrying only the key), so the records
+    stream keeps their last known values. ``old_record_id`` is set when an update changed the key.
+    ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
+    """
+
+    action: str  # insert | update | delete | truncate
+    collection_id: str
+    record_id: str | None
+    record: dict[str, Any] | None
+    changes: dict[str, Any] | None
+    partial: bool
+    old_record_id: str | None
+    version: int
+    idx: int
+    committed_at: str  # ISO-8601
+
+
+class WriterBusyError(RuntimeError):
+    """Another process is writing this source right now."""
+
+
+_dumps = orjson.dumps
+
+
+class SourceWriter:
+    """The single writer of one source's streams, for as long as its connection lives.
+
+    ``lock()`` takes a session advisory lock, so a second capture process of the same source
+    fails at once instead of interleaving seqs; the lock goes away with the connection, also
+    when the process is killed.
+    """
+
+    def __init__(self, conn: Conn, store: Store, sync_id: uuid.UUID) -> None:
+        self.conn = conn
+        self.store = store
+        self.sync_id = sync_id
+        self.events_seq = 0
+        self.records_seq = 0
+        self._open = False
+        sources, events, records = (store.table(n) for n in ("sources", "events", "records"))
+        self._sources = sources
+        self._lock_row = sql.SQL(
+            "SELECT events_seq, records_seq FROM {} WHERE sync_id = %s FOR UPDATE"
+        ).format(sources)
+        self._copy_events = sql.SQL(
+            "COPY {} (sync_id, seq, collection_id, record_id, action, commit_lsn, commit_idx,"
+            " committed_at, record, changes) FROM STDIN"
+        ).format(events)
+        self._upsert = sql.SQL(UPSERT_RECORDS).format(records=records)
+        self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
+        self._checkpoint = sql.SQL(
+            "UPDATE {} SET events_seq = %s, records_seq = %s, commit_lsn = %s, end_lsn = %s,"
+            " updated_at = now() WHERE sync_id = %s"
+        ).format(sources)
+
+    def lock(self, source_name: str) -> None:
+        row = self.conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended('weir:writer:' || %s, 0))",
+            (str(self.sync_id),),
+        ).fetchone()
+        self.conn.commit()
+        if not row or not row[0]:
+            raise WriterBusyError(
+                f"source {source_name!r} is already being written by another weir process; "
+                "stop that process or give this source another name"
+            )
+
+    def checkpoint(self) -> tuple[int, int]:
+        """(commit_lsn, end_lsn) of the last transaction committed to the store."""
+        row = self.conn.execute(
+            sql.SQL("SELECT commit_lsn, end_lsn FROM {} WHERE sync_id = %s").format(self._sources),
+            (self.sync_id,),
+        ).fetchone()
+        self.conn.commit()
+        assert row is not None, "source not registered"
+        return int(row[0]), int(row[1])  # type: ignore[call-overload]
+
+    def _begin(self) -> None:
+        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
+        assert row is not None, "source not registered"
+        self.events_seq, self.records_seq = int(row[0]), int(row[1])  # type: ignore[call-overload]
+        self._open = True
+
+    def write(self, changes: list[Change]) -> None:
+        """Add changes to the open store transaction (opening it when needed); commit later.
+
+        A long upstream transaction is written in several calls and committed once.
+        """
+        if not changes:
+            return
+        if not self._open:
+            self._begin()
+        sid = str(self.sync_id)
+        seq = self.events_seq
+        # Records-stream work in order: upserts of the newest versions, split at truncates.
+        latest: dict[tuple[str, str], list[Any]] = {}
+        steps: list[dict[tuple[str, str], list[Any]] | Change] = [latest]
+        with self.conn.cursor() as cur:
+            with cur.copy(self._copy_events) as copy:
+                write_row = copy.write_row
+                for ch in changes:
+                    seq += 1
+                    record_json = None if ch.record is None else _dumps(ch.record).decode()
+                    changes_json = None if ch.changes is None else _dumps(ch.changes).decode()
+                    write_row(
+                        (
+                            sid,
+                            seq,
+                            ch.collection_id,
+                            ch.record_id,
+                            ch.action,
+                            ch.version,
+                            ch.idx,
+                            ch.committed_at,
+                            record_json,
+                            changes_json,
+                        )
+                    )
+                    if ch.action == "truncate":
+                        latest = {}
+                        steps += [ch, latest]
+                        continue
+                    if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
+                        # The key changed: the old record id becomes a tombstone.
+                        _collapse(latest, ch, ch.old_record_id, True, {}, None)
+                    _collapse(
+                        latest, ch, ch.record_id, ch.action == "delete", ch.record, record_json
+                    )
+            for step in steps:
+                if isinstance(step, dict):
+                    self._upsert_records(cur, step)
+                else:
+                    self._truncate_collection(cur, step)
+        self.events_seq = seq
+
+    def _upsert_records(self, cur: Any, latest: dict[tuple[str, str], list[Any]]) -> None:
+        if not latest:
+            return
+        cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
+        # Dict order is the order of each record's last change: the seq order to give out.
+        for (collection_id, record_id), (
+            version,
+            idx,
+            deleted,
+            partial,
+            rec,
+            js,
+            ts,
+        ) in latest.items():
+            cols[0].append(collection_id)
+            cols[1].append(record_id)
+            cols[2].append(version)
+            cols[3].append(idx)
+            cols[4].append(deleted)
+            cols[5].append(partial)
+            cols[6].append(js if js is not None else _dumps(rec).decode())
+            cols[7].append(ts)
+        cur.execute(self._upsert, (*cols, self.sync_id, self.sync_id, self.records_seq))
+        self.records_seq += cur.rowcount
+
+    def _truncate_collection(self, cur: Any, ch: Change) -> None:
+        cur.execute(
+            self._truncate,
+            {
+                "sid": self.sync_id,
+                "collection_id": ch.collection_id,
+                "version": ch.version,
+                "idx": ch.idx,
+                "ts": ch.committed_at,
+                "base": self.records_seq,
+            },
+        )
+        self.records_seq += cur.rowcount
+
+    def commit(self, commit_lsn: int, end_lsn: int) -> None:
+        """Commit everything written since the last commit together with the checkpoint."""
+        if not self._open:
+            self._begin()
+        self.conn.execute(
+            self._checkpoint,
+            (self.events_seq, self.records_seq, commit_lsn, end_lsn, self.sync_id),
+        )
+        self.conn.commit()
+        self._open = False
+
+    def rollback(self) -> None:
+        self._open = False
+        if not self.conn.closed:
+            self.conn.rollback()
+
+
+def _collapse(
+    latest: dict[tuple[str, str], list[Any]],
+    ch: Change,
+    record_id: str | None,
+    deleted: bool,
+    record: dict[str, Any] | None,
+    record_json: str | None,
+) -> None:
+    """Keep only the newest version of each record in a batch (the records stream is compacted).
+
+    A partial version (unknown columns) is completed from the version before it in the batch.
+    """
+    assert record_id is not None and record is not None
+    key = (ch.collection_id, record_id)
+    partial = ch.partial or record_id != ch.record_id
+    prev = latest.pop(key, None)  # re-insert: dict order becomes the order of the last change
+    if prev is not None and partial:
+        record = {**prev[4], **record}
+        partial = prev[3]
+        record_json = None
+    latest[key] = [ch.version, ch.idx, deleted, partial, record, record_json, ch.committed_at]
+
+
+# Inserts or replaces the latest version of each record, refusing any that is not newer than the
+# stored one, and numbers the accepted ones with consecutive seqs in batch order.
+UPSERT_RECORDS = """
+WITH incoming AS (
+    SELECT u.collection_id, u.record_id, u.version, u.version_idx, u.deleted, u.ord,
+           u.upstream_updated_at,
+           CASE WHEN u.partial AND r.record IS NOT NULL THEN r.record || u.record
+                ELSE u.record END AS record
+    FROM unnest(%s::text[], %s::text[], %s::int8[], %s::int4[], %s::bool[], %s::bool[],
+                %s::jsonb[], %s::timestamptz[]) WITH ORDINALITY
+         AS u(collection_id, record_id, version, version_idx, deleted, partial, record,
+              upstream_updated_at, ord)
+    LEFT JOIN {records} r
+           ON r.sync_id = %s AND r.collection_id = u.collection_id AND r.record_id = u.record_id
+    WHERE r.record_id IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
+)
+INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                            deleted, record, upstream_updated_at)
+SELECT %s::uuid, collection_id, record_id, %s::int8 + row_number() OVER (ORDER BY ord),
+       version, version_idx, deleted, record, upstream_updated_at
+FROM incoming
+ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, record = excluded.record,
+    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
+"""
+
+# A truncate turns every live record of the collection older than it into a tombstone.
+TRUNCATE_RECORDS = """
+WITH doomed AS (
+    SELECT record_id, row_number() OVER (ORDER BY seq) AS n
+    FROM {records}
+    WHERE sync_id = %(sid)s AND collection_id = %(collection_id)s AND NOT deleted
+      AND (version, version_idx) < (%(version)s, %(idx)s)
+)
+UPDATE {records} r
+SET deleted = true, seq = %(base)s + doomed.n, version = %(version)s, version_idx = %(idx)s,
+    upstream_updated_at = %(ts)s, updated_at = now()
+FROM doomed
+WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
+  AND r.record_id = doomed.record_id
+"""
