@@ -88,9 +88,16 @@ class EmbeddedPostgres:
     crashes: killing Weir or the server process loses nothing committed.
     """
 
-    def __init__(self, *, durable: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        durable: bool = False,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.durable = durable
+        self.settings = settings or {}
         self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-"))
         self.data = self.dir / "data"
         self.logfile = self.dir / "postgres.log"
@@ -135,6 +142,7 @@ class EmbeddedPostgres:
         }
         if not self.durable:
             settings |= {"fsync": "off", "full_page_writes": "off"}
+        settings |= self.settings
         args = [str(self.bindir / "postgres"), "-D", str(self.data)]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]

@@ -96,9 +96,9 @@ class PostgresCapture:
             psycopg.connect(url, autocommit=True, application_name="weir-catalog") as catalog,
             self.store.connect() as store_conn,
         ):
-            prepare(catalog, src)
             writer = SourceWriter(store_conn, self.store, src.sync_id)
-            writer.lock(src.name)
+            writer.lock(src.name)  # first: one capture per source, whatever the slot says
+            prepare(catalog, src)
             commit_lsn, end_lsn = writer.checkpoint()
             relations = Relations(catalog, src.key_columns)
             # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.

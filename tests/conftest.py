@@ -1,0 +1,47 @@
+"""Session-scoped real servers on loopback. A server that cannot start fails the tests using it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from core.embedded import EmbeddedNats, EmbeddedPostgres
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedNats]:
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture
+def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database on the shared server; its replication slots are dropped afterwards."""
+    name = f"t{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            (name,),
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE database = %s AND NOT active",
+            (name,),
+        )
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -1,0 +1,96 @@
+"""What a user sees when a source cannot be captured: one line that says what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from core.embedded import EmbeddedPostgres
+from core.pg.capture import PostgresCapture
+from core.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.store.writer import WriterBusyError
+from tests.helpers.capture import capturing, pg_source, prepare_store
+
+
+def _prepare(url: str, **overrides: object) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        prepare(conn, pg_source(url, **overrides))
+
+
+def test_wal_level_not_logical() -> None:
+    with (
+        EmbeddedPostgres(settings={"wal_level": "replica"}) as server,
+        pytest.raises(SourceSetupError) as e,
+    ):
+        _prepare(server.url)
+    assert str(e.value) == (
+        "source 'app': wal_level is 'replica' but capture needs 'logical': run "
+        "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
+    )
+
+
+def test_missing_table(db_url: str) -> None:
+    with pytest.raises(SourceSetupError, match=r"table public\.nope does not exist \(check"):
+        _prepare(db_url, schemas=[], tables=["public.nope"])
+
+
+def test_table_without_primary_key(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE loose (a int, b text)")
+    with pytest.raises(SourceSetupError, match=r"public\.loose has no primary key: add one"):
+        _prepare(db_url)
+    # The remedy the message names works.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE loose REPLICA IDENTITY FULL")
+    _prepare(db_url, key_columns={"public.loose": ["a"]})
+
+
+def test_replica_identity_nothing(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY NOTHING")
+    with pytest.raises(SourceSetupError, match="REPLICA IDENTITY NOTHING"):
+        _prepare(db_url)
+
+
+def test_slot_held_by_another_process(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    src = pg_source(db_url)
+    store = prepare_store(src, db_url)
+    other = pg_source(db_url, name="other")  # same slot, another source
+    with capturing(src, store):
+        with pytest.raises(SlotBusyError, match=r"slot 'weir_slot' is in use by another process"):
+            _prepare(db_url, name="other")
+        # A second writer of the same source is refused at once.
+        prepare_store(other, db_url)
+        with pytest.raises(WriterBusyError, match="already being written by another weir"):
+            PostgresCapture(src, store).session(threading.Event())
+
+
+def test_weir_run_exits_with_the_one_line_error(tmp_path: Path, db_url: str) -> None:
+    cfg = tmp_path / "weir.yaml"
+    cfg.write_text(
+        textwrap.dedent(f"""\
+        sources:
+          - name: app
+            kind: postgres
+            url: {db_url}
+            tables: [public.missing]
+        """)
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "core.cli", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert "source app: source 'app': table public.missing does not exist" in run.stderr
+    assert db_url not in run.stderr  # the url may hold a password: never logged
