@@ -244,8 +244,8 @@ WITH incoming AS (
            u.upstream_updated_at,
            CASE WHEN u.partial AND r.record IS NOT NULL THEN r.record || u.record
                 ELSE u.record END AS record
-    FROM unnest(%s::text[], %s::text[], %s::int8[], %s::int4[], %s::bool[], %s::bool[],
-                %s::jsonb[], %s::timestamptz[]) WITH ORDINALITY
+    FROM unnest(%b::text[], %b::text[], %b::int8[], %b::int4[], %b::bool[], %b::bool[],
+                %b::text[]::jsonb[], %b::text[]::timestamptz[]) WITH ORDINALITY
          AS u(collection_id, record_id, version, version_idx, deleted, partial, record,
               upstream_updated_at, ord)
     LEFT JOIN {records} r

@@ -241,3 +241,31 @@ def test_capture_reconnects_after_the_source_drops_it_and_loses_nothing(db_url: 
         writer.join()
         wait_for(lambda: count_events(db_url) >= 2000, timeout=60, what="2000 events")
     assert [int(e["record_id"]) for e in events(db_url)] == list(range(1, 2001))
+
+
+def test_heartbeats_keep_the_slot_moving_on_an_idle_database(
+    db_url: str, pg_server: object
+) -> None:
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
+    src = pg_source(db_url, heartbeat_interval="200ms", status_interval="200ms")
+    store = prepare_store(src, db_url)
+    other_db = db_url.rsplit("/", 1)[0] + "/postgres"
+
+    def confirmed() -> int:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots "
+                "WHERE slot_name = 'weir_slot'"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+    with capturing(src, store):
+        # WAL written elsewhere on the server; nothing in this source's tables.
+        with psycopg.connect(other_db, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS busy (v text)")
+            conn.execute("INSERT INTO busy SELECT repeat('x', 100) FROM generate_series(1, 5000)")
+            row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
+            assert row is not None
+            target = int(row[0])
+        wait_for(lambda: confirmed() >= target, timeout=20, what="the slot to pass the WAL end")
+    assert count_events(db_url) == 0

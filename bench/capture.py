@@ -1,0 +1,146 @@
+"""Capture throughput: changes/s from the replication slot into the store, for 200k single-row
+transactions already in the WAL (a backlog), next to the raw replication read rate (messages
+received and counted, nothing decoded or stored) measured on the same server in the same run.
+
+    .venv/bin/python bench/capture.py [--changes 200000] [--profile]
+
+Prints one JSON line and appends it to bench/results/capture.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+from core.config import PostgresSource
+from core.embedded import EmbeddedPostgres
+from core.pg.capture import SESSION_OPTIONS, PostgresCapture
+from core.store import Store
+
+RESULTS = Path(__file__).parent / "results" / "capture.jsonl"
+
+
+def make_backlog(url: str, n: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench (id int PRIMARY KEY, v int NOT NULL, name text)")
+        conn.execute("CREATE PUBLICATION weir_pub FOR TABLE bench")
+        for slot in ("raw_slot", "weir_slot"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute(
+            "CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$ BEGIN "
+            "FOR i IN 1..n LOOP INSERT INTO bench VALUES (i, i, 'name-' || i); COMMIT; END LOOP; "
+            "END $$"
+        )
+        conn.execute("CALL load(%s)", (n,))
+
+
+def raw_read(url: str, n: int) -> float:
+    """Seconds to receive n transactions' messages from the slot without decoding them."""
+    conn = psycopg.connect(url, autocommit=True, replication="database", options=SESSION_OPTIONS)
+    pgconn = conn.pgconn
+    pgconn.send_query(
+        b"START_REPLICATION SLOT raw_slot LOGICAL 0/0 "
+        b"(proto_version '1', publication_names 'weir_pub')"
+    )
+    pgconn.get_result()
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(pgconn.socket, selectors.EVENT_READ)
+    commits = 0
+    start = time.perf_counter()
+    while commits < n:
+        nbytes, data = pgconn.get_copy_data(1)
+        if nbytes > 0:
+            if data[0] == 119 and data[25] == 67:  # XLogData carrying a Commit
+                commits += 1
+        elif nbytes == 0:
+            sel.select(1.0)
+            pgconn.consume_input()
+        else:
+            raise RuntimeError("stream ended")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return elapsed
+
+
+def weir_capture(url: str, n: int, profile: bool) -> float:
+    src = PostgresSource.model_validate(
+        {"name": "bench", "kind": "postgres", "url": url, "tables": ["public.bench"]}
+        | json.loads(__import__("os").environ.get("BENCH_SOURCE", "{}"))
+    )
+    store = Store(url)
+    store.migrate()
+    with store.connect() as conn:
+        store.register_source(conn, src.sync_id, src.name, src.kind, src.provider)
+        conn.commit()
+    capture = PostgresCapture(src, store)
+    stop = threading.Event()
+    profiler = None
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(async_mode="disabled")
+    done_at: list[float] = []
+
+    def watch() -> None:  # the capture runs on the main thread, where the profiler looks
+        while capture.stored_changes < n and not stop.is_set():
+            time.sleep(0.005)
+        done_at.append(time.perf_counter())
+        stop.set()
+
+    watcher = threading.Thread(target=watch)
+    start = time.perf_counter()
+    watcher.start()
+    if profiler:
+        profiler.start()
+    capture.run(stop)
+    if profiler:
+        profiler.stop()
+        print(profiler.output_text(unicode=False, color=False, show_all=False))
+    watcher.join()
+    if capture.stored_changes < n:
+        raise RuntimeError(f"capture stopped after {capture.stored_changes} changes")
+    elapsed = done_at[0] - start
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--changes", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true", help="pyinstrument profile of capture")
+    args = parser.parse_args()
+    n = args.changes
+    with EmbeddedPostgres() as pg:
+        t0 = time.perf_counter()
+        make_backlog(pg.url, n)
+        load_s = time.perf_counter() - t0
+        raw_s = raw_read(pg.url, n)
+        weir_s = weir_capture(pg.url, n, args.profile)
+    result = {
+        "bench": "capture",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {__import__('os').cpu_count()} cpus",
+        "changes": n,
+        "load_s": round(load_s, 2),
+        "raw_read_per_s": round(n / raw_s),
+        "capture_per_s": round(n / weir_s),
+        "ratio_vs_raw": round(raw_s / weir_s, 3),
+        "target_ratio": 0.5,
+    }
+    line = json.dumps(result)
+    print(line)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with RESULTS.open("a") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

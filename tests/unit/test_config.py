@@ -1,0 +1,80 @@
+"""Config files: env substitution, and errors naming the file, line and key path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.config import ConfigError, PostgresSource, load_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "weir.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_env_substitution_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APP_DB_URL", "postgresql://weir:s3cret@db/app")
+    cfg = load_config(
+        _write(
+            tmp_path,
+            "sources:\n"
+            "  - name: app-db\n"
+            "    kind: postgres\n"
+            "    url: ${APP_DB_URL}\n"
+            "    slot: ${SLOT:-weir_slot_2}\n"
+            "    tables: [public.users]\n"
+            "    max_batch: ${BATCH:-100}\n"
+            "store: {events_retention: 12h}\n",
+        )
+    )
+    src = cfg.sources[0]
+    assert isinstance(src, PostgresSource)
+    assert src.slot == "weir_slot_2" and src.max_batch == 100
+    assert cfg.store_url == "postgresql://weir:s3cret@db/app"
+    assert cfg.store.events_retention.total_seconds() == 12 * 3600
+    assert "s3cret" not in repr(cfg)  # secrets never print
+
+
+def test_every_problem_names_file_line_and_key(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "store: {schema: Bad-Name, bogus: 1}\n"
+        "sources:\n"
+        "  - name: app\n"
+        "    kind: postgres\n"
+        "    url: postgresql://x\n"
+        "    tables: [users]\n"
+        "  - {name: s, kind: http}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: store.schema: Value error, must be a lower-case SQL identifier",
+        "1: store.bogus: unknown key",
+        "6: sources[0].tables: Value error, 'users': tables are written schema.table",
+        "7: sources[1].provider: Field required",
+    ]
+    assert str(e.value).startswith(f"{path}:1: store.schema")
+
+
+def test_missing_variable_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"weir.yaml:2: sources\[0\]\.url: environment variable"):
+        load_config(_write(tmp_path, "sources:\n  - {name: a, kind: postgres, url: '${NOPE_X}'}\n"))
+    with pytest.raises(ConfigError, match=r"weir.yaml:3: invalid YAML: expected .,. or .]."):
+        load_config(_write(tmp_path, "sources:\n  - [unclosed\n"))
+
+
+def test_validate_exits_2_with_the_problems(tmp_path: Path) -> None:
+    path = _write(tmp_path, "sources:\n  - {name: a, kind: kafka}\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "core.cli", "config", "validate", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert f"{path}:2: sources[0]: Input tag 'kafka'" in run.stderr
