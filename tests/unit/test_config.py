@@ -78,3 +78,10 @@ def test_validate_exits_2_with_the_problems(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert f"{path}:2: sources[0]: Input tag 'kafka'" in run.stderr
+
+
+def test_example_configs_are_valid() -> None:
+    examples = sorted(Path(__file__).parents[2].joinpath("config", "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(path)
