@@ -35,11 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args.config)
     store = Store(cfg.store_url, cfg.store.schema_)
-    store.migrate()
-    with store.connect() as conn:
-        for src in cfg.sources:
-            store.register_source(conn, src.sync_id, src.name, src.kind, src.provider)
-        conn.commit()
+    store.prepare(cfg.sources)
 
     stop = threading.Event()
 

@@ -37,11 +37,10 @@ def run_demo() -> int:
             {"name": "demo-db", "kind": "postgres", "url": pg.url, "tables": ["public.users"]}
         )
         store = Store(pg.url)
-        store.migrate()
+        store.prepare([src])
         with psycopg.connect(pg.url, autocommit=True) as conn:
             conn.execute(SAMPLE[0])
             conn.execute(SAMPLE[1])
-            store.register_source(conn, src.sync_id, src.name, src.kind, src.provider)
         capture = PostgresCapture(src, store)
         stop = threading.Event()
         worker = threading.Thread(target=capture.run, args=(stop,), daemon=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
+from core.config import HttpSource, PostgresSource
 from core.store.migrations import migrate
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -26,19 +27,17 @@ class Store:
     def table(self, name: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))
 
-    def migrate(self) -> int:
-        with self.connect() as conn:
-            return migrate(conn, self.schema)
+    def prepare(self, sources: Iterable[PostgresSource | HttpSource]) -> None:
+        """Bring the schema up to date and register the sources; called once on startup.
 
-    def register_source(
-        self, conn: Conn, sync_id: uuid.UUID, name: str, kind: str, provider: str
-    ) -> None:
-        """Create the source's row on first start; a renamed source keeps its sync id's row."""
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (sync_id, name, kind, provider) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (sync_id) DO UPDATE SET name = excluded.name, "
-                "kind = excluded.kind, provider = excluded.provider"
-            ).format(self.table("sources")),
-            (sync_id, name, kind, provider),
-        )
+        A source's row is created on first start; a renamed source keeps its sync id's row.
+        """
+        register = sql.SQL(
+            "INSERT INTO {} (sync_id, name, kind, provider) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (sync_id) DO UPDATE SET name = excluded.name, "
+            "kind = excluded.kind, provider = excluded.provider"
+        ).format(self.table("sources"))
+        with self.connect() as conn:
+            migrate(conn, self.schema)
+            for src in sources:
+                conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))

@@ -21,12 +21,10 @@ def pg_source(url: str, **overrides: Any) -> PostgresSource:
     return PostgresSource.model_validate(spec)
 
 
-def prepare_store(src: PostgresSource, url: str) -> Store:
-    store = Store(url)
-    store.migrate()
-    with store.connect() as conn:
-        store.register_source(conn, src.sync_id, src.name, src.kind, src.provider)
-        conn.commit()
+def store_for(src: PostgresSource) -> Store:
+    """The store in the source's own database, migrated, with the source registered."""
+    store = Store(src.url.get_secret_value())
+    store.prepare([src])
     return store
 
 
@@ -39,9 +37,9 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "cond
 
 
 @contextmanager
-def capturing(src: PostgresSource, store: Store) -> Iterator[PostgresCapture]:
+def capturing(src: PostgresSource) -> Iterator[PostgresCapture]:
     """A running capture; stops it on exit and re-raises anything it failed with."""
-    capture = PostgresCapture(src, store)
+    capture = PostgresCapture(src, store_for(src))
     stop = threading.Event()
     errors: list[BaseException] = []
 

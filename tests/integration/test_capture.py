@@ -12,7 +12,6 @@ from tests.helpers.capture import (
     count_events,
     events,
     pg_source,
-    prepare_store,
     records,
     wait_for,
 )
@@ -32,8 +31,7 @@ def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
         "ALTER TABLE full_users REPLICA IDENTITY FULL",
     )
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         _exec(
             db_url,
             "INSERT INTO users VALUES (1, 'Paul'), (2, 'Jessica')",
@@ -86,8 +84,7 @@ def test_every_value_type_is_encoded_as_documented(db_url: str) -> None:
             nul text)""",
     )
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         _exec(
             db_url,
             """INSERT INTO kinds VALUES (
@@ -138,8 +135,7 @@ def test_unchanged_toast_is_omitted_and_the_records_stream_keeps_it(db_url: str)
         "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL",
     )
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute("INSERT INTO docs VALUES (1, 'a', %s)", (big,))
             conn.execute("UPDATE docs SET title = 'b' WHERE id = 1")
@@ -154,8 +150,7 @@ def test_unchanged_toast_is_omitted_and_the_records_stream_keeps_it(db_url: str)
 def test_composite_and_odd_keys_become_subject_safe_record_ids(db_url: str) -> None:
     _exec(db_url, "CREATE TABLE pairs (a text, b int, PRIMARY KEY (a, b))")
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         _exec(db_url, "INSERT INTO pairs VALUES ('a.b c', 1), ('', 2), ('é>*', 3)")
         wait_for(lambda: count_events(db_url) == 3, what="3 events")
     assert [e["record_id"] for e in events(db_url)] == ["a%2Eb%20c,1", "%EMPTY,2", "%C3%A9%3E%2A,3"]
@@ -164,9 +159,8 @@ def test_composite_and_odd_keys_become_subject_safe_record_ids(db_url: str) -> N
 def test_transactions_land_in_commit_order_not_start_order(db_url: str) -> None:
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
     with (
-        capturing(src, store),
+        capturing(src),
         psycopg.connect(db_url) as first,
         psycopg.connect(db_url) as second,
     ):
@@ -186,8 +180,7 @@ def test_transactions_land_in_commit_order_not_start_order(db_url: str) -> None:
 def test_a_table_added_to_the_publication_later_is_captured(db_url: str) -> None:
     _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
     src = pg_source(db_url, schemas=[], tables=["public.a"])
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         _exec(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)")
         wait_for(lambda: count_events(db_url) == 1, what="the insert into a")
         _exec(db_url, "ALTER PUBLICATION weir_pub ADD TABLE b", "INSERT INTO b VALUES (2)")
@@ -201,8 +194,7 @@ def test_a_table_added_to_the_publication_later_is_captured(db_url: str) -> None
 def test_a_long_transaction_is_written_in_chunks_and_committed_once(db_url: str) -> None:
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     src = pg_source(db_url, max_batch=100)
-    store = prepare_store(src, db_url)
-    with capturing(src, store):
+    with capturing(src):
         _exec(
             db_url,
             "INSERT INTO t SELECT g, 0 FROM generate_series(1, 1050) g",
@@ -221,7 +213,6 @@ def test_a_long_transaction_is_written_in_chunks_and_committed_once(db_url: str)
 def test_capture_reconnects_after_the_source_drops_it_and_loses_nothing(db_url: str) -> None:
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
     stop = threading.Event()
 
     def load() -> None:
@@ -230,7 +221,7 @@ def test_capture_reconnects_after_the_source_drops_it_and_loses_nothing(db_url: 
                 conn.execute("INSERT INTO t VALUES (%s)", (i,))
         stop.set()
 
-    with capturing(src, store), psycopg.connect(db_url, autocommit=True) as admin:
+    with capturing(src), psycopg.connect(db_url, autocommit=True) as admin:
         writer = threading.Thread(target=load)
         writer.start()
         while not stop.wait(0.3):  # kill the walsender a few times under load
@@ -248,7 +239,6 @@ def test_heartbeats_keep_the_slot_moving_on_an_idle_database(
 ) -> None:
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url, heartbeat_interval="200ms", status_interval="200ms")
-    store = prepare_store(src, db_url)
     other_db = db_url.rsplit("/", 1)[0] + "/postgres"
 
     def confirmed() -> int:
@@ -259,7 +249,7 @@ def test_heartbeats_keep_the_slot_moving_on_an_idle_database(
             ).fetchone()
             return int(row[0]) if row else 0
 
-    with capturing(src, store):
+    with capturing(src):
         # WAL written elsewhere on the server; nothing in this source's tables.
         with psycopg.connect(other_db, autocommit=True) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS busy (v text)")

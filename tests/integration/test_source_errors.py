@@ -15,7 +15,7 @@ from core.embedded import EmbeddedPostgres
 from core.pg.capture import PostgresCapture
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.store.writer import WriterBusyError
-from tests.helpers.capture import capturing, pg_source, prepare_store
+from tests.helpers.capture import capturing, pg_source, store_for
 
 
 def _prepare(url: str, **overrides: object) -> None:
@@ -63,15 +63,12 @@ def test_slot_held_by_another_process(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url)
-    store = prepare_store(src, db_url)
-    other = pg_source(db_url, name="other")  # same slot, another source
-    with capturing(src, store):
+    with capturing(src):
         with pytest.raises(SlotBusyError, match=r"slot 'weir_slot' is in use by another process"):
             _prepare(db_url, name="other")
         # A second writer of the same source is refused at once.
-        prepare_store(other, db_url)
         with pytest.raises(WriterBusyError, match="already being written by another weir"):
-            PostgresCapture(src, store).session(threading.Event())
+            PostgresCapture(src, store_for(src)).session(threading.Event())
 
 
 def test_weir_run_exits_with_the_one_line_error(tmp_path: Path, db_url: str) -> None:
