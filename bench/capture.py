@@ -4,14 +4,17 @@ received and counted, nothing decoded or stored) measured on the same server in 
 
     .venv/bin/python bench/capture.py [--changes 200000] [--profile]
 
-Prints one JSON line and appends it to bench/results/capture.jsonl.
+BENCH_SOURCE='{"max_batch": 20000}' overrides source settings (JSON). Prints one JSON line and
+appends it to bench/results/capture.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import selectors
 import threading
 import time
 from datetime import UTC, datetime
@@ -22,6 +25,7 @@ import psycopg
 from core.config import PostgresSource
 from core.embedded import EmbeddedPostgres
 from core.pg.capture import SESSION_OPTIONS, PostgresCapture
+from core.pg.pgoutput import XLOG_HEADER, start_replication
 from core.store import Store
 
 RESULTS = Path(__file__).parent / "results" / "capture.jsonl"
@@ -45,12 +49,8 @@ def raw_read(url: str, n: int) -> float:
     """Seconds to receive n transactions' messages from the slot without decoding them."""
     conn = psycopg.connect(url, autocommit=True, replication="database", options=SESSION_OPTIONS)
     pgconn = conn.pgconn
-    pgconn.send_query(
-        b"START_REPLICATION SLOT raw_slot LOGICAL 0/0 "
-        b"(proto_version '1', publication_names 'weir_pub')"
-    )
+    pgconn.send_query(start_replication("raw_slot", "weir_pub", 0))  # the command capture sends
     pgconn.get_result()
-    import selectors
 
     sel = selectors.DefaultSelector()
     sel.register(pgconn.socket, selectors.EVENT_READ)
@@ -59,7 +59,7 @@ def raw_read(url: str, n: int) -> float:
     while commits < n:
         nbytes, data = pgconn.get_copy_data(1)
         if nbytes > 0:
-            if data[0] == 119 and data[25] == 67:  # XLogData carrying a Commit
+            if data[0] == 119 and data[XLOG_HEADER] == 67:  # XLogData carrying a Commit
                 commits += 1
         elif nbytes == 0:
             sel.select(1.0)
@@ -74,13 +74,10 @@ def raw_read(url: str, n: int) -> float:
 def weir_capture(url: str, n: int, profile: bool) -> float:
     src = PostgresSource.model_validate(
         {"name": "bench", "kind": "postgres", "url": url, "tables": ["public.bench"]}
-        | json.loads(__import__("os").environ.get("BENCH_SOURCE", "{}"))
+        | json.loads(os.environ.get("BENCH_SOURCE", "{}"))
     )
     store = Store(url)
-    store.migrate()
-    with store.connect() as conn:
-        store.register_source(conn, src.sync_id, src.name, src.kind, src.provider)
-        conn.commit()
+    store.prepare([src])
     capture = PostgresCapture(src, store)
     stop = threading.Event()
     profiler = None
@@ -127,7 +124,7 @@ def main() -> None:
     result = {
         "bench": "capture",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()} {__import__('os').cpu_count()} cpus",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "changes": n,
         "load_s": round(load_s, 2),
         "raw_read_per_s": round(n / raw_s),

@@ -23,7 +23,14 @@ from typing import Any
 import psycopg
 
 from core.config import PostgresSource
-from core.pg.pgoutput import decode, lsn_to_str, standby_status
+from core.pg.pgoutput import (
+    XLOG_HEADER,
+    decode,
+    decode_copy_data,
+    lsn_to_str,
+    standby_status,
+    start_replication,
+)
 from core.pg.relations import Relations, SourceSchemaError, change_of
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.store import Store
@@ -125,12 +132,7 @@ class PostgresCapture:
 
     def _start(self, repl: psycopg.Connection[Any], start_lsn: int) -> None:
         pgconn = repl.pgconn
-        cmd = (
-            f'START_REPLICATION SLOT "{self.src.slot}" LOGICAL {lsn_to_str(start_lsn)} '
-            f"(proto_version '1', publication_names '\"{self.src.publication}\"', "
-            "messages 'true')"
-        )
-        pgconn.send_query(cmd.encode())
+        pgconn.send_query(start_replication(self.src.slot, self.src.publication, start_lsn))
         result = pgconn.get_result()
         if result is None or result.status != psycopg.pq.ExecStatus.COPY_BOTH:
             message = (result.error_message if result else b"").decode(errors="replace").strip()
@@ -185,16 +187,16 @@ class PostgresCapture:
         while not stop.is_set():
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
-                if data[0] == 107:  # 'k' keepalive: wal_end at 1..9, reply flag at 17
+                if data[0] == 107:  # 'k' keepalive
+                    _, wal_end, reply = decode_copy_data(bytes(data))
                     if not in_txn and committed is None:
                         # Everything sent before this point is stored: let the slot move on.
-                        wal_end = int.from_bytes(data[1:9], "big")
                         self.flushed_lsn = max(self.flushed_lsn, wal_end)
-                    if data[17]:
+                    if reply:
                         self._send_status(pgconn)
                         last_status = time.monotonic()
                     continue
-                m = decode(bytes(data[25:]))  # XLogData: 'w', start, end, time, payload
+                m = decode(bytes(data[XLOG_HEADER:]))  # XLogData
                 tag = m[0]
                 if tag in ("I", "U", "D"):
                     if not skip:

@@ -168,6 +168,18 @@ def decode(buf: bytes) -> tuple[Any, ...]:
     raise ProtocolError(f"unknown pgoutput message tag {chr(tag)!r}")
 
 
+# Bytes before the pgoutput message in XLogData: 'w', wal start, wal end, send time.
+XLOG_HEADER: Final = 25
+
+
+def start_replication(slot: str, publication: str, lsn: int) -> bytes:
+    """The START_REPLICATION command for pgoutput v1 with logical messages (heartbeats)."""
+    return (
+        f'START_REPLICATION SLOT "{slot}" LOGICAL {lsn_to_str(lsn)} '
+        f"(proto_version '1', publication_names '\"{publication}\"', messages 'true')"
+    ).encode()
+
+
 def decode_copy_data(buf: bytes) -> tuple[Any, ...]:
     """The replication envelope around pgoutput messages.
 
@@ -177,7 +189,7 @@ def decode_copy_data(buf: bytes) -> tuple[Any, ...]:
     tag = buf[0]
     if tag == 119:  # 'w'
         start, end, _ = _xlog_header(buf, 1)
-        return ("w", start, end, buf[25:])
+        return ("w", start, end, buf[XLOG_HEADER:])
     if tag == 107:  # 'k'
         end, _, reply = _keepalive(buf, 1)
         return ("k", end, bool(reply))
