@@ -13,9 +13,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -23,28 +20,11 @@ from pydantic import (
     model_validator,
 )
 
+from connectors.nats.config import NatsConnector
 from core.ids import sync_id_for
+from core.models import Duration, Model
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def _duration(v: Any) -> Any:
-    """``7d``, ``12h``, ``30m``, ``10s``, ``250ms`` or a number of seconds."""
-    if isinstance(v, str):
-        m = _DURATION.match(v)
-        if not m:
-            raise ValueError("expected a duration like 250ms, 10s, 30m, 12h or 7d")
-        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-    return v
-
-
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class StoreConfig(Model):
@@ -121,11 +101,14 @@ class HttpSource(SourceBase):
 
 
 Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
+Connector = Annotated[NatsConnector, Field(discriminator="type")]
+_UNION_TAGS = {"postgres", "http", "nats"}  # pydantic puts these in error locations
 
 
 class WeirConfig(Model):
     store: StoreConfig = Field(default_factory=lambda: StoreConfig.model_validate({}))
     sources: list[Source] = []
+    connectors: list[Connector] = []
 
     @model_validator(mode="after")
     def _checks(self) -> WeirConfig:
@@ -133,6 +116,15 @@ class WeirConfig(Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"source names must be unique: {', '.join(dupes)}")
+        names = [c.name for c in self.connectors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"connector names must be unique: {', '.join(dupes)}")
+        known = {s.name for s in self.sources}
+        for c in self.connectors:
+            unknown = [n for n in c.sources or [] if n not in known]
+            if unknown:
+                raise ValueError(f"connector {c.name!r}: no source named {', '.join(unknown)}")
         if self.store.url is None and not any(isinstance(s, PostgresSource) for s in self.sources):
             raise ValueError("store.url is required when no postgres source is declared")
         return self
@@ -143,6 +135,11 @@ class WeirConfig(Model):
             return self.store.url.get_secret_value()
         pg = next(s for s in self.sources if isinstance(s, PostgresSource))
         return pg.url.get_secret_value()
+
+    def sources_of(self, connector: Connector) -> list[PostgresSource | HttpSource]:
+        """The sources a connector forwards: those it names, else all."""
+        names = connector.sources
+        return [s for s in self.sources if names is None or s.name in names]
 
     def source(self, name: str) -> PostgresSource | HttpSource:
         for s in self.sources:
@@ -250,7 +247,7 @@ def load_config(path: str | Path) -> WeirConfig:
         problems = []
         for err in e.errors():
             line, where = _line_of(tuple(err["loc"]), lines, data)
-            rest = [p for p in err["loc"] if p not in where and p not in ("postgres", "http")]
+            rest = [p for p in err["loc"] if p not in where and p not in _UNION_TAGS]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":

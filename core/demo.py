@@ -1,74 +1,98 @@
-"""``weir demo``: capture a sample table from an embedded Postgres and show the messages.
+"""``weir demo``: stream a sample table from an embedded Postgres to an embedded NATS.
 
-Starts a throwaway PostgreSQL (``wal_level=logical``), creates ``public.users``, runs the capture
-of a ``postgres`` source into the stream store, makes a few inserts, updates and deletes, and
-prints each events-stream message with the NATS subject it is published under.
+Starts a throwaway PostgreSQL (``wal_level=logical``) and nats-server (JetStream), creates
+``public.users``, runs Weir with a ``postgres`` source and two NATS connectors (events and
+records), makes a few inserts, updates and deletes, and prints every message as a NATS
+subscriber of ``sequin-events.>`` and ``sequin-records.>`` receives it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
+import nats
 import orjson
 import psycopg
+from nats.aio.msg import Msg
 
-from core.config import PostgresSource
-from core.embedded import EmbeddedPostgres
-from core.envelope import event_message, event_subject, group_key
-from core.pg.capture import PostgresCapture
-from core.store import Store
+from connectors.nats.config import NatsConnector
+from connectors.nats.setup import ensure_streams
+from core.config import WeirConfig
+from core.embedded import EmbeddedNats, EmbeddedPostgres
+from core.pg.setup import prepare
+from core.service import serve
 
 SAMPLE = [
-    "CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL, plan text, "
-    "updated_at timestamptz NOT NULL DEFAULT now())",
-    "ALTER TABLE users REPLICA IDENTITY FULL",
     "INSERT INTO users (id, name, plan) VALUES (1, 'Paul', 'trial'), (2, 'Jessica', 'pro'), "
     "(3, 'Leto', 'trial')",
     "UPDATE users SET name = 'Muad''Dib', plan = 'pro' WHERE id = 1",
     "DELETE FROM users WHERE id = 3",
 ]
+EXPECTED = 5 + 3  # events, then the three records' latest versions
 
 
 def run_demo() -> int:
-    print("weir demo: starting an embedded PostgreSQL with wal_level=logical ...", flush=True)
-    with EmbeddedPostgres() as pg:
-        src = PostgresSource.model_validate(
-            {"name": "demo-db", "kind": "postgres", "url": pg.url, "tables": ["public.users"]}
-        )
-        store = Store(pg.url)
-        store.prepare([src])
+    print("weir demo: starting an embedded PostgreSQL (wal_level=logical) and nats-server -js")
+    with EmbeddedPostgres() as pg, EmbeddedNats() as ns:
         with psycopg.connect(pg.url, autocommit=True) as conn:
-            conn.execute(SAMPLE[0])
-            conn.execute(SAMPLE[1])
-        capture = PostgresCapture(src, store)
+            conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL, plan text)")
+            conn.execute("ALTER TABLE users REPLICA IDENTITY FULL")
+        nats_cfg = {"url": ns.url}
+        cfg = WeirConfig.model_validate(
+            {
+                "sources": [{"name": "demo-db", "kind": "postgres", "url": pg.url,
+                             "tables": ["public.users"]}],
+                "connectors": [
+                    {"name": "events-to-nats", "type": "nats", "stream": "events",
+                     "nats": nats_cfg},
+                    {"name": "records-to-nats", "type": "nats", "stream": "records",
+                     "nats": nats_cfg},
+                ],
+            }
+        )  # fmt: skip
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            prepare(conn, cfg.sources[0])  # type: ignore[arg-type]  # slot first: nothing missed
+        for c in cfg.connectors:
+            assert isinstance(c, NatsConnector)
+            print("  " + "\n  ".join(asyncio.run(ensure_streams(c))))
         stop = threading.Event()
-        worker = threading.Thread(target=capture.run, args=(stop,), daemon=True)
-        worker.start()
-        while capture.state != "streaming":
-            if not worker.is_alive():
-                print("weir demo: capture failed to start")
-                return 1
-            time.sleep(0.05)
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            for statement in SAMPLE[2:]:
-                print(f"  sql> {statement}")
-                conn.execute(statement)
-        deadline = time.monotonic() + 10
-        while capture.stored_changes < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        worker.join()
-        print(f"\nweir demo: captured {capture.stored_changes} changes; the events stream:\n")
-        sync_id = str(src.sync_id)
-        with store.connect() as conn:
-            rows = conn.execute(
-                "SELECT seq, collection_id, record_id, action, commit_lsn, commit_idx, "
-                "committed_at, record, changes FROM weir.events ORDER BY seq"
-            ).fetchall()
-        for row in rows:
-            msg = event_message(sync_id, "postgres", *row)  # type: ignore[arg-type]
-            key = group_key(sync_id, "postgres", str(row[1]), row[2])  # type: ignore[arg-type]
-            print(event_subject("default", key, str(row[3])))
-            print("  " + orjson.dumps(msg).decode() + "\n")
-    return 0
+        weir = threading.Thread(target=serve, args=(cfg, stop), daemon=True)
+        weir.start()
+        try:
+            got = asyncio.run(_subscribe_and_write(ns.url, pg.url))
+        finally:
+            stop.set()
+            weir.join(timeout=30)
+    print(f"weir demo: {got} messages received over NATS (expected {EXPECTED})")
+    return 0 if got == EXPECTED else 1
+
+
+async def _subscribe_and_write(nats_url: str, pg_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    received: list[tuple[str, bytes]] = []
+    events_done = asyncio.Event()
+
+    async def on_msg(msg: Msg) -> None:
+        received.append((msg.subject, msg.data))
+        if len(received) >= EXPECTED:
+            events_done.set()
+
+    await nc.subscribe("sequin-events.>", cb=on_msg)
+    await nc.subscribe("sequin-records.>", cb=on_msg)
+    await nc.flush()  # subscribed before anything is published
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for statement in SAMPLE:
+            print(f"  sql> {statement}")
+            conn.execute(statement)
+    deadline = time.monotonic() + 30
+    while not events_done.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # anything unexpected would show up now
+    await nc.close()
+    print()
+    for subject, data in received:
+        print(subject)
+        print("  " + orjson.dumps(orjson.loads(data)).decode() + "\n")
+    return len(received)

@@ -8,7 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from core.ids import encode_token
+
+_dumps = orjson.dumps
 
 EVENT_TYPES = {"insert": "inserted", "update": "updated", "delete": "deleted",
                "truncate": "truncated"}  # fmt: skip
@@ -34,22 +38,14 @@ def record_subject(namespace: str, key: str) -> str:
     return f"sequin-records.{namespace}.{key}"
 
 
-def event_message(
+def _metadata(
     sync_id: str,
     provider: str,
-    seq: int,
     collection_id: str,
     record_id: str | None,
-    action: str,
-    commit_lsn: int,
-    commit_idx: int,
-    committed_at: datetime,
-    record: dict[str, Any] | None,
-    changes: dict[str, Any] | None,
+    lsn: int,
+    ts: str,
 ) -> dict[str, Any]:
-    """An events-stream message from its store row."""
-    schema, _, table = collection_id.partition(":")
-    ts = iso_utc(committed_at)
     metadata: dict[str, Any] = {
         "sync_id": sync_id,
         "provider": provider,
@@ -57,11 +53,64 @@ def event_message(
         "record_id": record_id,
     }
     if provider == "postgres":
+        schema, _, table = collection_id.partition(":")
         metadata |= {"table_schema": schema, "table_name": table, "commit_timestamp": ts,
-                     "commit_lsn": commit_lsn}  # fmt: skip
-    metadata |= {
-        "upstream_updated_at": ts,
-        "seq": seq,
-        "idempotency_key": f"{sync_id}:{commit_lsn}:{commit_idx}",
-    }
-    return {"record": record, "changes": changes, "action": action, "metadata": metadata}
+                     "commit_lsn": lsn}  # fmt: skip
+    metadata["upstream_updated_at"] = ts
+    return metadata
+
+
+def event_payload(
+    sync_id: str,
+    provider: str,
+    seq: int,
+    collection_id: str,
+    record_id: str | None,
+    action: str,
+    key: str,
+    commit_lsn: int,
+    ts: str,
+    record_json: str | None,
+    changes_json: str | None,
+) -> bytes:
+    """An events-stream message (DESIGN.md section 4) from its store row.
+
+    ``record_json``/``changes_json`` are the stored JSON texts, spliced in without re-parsing.
+    """
+    metadata = _metadata(sync_id, provider, collection_id, record_id, commit_lsn, ts)
+    metadata["seq"] = seq
+    metadata["idempotency_key"] = key
+    return b"".join((
+        b'{"record":', (record_json or "null").encode(),
+        b',"changes":', (changes_json or "null").encode(),
+        b',"action":"', action.encode(),
+        b'","metadata":', _dumps(metadata), b"}",
+    ))  # fmt: skip
+
+
+def record_payload(
+    sync_id: str,
+    provider: str,
+    seq: int,
+    collection_id: str,
+    record_id: str,
+    key: str,
+    version: int,
+    ts: str,
+    deleted: bool,
+    record_json: str,
+) -> bytes:
+    """A records-stream message: the record's latest version, or its tombstone."""
+    metadata = _metadata(sync_id, provider, collection_id, record_id, version, ts)
+    metadata["seq"] = seq
+    metadata["idempotency_key"] = key
+    metadata["deleted"] = deleted
+    return b"".join((b'{"record":', record_json.encode(), b',"metadata":', _dumps(metadata), b"}"))
+
+
+def event_key(sync_id: str, commit_lsn: int, commit_idx: int) -> str:
+    return f"{sync_id}:{commit_lsn}:{commit_idx}"
+
+
+def record_key(sync_id: str, collection_id: str, record_id: str, version: int) -> str:
+    return f"{sync_id}:{collection_id}:{record_id}:{version}"

@@ -78,6 +78,26 @@ CREATE TABLE {s}.cursors (
 );
 """,
     ),
+    (
+        2,
+        "failed messages of connectors",
+        """
+-- Messages a connector gave up on after its retry policy, with the broker's last error.
+CREATE TABLE {s}.failed_messages (
+    connector        text NOT NULL,
+    sync_id          uuid NOT NULL,
+    stream           text NOT NULL,
+    seq              bigint NOT NULL,
+    group_key        text NOT NULL,
+    idempotency_key  text NOT NULL,
+    attempts         integer NOT NULL,
+    error            text NOT NULL,
+    payload          text NOT NULL,
+    failed_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (connector, sync_id, seq)
+);
+""",
+    ),
 ]
 
 

@@ -44,6 +44,7 @@ class WriterBusyError(RuntimeError):
 
 
 _dumps = orjson.dumps
+NOTIFY_CHANNEL = "weir_stream"
 
 
 class SourceWriter:
@@ -72,10 +73,12 @@ class SourceWriter:
         ).format(events)
         self._upsert = sql.SQL(UPSERT_RECORDS).format(records=records)
         self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
+        # Connectors LISTEN on this channel; the notification is sent when the batch commits.
         self._checkpoint = sql.SQL(
-            "UPDATE {} SET events_seq = %s, records_seq = %s, commit_lsn = %s, end_lsn = %s,"
-            " updated_at = now() WHERE sync_id = %s"
-        ).format(sources)
+            "WITH s AS (UPDATE {} SET events_seq = %s, records_seq = %s, commit_lsn = %s,"
+            " end_lsn = %s, updated_at = now() WHERE sync_id = %s RETURNING sync_id)"
+            " SELECT pg_notify({}, sync_id::text) FROM s"
+        ).format(sources, sql.Literal(NOTIFY_CHANNEL))
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(

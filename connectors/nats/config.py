@@ -1,0 +1,102 @@
+"""The ``nats`` connector's settings (DESIGN.md sections 5 and 9)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from core.models import ConnectorBase, Duration, Model
+
+
+class NatsTls(Model):
+    """TLS to the server: a CA to trust and, for mutual TLS, a client certificate and key."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> NatsTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class StreamLimits(Model):
+    """A JetStream stream ``weir nats setup`` creates when it is missing."""
+
+    name: str
+    subjects: list[str]
+    max_msgs_per_subject: int = -1
+    max_age: Duration = timedelta(0)
+    discard: Literal["old", "new"] = "old"
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(1, ge=1, le=5)
+
+
+def _records_stream() -> StreamLimits:
+    return StreamLimits(
+        name="SEQUIN-RECORDS", subjects=["sequin-records.>"], max_msgs_per_subject=1
+    )
+
+
+def _events_stream() -> StreamLimits:
+    return StreamLimits(
+        name="SEQUIN-EVENTS",
+        subjects=["sequin-events.>"],
+        max_msgs_per_subject=100,
+        max_age=timedelta(days=7),
+    )
+
+
+class NatsSettings(Model):
+    """Where and how to connect. Auth: user/password, token, nkey seed file or creds file."""
+
+    url: str | list[str] = "nats://127.0.0.1:4222"
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_-]+$")
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    nkey_seed_file: Path | None = None
+    creds_file: Path | None = None
+    tls: NatsTls | None = None
+    ack_timeout: Duration = timedelta(seconds=5)
+    connect_timeout: Duration = timedelta(seconds=5)
+    records_stream: StreamLimits = Field(default_factory=_records_stream)
+    events_stream: StreamLimits = Field(default_factory=_events_stream)
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, v: str | list[str]) -> str | list[str]:
+        for u in [v] if isinstance(v, str) else v:
+            if not u.startswith(("nats://", "tls://", "ws://", "wss://")):
+                raise ValueError(f"{u!r}: expected nats://host:port (or tls://, ws://, wss://)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> NatsSettings:
+        given = [
+            name
+            for name, v in (
+                ("user/password", self.user),
+                ("token", self.token),
+                ("nkey_seed_file", self.nkey_seed_file),
+                ("creds_file", self.creds_file),
+            )
+            if v is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one way to authenticate, not {' and '.join(given)}")
+        if (self.user is None) != (self.password is None):
+            raise ValueError("user and password go together")
+        return self
+
+
+class NatsConnector(ConnectorBase):
+    """Forwards one stream to JetStream subjects ``sequin-records.…`` / ``sequin-events.…``."""
+
+    type: Literal["nats"]
+    nats: NatsSettings = NatsSettings()

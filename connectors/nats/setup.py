@@ -1,0 +1,69 @@
+"""``weir nats setup``: create the JetStream streams the connectors publish into (DESIGN.md
+section 5) when they are missing, and report existing ones whose settings differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nats
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from connectors.nats.config import NatsConnector, StreamLimits
+from connectors.nats.sink import connect_options
+
+
+def _wanted(limits: StreamLimits) -> dict[str, Any]:
+    return {
+        "subjects": sorted(limits.subjects),
+        "max_msgs_per_subject": limits.max_msgs_per_subject,
+        "max_age": limits.max_age.total_seconds(),
+        "discard": limits.discard,
+        "storage": limits.storage,
+        "num_replicas": limits.replicas,
+    }
+
+
+def _actual(config: StreamConfig) -> dict[str, Any]:
+    return {
+        "subjects": sorted(config.subjects or []),
+        "max_msgs_per_subject": config.max_msgs_per_subject,
+        "max_age": float(config.max_age or 0),
+        "discard": getattr(config.discard, "value", config.discard),
+        "storage": getattr(config.storage, "value", config.storage),
+        "num_replicas": config.num_replicas,
+    }
+
+
+async def ensure_streams(connector: NatsConnector) -> list[str]:
+    """One line per stream: created, ok, or how it differs. Raises when NATS is unreachable."""
+    s = connector.nats
+    limits = s.records_stream if connector.stream == "records" else s.events_stream
+    nc = await nats.connect(**(connect_options(s, connector.name) | {"allow_reconnect": False}))
+    try:
+        js = nc.jetstream()
+        wanted = _wanted(limits)
+        try:
+            info = await js.stream_info(limits.name)
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(
+                StreamConfig(
+                    name=limits.name,
+                    subjects=limits.subjects,
+                    retention=RetentionPolicy.LIMITS,
+                    storage=StorageType(limits.storage),
+                    max_msgs_per_subject=limits.max_msgs_per_subject,
+                    max_age=limits.max_age.total_seconds(),
+                    discard=DiscardPolicy(limits.discard),
+                    num_replicas=limits.replicas,
+                )
+            )
+            return [f"{connector.name}: created stream {limits.name} ({limits.subjects[0]})"]
+        actual = _actual(info.config)
+        diffs = [f"{k} is {actual[k]!r}, recommended {v!r}" for k, v in wanted.items()
+                 if actual[k] != v]  # fmt: skip
+        if not diffs:
+            return [f"{connector.name}: stream {limits.name} exists and matches"]
+        return [f"{connector.name}: stream {limits.name} exists but differs: " + "; ".join(diffs)]
+    finally:
+        await nc.close()

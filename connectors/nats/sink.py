@@ -1,0 +1,236 @@
+"""The NATS JetStream sink: pipelined publishes, each with ``Nats-Msg-Id`` and a PubAck.
+
+Publishes go out on one connection with a reply subject each (as nats-py's ``publish_async``
+does, but without its leaked-future path when a publish fails mid-batch); the acks tell the
+stream sequences that make up :meth:`NatsSink.mark`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import ssl
+from collections.abc import Sequence
+from typing import Any
+
+import nats
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from connectors.nats.config import NatsConnector, NatsSettings
+from core.envelope import event_subject, record_subject
+from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+
+log = logging.getLogger("weir.nats")
+
+MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
+
+
+def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
+    """nats-py connect() arguments from the settings; used by the sink and ``weir nats setup``."""
+    opts: dict[str, Any] = {
+        "servers": [s.url] if isinstance(s.url, str) else list(s.url),
+        "name": f"weir:{name}",
+        "connect_timeout": s.connect_timeout.total_seconds(),
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+    }
+    if s.user is not None and s.password is not None:
+        opts |= {"user": s.user, "password": s.password.get_secret_value()}
+    if s.token is not None:
+        opts["token"] = s.token.get_secret_value()
+    if s.nkey_seed_file is not None:
+        opts["nkeys_seed"] = str(s.nkey_seed_file)
+    if s.creds_file is not None:
+        opts["user_credentials"] = str(s.creds_file)
+    if s.tls is not None:
+        ctx = ssl.create_default_context(
+            cafile=str(s.tls.ca_file) if s.tls.ca_file is not None else None
+        )
+        if s.tls.cert_file is not None and s.tls.key_file is not None:
+            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+        opts["tls"] = ctx
+    return opts
+
+
+class NatsSink:
+    """One connector's JetStream connection (see core/sink.py for the contract)."""
+
+    def __init__(self, cfg: NatsConnector) -> None:
+        self.cfg = cfg
+        self.settings = cfg.nats
+        self.records = cfg.stream == "records"
+        self._nc: Client | None = None
+        self._inbox = ""
+        self._acks: dict[str, asyncio.Future[tuple[str, int]]] = {}
+        self._ids = itertools.count()
+        self._mark: BrokerMark = {}
+        self._closing = False
+
+    @property
+    def nc(self) -> Client:
+        if self._nc is None:
+            raise RuntimeError("NatsSink used before connect()")
+        return self._nc
+
+    async def connect(self) -> None:
+        async def on_error(e: Exception) -> None:
+            log.debug("connector %s: nats: %s", self.cfg.name, e)
+
+        async def on_disconnect() -> None:
+            if self._closing:
+                return
+            log.warning("connector %s: nats connection lost; reconnecting", self.cfg.name)
+
+        async def on_reconnect() -> None:
+            log.info("connector %s: nats reconnected", self.cfg.name)
+
+        self._nc = await nats.connect(
+            **connect_options(self.settings, self.cfg.name),
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        self._inbox = self.nc.new_inbox() + "."
+        await self.nc.subscribe(self._inbox + "*", cb=self._on_ack, pending_msgs_limit=-1)
+        for info in await self.nc.jetstream().streams_info():
+            self._mark[info.config.name or ""] = info.state.last_seq
+
+    async def _on_ack(self, msg: Msg) -> None:
+        fut = self._acks.pop(msg.subject[len(self._inbox) :], None)
+        if fut is None or fut.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            fut.set_exception(RetryableError("no JetStream stream takes this subject"))
+            return
+        resp = orjson.loads(msg.data)
+        error = resp.get("error")
+        if error is not None:
+            code, err_code = error.get("code"), error.get("err_code")
+            text = f"JetStream {code}/{err_code}: {error.get('description')}"
+            too_large = err_code == MSG_TOO_LARGE
+            fut.set_exception(FatalError(text) if too_large else RetryableError(text))
+            return
+        fut.set_result((resp["stream"], resp["seq"]))
+
+    def subject(self, m: Message) -> str:
+        ns = self.settings.namespace
+        if self.records:
+            return record_subject(ns, m.group)
+        return event_subject(ns, m.group, m.action or "")
+
+    async def write_batch(self, batch: Sequence[Message]) -> None:
+        nc = self.nc
+        loop = asyncio.get_running_loop()
+        limit = nc.max_payload
+        futs: list[asyncio.Future[tuple[str, int]] | None] = []
+        failed: dict[int, Exception] = {}
+        publish = nc.publish
+        for i, m in enumerate(batch):
+            if len(m.payload) > limit:
+                failed[i] = FatalError(
+                    f"message of {len(m.payload)} bytes is over the server's max_payload ({limit})"
+                )
+                futs.append(None)
+                continue
+            token = str(next(self._ids))
+            fut: asyncio.Future[tuple[str, int]] = loop.create_future()
+            self._acks[token] = fut
+            try:
+                await publish(
+                    self.subject(m), m.payload, reply=self._inbox + token,
+                    headers={"Nats-Msg-Id": m.key},
+                )  # fmt: skip
+            except Exception as e:  # connection closed, buffer full while reconnecting
+                self._acks.pop(token, None)
+                for j in range(i, len(batch)):
+                    failed.setdefault(j, RetryableError(f"publish failed: {e!r}"))
+                futs.append(None)
+                break
+            futs.append(fut)
+        waiting = [f for f in futs if f is not None]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.settings.ack_timeout.total_seconds())
+        mark = self._mark
+        for i, f in enumerate(futs):
+            if f is None:
+                continue
+            if not f.done():
+                f.cancel()
+                failed[i] = RetryableError(
+                    f"no PubAck within {self.settings.ack_timeout.total_seconds()}s"
+                )
+            elif (exc := f.exception()) is not None:
+                failed[i] = exc if isinstance(exc, Exception) else RetryableError(repr(exc))
+            else:
+                stream, seq = f.result()
+                if seq > mark.get(stream, 0):
+                    mark[stream] = seq
+        if len(self._acks) > 100_000:  # acks that never came: forget them
+            self._acks = {k: v for k, v in self._acks.items() if not v.done()}
+        if failed:
+            raise BatchError(failed)
+
+    def mark(self) -> BrokerMark:
+        return dict(self._mark)
+
+    async def read_back(self, mark: BrokerMark, prefixes: Sequence[str]) -> set[str]:
+        """Msg ids stored after ``mark`` in the streams that take this connector's subjects."""
+        js = self.nc.jetstream()
+        keys: set[str] = set()
+        streams: dict[str, list[str]] = {}
+        for prefix in prefixes:
+            sync_id = prefix.rstrip(":")
+            probe = self.subject(Message(sync_id, 0, "", "x", "insert", False,
+                                         f"{sync_id}.p.c.r", "", b""))  # fmt: skip
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                name = await js.find_stream_name_by_subject(probe)
+                streams.setdefault(name, []).append(probe.split(sync_id)[0] + sync_id + ".>")
+        for name, filters in streams.items():
+            info = await js.stream_info(name)
+            start = mark.get(name, 0) + 1
+            if info.state.last_seq < start:
+                continue
+            for filter_subject in filters:
+                await self._read_ids(name, filter_subject, start, info.state.last_seq, keys)
+        return keys
+
+    async def _read_ids(
+        self, stream: str, filter_subject: str, start: int, last: int, keys: set[str]
+    ) -> None:
+        js = self.nc.jetstream()
+        sub = await js.subscribe(
+            filter_subject,
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
+                headers_only=True,
+            ),
+        )  # fmt: skip
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=2.0)
+                except nats.errors.TimeoutError:
+                    return  # nothing (more) matches the filter
+                if msg.headers and (key := msg.headers.get("Nats-Msg-Id")):
+                    keys.add(key)
+                meta = msg.metadata
+                if meta.num_pending == 0 or meta.sequence.stream >= last:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.drain()
+
+
+def make_sink(cfg: NatsConnector) -> NatsSink:
+    return NatsSink(cfg)

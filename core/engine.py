@@ -1,0 +1,371 @@
+"""The forwarding engine: moves a connector's stream from the store to its sink (DESIGN.md
+section 7, CONVENTIONS.md items 2-7).
+
+Rules it keeps, for every sink alike:
+- per-record order: at most one unacknowledged message per group key; the group's next
+  message waits (on the records stream, waiting versions collapse to the newest);
+- the cursor of a source moves only past messages the broker acknowledged (or that went to
+  the failed list), and with it is saved where the broker was (``Sink.mark``), so that after
+  a restart the messages the broker took since are read back and not sent again;
+- a failing message blocks only its group; after ``max_attempts`` it goes to the failed list;
+- bounded: at most ``max_pending`` messages read ahead and ``max_in_flight`` batches out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from core.config import HttpSource, PostgresSource
+from core.models import ConnectorBase
+from core.sink import BatchError, BrokerMark, FatalError, Message, Sink, make_sink
+from core.store import Store
+from core.store.reader import Notifier, StreamReader
+
+log = logging.getLogger("weir.engine")
+
+PAGE = 2000  # rows per store read
+SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
+POLL = 1.0  # seconds between store polls when no notification arrives
+SAVE_EVERY = 0.1  # seconds between cursor saves
+MAX_MARKS = 64
+
+
+class Lane:
+    """One source's stream within a connector: its reader, cursor and read-ahead."""
+
+    def __init__(self, reader: StreamReader) -> None:
+        self.reader = reader
+        self.fetched = 0  # every seq up to here has been read (and maybe filtered out)
+        self.head = 0  # the stream's last seq, as last seen
+        self.hungry = True
+        self.outstanding: deque[int] = deque()  # seqs read and not yet settled, ascending
+        self.settled: set[int] = set()  # settled seqs still behind an outstanding one
+        self.marks: deque[tuple[BrokerMark, int]] = deque()  # (mark at dispatch, max seq)
+        self.skip: set[str] = set()  # keys the broker already holds (read back on start)
+        self.saved: tuple[int, Any] | None = None
+
+    def settle(self, seq: int) -> None:
+        self.settled.add(seq)
+        out = self.outstanding
+        while out and out[0] in self.settled:
+            self.settled.discard(out.popleft())
+
+    def cursor(self) -> int:
+        return self.outstanding[0] - 1 if self.outstanding else self.fetched
+
+    def note_dispatch(self, mark: BrokerMark, max_seq: int) -> None:
+        """Remember the broker's position before a batch went out, compactly: only entries of
+        growing ``max_seq`` matter, and merging keeps the earlier (safer) mark.
+        """
+        marks = self.marks
+        if marks and max_seq <= marks[-1][1]:
+            return
+        if len(marks) >= MAX_MARKS:
+            marks[-1] = (marks[-1][0], max_seq)
+        else:
+            marks.append((mark, max_seq))
+
+    def state(self, sink: Sink) -> tuple[int, dict[str, Any]]:
+        """The cursor and the broker mark from before anything after it was sent."""
+        cursor = self.cursor()
+        while self.marks and self.marks[0][1] <= cursor:
+            self.marks.popleft()
+        mark = self.marks[0][0] if self.marks else sink.mark()
+        return cursor, {"mark": mark}
+
+
+class Forwarder:
+    """Runs one connector: supervises a session, and starts a new one after any failure.
+
+    A new session starts from the saved cursors and reads back from the broker what it took
+    since, so a failure anywhere (broker, store, this process) neither loses nor repeats.
+    """
+
+    def __init__(
+        self,
+        connector: ConnectorBase,
+        sources: Sequence[PostgresSource | HttpSource],
+        store: Store,
+        notifier: Notifier,
+    ) -> None:
+        self.cfg = connector
+        self.name = connector.name
+        self.sources = sources
+        self.store = store
+        self.notifier = notifier
+        self.kick = asyncio.Event()  # something to do: a batch finished, a source committed
+        self.notified = False
+        self.state = "starting"
+        self.delivered = 0
+        self.failed = 0
+
+    def _set_state(self, state: str, detail: str = "") -> None:
+        if state != self.state:
+            self.state = state
+            log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
+
+    def _on_commit(self) -> None:
+        self.notified = True
+        self.kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for src in self.sources:
+            self.notifier.subscribe(str(src.sync_id), self._on_commit)
+        attempt = 0
+        while not stop.is_set():
+            session = _Session(self, stop)
+            try:
+                await session.run()
+                return
+            except Exception as e:  # any failure: a new session from the saved cursors
+                attempt += 1
+                delay = self.cfg.retry.delay(attempt, random.random())
+                self._set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")
+                log.debug("connector %s: session failed", self.name, exc_info=True)
+            finally:
+                await session.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+
+class _Session:
+    """One connection's worth of forwarding: state here is rebuilt from the store each time."""
+
+    def __init__(self, fw: Forwarder, stop: asyncio.Event) -> None:
+        self.fw = fw
+        self.cfg = fw.cfg
+        self.stop = stop
+        self.sink: Sink = make_sink(fw.cfg)
+        self.lanes = [
+            Lane(StreamReader(fw.store, fw.cfg, str(s.sync_id), s.provider)) for s in fw.sources
+        ]
+        self.records = fw.cfg.stream == "records"
+        self.ready: deque[tuple[Lane, Message]] = deque()
+        self.waiting: dict[str, deque[tuple[Lane, Message]]] = {}
+        self.busy: set[str] = set()  # groups with a message ready, in flight or in backoff
+        self.retries: list[tuple[float, int, Lane, Message]] = []
+        self.tick = itertools.count()
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.done: deque[tuple[list[tuple[Lane, Message]], BaseException | None]] = deque()
+        self.pending = 0  # messages read and not yet settled
+        self.failing = False
+
+    async def close(self) -> None:
+        for task in self.in_flight:
+            task.cancel()
+        for lane in self.lanes:
+            await lane.reader.close()
+        with contextlib.suppress(Exception):
+            await self.sink.close()
+
+    async def run(self) -> None:
+        fw = self.fw
+        fw._set_state("connecting")
+        await self.sink.connect()
+        for lane in self.lanes:
+            await lane.reader.open()
+        await self._resume()
+        fw._set_state("streaming")
+        next_save = time.monotonic() + SAVE_EVERY
+        next_poll = time.monotonic() + POLL
+        while not self.stop.is_set():
+            fw.kick.clear()
+            await self._settle()
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + POLL
+                for lane in self.lanes:
+                    lane.hungry = True
+            if fw.notified:  # a source committed: its lane may have more
+                fw.notified = False
+                for lane in self.lanes:
+                    lane.hungry = True
+            for lane in self.lanes:
+                await self._fill(lane)
+            self._release_retries(now)
+            self._dispatch()
+            if now >= next_save:
+                next_save = now + SAVE_EVERY
+                await self._save()
+            wake = min(next_save, next_poll, self.retries[0][0] if self.retries else next_poll)
+            if any(lane.hungry for lane in self.lanes) and self.pending < self.cfg.max_pending:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fw.kick.wait(), max(0.0, wake - time.monotonic()))
+        await self._drain()
+
+    async def _resume(self) -> None:
+        """Load the cursors and read back what the broker took after their marks."""
+        marks: list[BrokerMark] = []
+        for lane in self.lanes:
+            cur = await lane.reader.cursor(self.cfg.start_position)
+            lane.fetched = cur.seq
+            if cur.mark is not None:
+                marks.append(cur.mark)
+        if not marks:
+            return
+        since: BrokerMark = {}
+        for mark in marks:
+            for stream, pos in mark.items():
+                since[stream] = min(pos, since.get(stream, pos))
+        keys = await self.sink.read_back(since, [lane.reader.sync_id + ":" for lane in self.lanes])
+        for lane in self.lanes:
+            prefix = lane.reader.sync_id + ":"
+            lane.skip = {k for k in keys if k.startswith(prefix)}
+        if keys:
+            log.info("connector %s: the broker already has %d messages sent before the restart;"
+                     " they are not sent again", self.fw.name, len(keys))  # fmt: skip
+
+    async def _fill(self, lane: Lane) -> None:
+        room = self.cfg.max_pending - self.pending
+        if not lane.hungry or room <= 0:
+            return
+        if lane.fetched >= lane.head:
+            lane.head = await lane.reader.head()
+            if lane.fetched >= lane.head:
+                lane.hungry = False
+                return
+        upto = min(lane.head, lane.fetched + SPAN)
+        limit = min(room, PAGE)
+        msgs = await lane.reader.fetch(lane.fetched, upto, limit)
+        lane.fetched = msgs[-1].seq if len(msgs) == limit else upto
+        for msg in msgs:
+            self._admit(lane, msg)
+
+    def _admit(self, lane: Lane, msg: Message) -> None:
+        if lane.skip and msg.key in lane.skip:
+            lane.skip.discard(msg.key)  # the broker took it before the restart
+            return
+        lane.outstanding.append(msg.seq)
+        self.pending += 1
+        g = msg.group
+        if g not in self.busy:
+            self.busy.add(g)
+            self.ready.append((lane, msg))
+            return
+        queue = self.waiting.get(g)
+        if queue is None:
+            self.waiting[g] = deque([(lane, msg)])
+        elif self.records:  # only the newest version of a record matters
+            old_lane, old = queue.pop()
+            self._settled(old_lane, old)
+            queue.append((lane, msg))
+        else:
+            queue.append((lane, msg))
+
+    def _settled(self, lane: Lane, msg: Message) -> None:
+        lane.settle(msg.seq)
+        self.pending -= 1
+
+    def _release(self, group: str) -> None:
+        """The group's message is settled: its next one, if any, becomes ready."""
+        queue = self.waiting.get(group)
+        if queue:
+            self.ready.append(queue.popleft())
+            if not queue:
+                del self.waiting[group]
+        else:
+            self.busy.discard(group)
+
+    def _release_retries(self, now: float) -> None:
+        while self.retries and self.retries[0][0] <= now:
+            _, _, lane, msg = heapq.heappop(self.retries)
+            self.ready.appendleft((lane, msg))
+
+    def _dispatch(self) -> None:
+        batch_cfg = self.cfg.batch
+        while self.ready and len(self.in_flight) < self.cfg.max_in_flight:
+            batch: list[tuple[Lane, Message]] = []
+            size = 0
+            while self.ready and len(batch) < batch_cfg.max_messages:
+                lane, msg = self.ready[0]
+                if batch and size + len(msg.payload) > batch_cfg.max_bytes:
+                    break
+                self.ready.popleft()
+                msg.attempts += 1
+                size += len(msg.payload)
+                batch.append((lane, msg))
+            mark = self.sink.mark()
+            top: dict[int, tuple[Lane, int]] = {}
+            for lane, msg in batch:
+                seen = top.get(id(lane))
+                if seen is None or msg.seq > seen[1]:
+                    top[id(lane)] = (lane, msg.seq)
+            for lane, max_seq in top.values():
+                lane.note_dispatch(mark, max_seq)
+            write = self.sink.write_batch([m for _, m in batch])
+            self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
+            task.add_done_callback(functools.partial(self._finished, batch=batch))
+
+    def _finished(self, task: asyncio.Task[None], *, batch: list[tuple[Lane, Message]]) -> None:
+        self.in_flight.discard(task)
+        if task.cancelled():
+            return
+        self.done.append((batch, task.exception()))
+        self.fw.kick.set()
+
+    async def _settle(self) -> None:
+        """Account for finished batches: acks settle, failures back off or go to the list."""
+        while self.done:
+            batch, exc = self.done.popleft()
+            failed: dict[int, BaseException] = {}
+            if isinstance(exc, BatchError):
+                failed = dict(exc.failed)
+            elif exc is not None:
+                failed = dict.fromkeys(range(len(batch)), exc)
+            for i, (lane, msg) in enumerate(batch):
+                err = failed.get(i)
+                if err is None:
+                    self.fw.delivered += 1
+                    self._settled(lane, msg)
+                    self._release(msg.group)
+                else:
+                    await self._failed(lane, msg, err)
+            if failed and not self.failing:
+                self.failing = True
+                first = next(iter(failed.values()))
+                self.fw._set_state("retrying", f"{type(first).__name__}: {first}")
+            elif not failed and self.failing:
+                self.failing = False
+                self.fw._set_state("streaming", "the broker takes messages again")
+
+    async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> None:
+        retry = self.cfg.retry
+        fatal = isinstance(err, FatalError)
+        if fatal or (retry.max_attempts is not None and msg.attempts >= retry.max_attempts):
+            reason = f"{type(err).__name__}: {err}"
+            await lane.reader.fail(msg, reason)
+            self.fw.failed += 1
+            log.warning("connector %s: seq %d (%s) moved to the failed list after %d attempts: %s",
+                        self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
+            self._settled(lane, msg)
+            self._release(msg.group)
+            return
+        due = time.monotonic() + retry.delay(msg.attempts, random.random())
+        heapq.heappush(self.retries, (due, next(self.tick), lane, msg))
+
+    async def _save(self) -> None:
+        for lane in self.lanes:
+            state = lane.state(self.sink)
+            if state != lane.saved:
+                await lane.reader.save(*state)
+                lane.saved = state
+
+    async def _drain(self) -> None:
+        """Stop reading, let the batches out finish (within the broker's ack timeout), save."""
+        self.fw._set_state("draining")
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=30)
+        await self._settle()
+        await self._save()
+        self.fw._set_state("stopped")

@@ -1,0 +1,70 @@
+"""``weir run``: the sources (one thread each, blocking psycopg) and the connectors (one asyncio
+loop in its own thread) a config file declares, until ``stop`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from core.config import PostgresSource, WeirConfig
+from core.engine import Forwarder
+from core.store import Store
+from core.store.reader import Notifier
+
+log = logging.getLogger("weir")
+
+
+def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
+    """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0."""
+    from core.pg.capture import PostgresCapture
+
+    store = Store(cfg.store_url, cfg.store.schema_)
+    store.prepare(cfg.sources)
+    failures: list[BaseException] = []
+
+    def supervise(capture: PostgresCapture) -> None:
+        try:
+            capture.run(stop)
+        except Exception as e:
+            log.error("source %s: %s", capture.src.name, e)
+            failures.append(e)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=supervise, args=(PostgresCapture(s, store),), name=s.name)
+        for s in cfg.sources
+        if isinstance(s, PostgresSource)
+    ]
+    if cfg.connectors:
+        threads.append(
+            threading.Thread(
+                target=lambda: asyncio.run(_connectors(cfg, store, stop, grace)), name="connectors"
+            )
+        )
+    for t in threads:
+        t.start()
+    log.info("weir: running %d sources and %d connectors", len(cfg.sources), len(cfg.connectors))
+    while any(t.is_alive() for t in threads):
+        stop.wait(0.5)
+    for t in threads:
+        t.join()
+    log.info("weir: stopped")
+    return 1 if failures else 0
+
+
+async def _connectors(cfg: WeirConfig, store: Store, stop: threading.Event, grace: float) -> None:
+    notifier = Notifier(store)
+    halt = asyncio.Event()
+    forwarders = [Forwarder(c, cfg.sources_of(c), store, notifier) for c in cfg.connectors]
+    tasks = [asyncio.create_task(f.run(halt), name=f.name) for f in forwarders]
+    await notifier.start()
+    while not stop.is_set() and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.2)
+    halt.set()
+    _, late = await asyncio.wait(tasks, timeout=grace)
+    for t in late:
+        log.warning("connector %s: did not drain within %.0fs", t.get_name(), grace)
+        t.cancel()
+    await notifier.stop()

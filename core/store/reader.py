@@ -1,0 +1,236 @@
+"""Reads a source's stream for one connector, and keeps its cursor and failed list.
+
+Used by the forwarding engine (core/engine.py). Rows are turned into :class:`Message` here, on
+the hot path: the stored JSON is spliced into the payload as text, timestamps are formatted by
+Postgres, and per-collection parts of the group key are computed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from core.envelope import event_key, event_payload, group_key, record_key, record_payload
+from core.filters import selection
+from core.models import ConnectorBase, SeqStart, TimeStart
+from core.sink import BrokerMark, Message
+from core.store import Store
+from core.store.writer import NOTIFY_CHANNEL
+
+AConn = psycopg.AsyncConnection[tuple[Any, ...]]
+ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+EVENTS_SELECT = (
+    "SELECT seq, collection_id, record_id, action, commit_lsn, commit_idx, "
+    + ISO.format("committed_at")
+    + ", record::text, changes::text FROM {table}"
+)
+RECORDS_SELECT = (
+    "SELECT seq, collection_id, record_id, version, deleted, "
+    + ISO.format("upstream_updated_at")
+    + ", record::text FROM {table}"
+)
+
+
+class Cursor:
+    """Where a connector is in one source's stream: every message up to ``seq`` is delivered
+    (or failed, or filtered out). ``state`` is what the broker held then (see core/sink.py).
+    """
+
+    def __init__(self, seq: int, state: dict[str, Any] | None) -> None:
+        self.seq = seq
+        self.state = state or {}
+
+    @property
+    def mark(self) -> BrokerMark | None:
+        mark = self.state.get("mark")
+        return None if mark is None else {str(k): int(v) for k, v in mark.items()}
+
+    @property
+    def dispatched(self) -> int:
+        """The highest seq handed to the broker when the cursor was saved."""
+        return int(self.state.get("dispatched", self.seq))
+
+
+class StreamReader:
+    """One connector's view of one source's stream (records or events)."""
+
+    def __init__(self, store: Store, connector: ConnectorBase, sync_id: str, provider: str) -> None:
+        self.store = store
+        self.connector = connector.name
+        self.stream = connector.stream
+        self.sync_id = sync_id
+        self.provider = provider
+        self._prefixes: dict[str, str] = {}
+        self._conn: AConn | None = None
+        where, self._where_params = selection(
+            connector.collections, connector.actions, connector.filters
+        )
+        select = EVENTS_SELECT if self.stream == "events" else RECORDS_SELECT
+        self._fetch = sql.SQL(
+            select + " WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} "
+            "ORDER BY seq LIMIT %s"
+        ).format(table=store.table(self.stream), where=where)
+        self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
+            sql.Identifier(f"{self.stream}_seq"), store.table("sources")
+        )
+
+    @property
+    def conn(self) -> AConn:
+        if self._conn is None:
+            raise RuntimeError("StreamReader used before open()")
+        return self._conn
+
+    async def open(self) -> None:
+        self._conn = await psycopg.AsyncConnection.connect(
+            self.store.url, autocommit=True, application_name=f"weir:{self.connector}"
+        )
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def head(self) -> int:
+        """The last seq committed to the stream."""
+        row = await (await self.conn.execute(self._head, (self.sync_id,))).fetchone()
+        if row is None:
+            raise RuntimeError(f"source {self.sync_id} is not registered in the store")
+        return int(row[0])
+
+    async def cursor(self, start: Any) -> Cursor:
+        """The saved cursor; on the connector's first start, one made from ``start``."""
+        table = self.store.table("cursors")
+        q = sql.SQL("SELECT seq, broker_state FROM {} WHERE connector = %s AND sync_id = %s")
+        row = await (
+            await self.conn.execute(q.format(table), (self.connector, self.sync_id))
+        ).fetchone()
+        if row is not None:
+            return Cursor(int(row[0]), row[1])
+        seq = await self._start_seq(start)
+        await self.conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (connector, sync_id, stream, seq) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT DO NOTHING"
+            ).format(table),
+            (self.connector, self.sync_id, self.stream, seq),
+        )
+        return Cursor(seq, None)
+
+    async def _start_seq(self, start: Any) -> int:
+        if start == "beginning":
+            return 0
+        if start == "end":
+            return await self.head()
+        if isinstance(start, SeqStart):
+            return start.seq - 1
+        assert isinstance(start, TimeStart)
+        column = "committed_at" if self.stream == "events" else "updated_at"
+        q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND {} >= %s").format(
+            self.store.table(self.stream), sql.Identifier(column)
+        )
+        at: datetime = start.time
+        row = await (await self.conn.execute(q, (self.sync_id, at))).fetchone()
+        if row is None or row[0] is None:
+            return await self.head()
+        return int(row[0]) - 1
+
+    async def save(self, seq: int, state: dict[str, Any]) -> None:
+        await self.conn.execute(
+            sql.SQL(
+                "UPDATE {} SET seq = %s, broker_state = %s, updated_at = now() "
+                "WHERE connector = %s AND sync_id = %s"
+            ).format(self.store.table("cursors")),
+            (seq, orjson.dumps(state).decode(), self.connector, self.sync_id),
+        )
+
+    async def fail(self, msg: Message, error: str) -> None:
+        """Put a message on the connector's failed list with the broker's last error."""
+        await self.conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (connector, sync_id, stream, seq, group_key, idempotency_key,"
+                " attempts, error, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (connector, sync_id, seq) DO UPDATE SET attempts ="
+                " excluded.attempts, error = excluded.error, failed_at = now()"
+            ).format(self.store.table("failed_messages")),
+            (self.connector, self.sync_id, self.stream, msg.seq, msg.group, msg.key,
+             msg.attempts, error, msg.payload.decode()),
+        )  # fmt: skip
+
+    async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
+        """Messages with ``after < seq <= upto`` that the connector selects, in seq order."""
+        params = (self.sync_id, after, upto, *self._where_params, limit)
+        cur = await self.conn.execute(self._fetch, params, binary=False)
+        rows = await cur.fetchall()
+        build = self._event if self.stream == "events" else self._record
+        return [build(row) for row in rows]
+
+    def _prefix(self, collection_id: str) -> str:
+        prefix = self._prefixes.get(collection_id)
+        if prefix is None:
+            prefix = group_key(self.sync_id, self.provider, collection_id, "")[:-1]
+            self._prefixes[collection_id] = prefix
+        return prefix
+
+    def _event(self, row: tuple[Any, ...]) -> Message:
+        seq, coll, rid, action, lsn, idx, ts, record, changes = row
+        sid = self.sync_id
+        key = event_key(sid, lsn, idx)
+        payload = event_payload(
+            sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
+        )
+        return Message(sid, seq, coll, rid, action, False, self._prefix(coll) + (rid or "_"),
+                       key, payload)  # fmt: skip
+
+    def _record(self, row: tuple[Any, ...]) -> Message:
+        seq, coll, rid, version, deleted, ts, record = row
+        sid = self.sync_id
+        key = record_key(sid, coll, rid, version)
+        payload = record_payload(
+            sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
+        )
+        return Message(sid, seq, coll, rid, None, deleted, self._prefix(coll) + rid, key, payload)
+
+
+class Notifier:
+    """Wakes connectors when a source commits to the store (LISTEN on one connection)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._subscribers: dict[str, list[Callable[[], None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def subscribe(self, sync_id: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the event loop) after each commit of the source."""
+        self._subscribers.setdefault(sync_id, []).append(callback)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="weir-notifier")
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.store.url, autocommit=True, application_name="weir:notify"
+                ) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                    for callbacks in self._subscribers.values():  # missed while not listening
+                        for callback in callbacks:
+                            callback()
+                    async for n in conn.notifies():
+                        for callback in self._subscribers.get(n.payload, ()):
+                            callback()
+            except psycopg.OperationalError:
+                await asyncio.sleep(1.0)  # readers poll meanwhile
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
