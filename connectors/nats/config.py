@@ -33,6 +33,7 @@ class StreamLimits(Model):
     max_msgs_per_subject: int = -1
     max_age: Duration = timedelta(0)
     discard: Literal["old", "new"] = "old"
+    duplicate_window: Duration = timedelta(minutes=2)
     storage: Literal["file", "memory"] = "file"
     replicas: int = Field(1, ge=1, le=5)
 

@@ -21,6 +21,7 @@ def _wanted(limits: StreamLimits) -> dict[str, Any]:
         "discard": limits.discard,
         "storage": limits.storage,
         "num_replicas": limits.replicas,
+        "duplicate_window": limits.duplicate_window.total_seconds(),
     }
 
 
@@ -32,6 +33,7 @@ def _actual(config: StreamConfig) -> dict[str, Any]:
         "discard": getattr(config.discard, "value", config.discard),
         "storage": getattr(config.storage, "value", config.storage),
         "num_replicas": config.num_replicas,
+        "duplicate_window": float(config.duplicate_window or 0),
     }
 
 
@@ -56,6 +58,7 @@ async def ensure_streams(connector: NatsConnector) -> list[str]:
                     max_age=limits.max_age.total_seconds(),
                     discard=DiscardPolicy(limits.discard),
                     num_replicas=limits.replicas,
+                    duplicate_window=limits.duplicate_window.total_seconds(),
                 )
             )
             return [f"{connector.name}: created stream {limits.name} ({limits.subjects[0]})"]

@@ -1,0 +1,99 @@
+"""One harness per broker for the contract suite: how to point a connector at the broker, how
+to make it refuse a collection, and how to read back everything it stored, in its order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import orjson
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from connectors.nats.config import NatsConnector
+from connectors.nats.setup import ensure_streams
+from core.embedded import EmbeddedNats
+
+_ns = itertools.count()
+
+
+@dataclass(frozen=True)
+class Delivered:
+    key: str  # the idempotency key the broker got with the message
+    payload: dict[str, Any]
+
+    @property
+    def group(self) -> tuple[str, str, str | None]:
+        m = self.payload["metadata"]
+        return (m["sync_id"], m["collection_id"], m["record_id"])
+
+    @property
+    def seq(self) -> int:
+        return int(self.payload["metadata"]["seq"])
+
+
+class NatsHarness:
+    kind = "nats"
+
+    def __init__(self, server: EmbeddedNats) -> None:
+        self.server = server
+
+    def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
+        """A connector config on a namespace (and streams) of its own."""
+        ns = f"t{next(_ns)}"
+        prefix = f"sequin-{stream}.{ns}"
+        limits = {"name": f"{name}-{ns}".upper(), "subjects": [f"{prefix}.>"]}
+        key = "records_stream" if stream == "records" else "events_stream"
+        nats_cfg = {"url": self.server.url, "namespace": ns, key: limits}
+        return {"name": name, "type": "nats", "stream": stream, "nats": nats_cfg, **extra}
+
+    def prepare(
+        self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
+    ) -> None:
+        """Create the destination. ``only``: collections it takes (others are refused);
+        ``dedupe=False``: a duplicate window too short to hide a resend.
+        """
+        nats_cfg = connector["nats"]
+        key = "records_stream" if connector["stream"] == "records" else "events_stream"
+        limits = dict(nats_cfg[key], max_msgs_per_subject=-1)
+        if only is not None:
+            prefix = limits["subjects"][0][:-2]
+            limits["subjects"] = [f"{prefix}.*.*.{c}.>" for c in only]
+        if not dedupe:
+            limits["duplicate_window"] = "100ms"
+        nats_cfg[key] = limits
+        cfg = NatsConnector.model_validate(connector)
+        asyncio.run(ensure_streams(cfg))
+
+    def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        key = "records_stream" if connector["stream"] == "records" else "events_stream"
+        return asyncio.run(_read_stream(self.server.url, connector["nats"][key]["name"]))
+
+
+async def _read_stream(url: str, stream: str) -> list[Delivered]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        out: list[Delivered] = []
+        if info.state.messages == 0:
+            return out
+        sub = await js.subscribe(
+            info.config.subjects[0],  # type: ignore[index]
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
+        while True:
+            msg = await sub.next_msg(timeout=5)
+            key = (msg.headers or {}).get("Nats-Msg-Id", "")
+            out.append(Delivered(key, orjson.loads(msg.data)))
+            if msg.metadata.num_pending == 0:
+                break
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()

@@ -1,0 +1,68 @@
+"""Running Weir (sources and connectors) in a thread of the test process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from core.config import PostgresSource, WeirConfig
+from core.pg.setup import prepare
+from core.service import serve
+from core.store import Store
+
+
+def weir_config(db_url: str, connectors: list[dict[str, Any]], **source: Any) -> WeirConfig:
+    spec: dict[str, Any] = {"name": "app", "kind": "postgres", "url": db_url, "schemas": ["public"]}
+    spec.update(source)
+    return WeirConfig.model_validate({"sources": [spec], "connectors": connectors})
+
+
+@contextmanager
+def serving(cfg: WeirConfig) -> Iterator[None]:
+    """``weir run`` in a thread; on exit it drains, and must exit 0. The slots are made first,
+    so every change from here on is captured whenever the capture thread gets going.
+    """
+    Store(cfg.store_url, cfg.store.schema_).prepare(cfg.sources)
+    for src in cfg.sources:
+        assert isinstance(src, PostgresSource)
+        with psycopg.connect(src.url.get_secret_value(), autocommit=True) as conn:
+            prepare(conn, src)
+    stop = threading.Event()
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(serve(cfg, stop)), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive(), "weir did not stop within 60s"
+    assert result == [0], f"weir exited with {result}"
+
+
+def store_events(url: str) -> list[tuple[int, str, str | None, str]]:
+    """(seq, collection_id, record_id, action) of the events stream, in seq order."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT seq, collection_id, record_id, action FROM weir.events ORDER BY seq"
+        ).fetchall()
+    return [(int(r[0]), str(r[1]), r[2], str(r[3])) for r in rows]
+
+
+def cursor_of(url: str, connector: str) -> tuple[int, Any]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT seq, broker_state FROM weir.cursors WHERE connector = %s", (connector,)
+        ).fetchone()
+    return (int(row[0]), row[1]) if row is not None else (-1, None)  # -1: not started yet
+
+
+def failed_messages(url: str, connector: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute(
+            "SELECT * FROM weir.failed_messages WHERE connector = %s ORDER BY seq", (connector,)
+        ).fetchall()
