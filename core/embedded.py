@@ -226,8 +226,9 @@ class EmbeddedNats:
     the tests take the broker away under load.
     """
 
-    def __init__(self, *, port: int | None = None) -> None:
+    def __init__(self, *, port: int | None = None, args: list[str] | None = None) -> None:
         self.port = port or free_port()
+        self.extra_args = args or []  # e.g. ["--user", "u", "--pass", "p"]
         self.dir = Path(tempfile.mkdtemp(prefix="weir-nats-"))
         self.logfile = self.dir / "nats.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -246,6 +247,7 @@ class EmbeddedNats:
             "-js",
             "-sd",
             str(self.dir / "store"),
+            *self.extra_args,
         ]
         with open(self.logfile, "ab") as log:
             self.proc = subprocess.Popen(

@@ -38,8 +38,9 @@ class Delivered:
 class NatsHarness:
     kind = "nats"
 
-    def __init__(self, server: EmbeddedNats) -> None:
+    def __init__(self, server: EmbeddedNats, auth: dict[str, str] | None = None) -> None:
         self.server = server
+        self.auth = auth or {}  # nats-py connect() arguments, e.g. user and password
 
     def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
         """A connector config on a namespace (and streams) of its own."""
@@ -47,7 +48,7 @@ class NatsHarness:
         prefix = f"sequin-{stream}.{ns}"
         limits = {"name": f"{name}-{ns}".upper(), "subjects": [f"{prefix}.>"]}
         key = "records_stream" if stream == "records" else "events_stream"
-        nats_cfg = {"url": self.server.url, "namespace": ns, key: limits}
+        nats_cfg = {"url": self.server.url, "namespace": ns, key: limits, **self.auth}
         return {"name": name, "type": "nats", "stream": stream, "nats": nats_cfg, **extra}
 
     def prepare(
@@ -70,11 +71,12 @@ class NatsHarness:
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
         key = "records_stream" if connector["stream"] == "records" else "events_stream"
-        return asyncio.run(_read_stream(self.server.url, connector["nats"][key]["name"]))
+        stream = connector["nats"][key]["name"]
+        return asyncio.run(_read_stream(self.server.url, stream, self.auth))
 
 
-async def _read_stream(url: str, stream: str) -> list[Delivered]:
-    nc = await nats.connect(url)
+async def _read_stream(url: str, stream: str, auth: dict[str, str]) -> list[Delivered]:
+    nc = await nats.connect(url, **auth)
     try:
         js = nc.jetstream()
         info = await js.stream_info(stream)

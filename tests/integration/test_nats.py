@@ -1,0 +1,135 @@
+"""NATS connector specifics: broker dedupe, size limits, auth, `weir nats setup`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from connectors.nats.config import NatsConnector
+from connectors.nats.setup import ensure_streams
+from core.embedded import EmbeddedNats
+from tests.helpers.brokers import NatsHarness
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import cursor_of, failed_messages, serving, weir_config
+
+
+def _insert(url: str, ids: range, v: str = "x") -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in ids:
+            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, v))
+
+
+@pytest.fixture
+def table(db_url: str) -> str:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
+    return db_url
+
+
+def test_replay_inside_the_duplicate_window_is_dropped_by_msg_id(
+    nats_server: EmbeddedNats, table: str
+) -> None:
+    """A cursor forgotten altogether (no mark to read back from): JetStream's Nats-Msg-Id
+    dedupe still keeps each message once while its duplicate window lasts.
+    """
+    broker = NatsHarness(nats_server)
+    c = broker.connector("events", "events")
+    broker.prepare(c)
+    cfg = weir_config(table, [c])
+    with serving(cfg):
+        _insert(table, range(1, 21))
+        wait_for(lambda: cursor_of(table, "events")[0] == 20, what="20 delivered")
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("UPDATE weir.cursors SET seq = 0, broker_state = NULL")
+    with serving(cfg):
+        wait_for(lambda: cursor_of(table, "events")[0] == 20, what="the replay")
+    got = broker.read(c)
+    assert sorted(d.seq for d in got) == list(range(1, 21))
+
+
+def test_message_over_the_streams_size_limit_goes_to_the_failed_list(
+    nats_server: EmbeddedNats, table: str
+) -> None:
+    broker = NatsHarness(nats_server)
+    c = broker.connector("events", "events")
+    broker.prepare(c)
+    stream = c["nats"]["events_stream"]["name"]
+
+    async def limit_size() -> None:
+        import nats
+
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        info.config.max_msg_size = 4096
+        await js.update_stream(info.config)
+        await nc.close()
+
+    asyncio.run(limit_size())
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 3))
+        _insert(table, range(3, 4), v="y" * 10_000)
+        _insert(table, range(4, 6))
+        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
+    assert sorted(d.seq for d in broker.read(c)) == [1, 2, 4, 5]
+    [failed] = failed_messages(table, "events")
+    assert failed["seq"] == 3 and failed["attempts"] == 1
+    assert "10054" in failed["error"] and "size" in failed["error"]
+
+
+@pytest.mark.parametrize(
+    ("server_args", "auth"),
+    [
+        (["--user", "weir", "--pass", "s3cret-pass"], {"user": "weir", "password": "s3cret-pass"}),
+        (["--auth", "s3cret-token"], {"token": "s3cret-token"}),
+    ],
+    ids=["user-password", "token"],
+)
+def test_auth(
+    table: str, server_args: list[str], auth: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with EmbeddedNats(args=server_args) as server:
+        bad = NatsHarness(server, {k: "wrong" for k in auth}).connector("bad", "events")
+        with pytest.raises(Exception, match="[Aa]uthorization"):
+            asyncio.run(ensure_streams(NatsConnector.model_validate(bad)))
+        broker = NatsHarness(server, auth)
+        c = broker.connector("events", "events")
+        broker.prepare(c)
+        with serving(weir_config(table, [c])):
+            _insert(table, range(1, 4))
+            wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
+        assert len(broker.read(c)) == 3
+    assert not any("s3cret" in r.getMessage() for r in caplog.records)
+
+
+def test_nats_setup_creates_then_reports_differences(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    config = tmp_path / "weir.yaml"
+    config.write_text(
+        "store: {url: postgresql://unused@127.0.0.1/x}\n"
+        "connectors:\n"
+        "  - name: recs\n"
+        "    type: nats\n"
+        "    stream: records\n"
+        f"    nats: {{url: '{nats_server.url}', records_stream: {{name: SETUP-RECORDS,"
+        " subjects: ['setup-records.>'], max_msgs_per_subject: 1}}\n"
+    )
+
+    def setup() -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "core.cli", "nats", "setup", "--config", str(config)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    first = setup()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "recs: created stream SETUP-RECORDS (setup-records.>)"
+    assert setup().stdout.strip() == "recs: stream SETUP-RECORDS exists and matches"
+    config.write_text(config.read_text().replace("max_msgs_per_subject: 1", "max_msgs_per_subject: 5"))
+    assert setup().stdout.strip() == (
+        "recs: stream SETUP-RECORDS exists but differs: max_msgs_per_subject is 1, recommended 5"
+    )
