@@ -128,7 +128,7 @@ class Forwarder:
                 await session.run()
                 return
             except Exception as e:  # any failure: a new session from the saved cursors
-                attempt += 1
+                attempt = 1 if session.delivered else attempt + 1
                 delay = self.cfg.retry.delay(attempt, random.random())
                 self._set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")
                 log.debug("connector %s: session failed", self.name, exc_info=True)
@@ -158,6 +158,7 @@ class _Session:
         self.in_flight: set[asyncio.Task[None]] = set()
         self.done: deque[tuple[list[tuple[Lane, Message]], BaseException | None]] = deque()
         self.pending = 0  # messages read and not yet settled
+        self.delivered = 0
         self.failing = False
 
     async def close(self) -> None:
@@ -321,12 +322,13 @@ class _Session:
             failed: dict[int, BaseException] = {}
             if isinstance(exc, BatchError):
                 failed = dict(exc.failed)
-            elif exc is not None:
-                failed = dict.fromkeys(range(len(batch)), exc)
+            elif exc is not None:  # the connection is in doubt: a new session reads back
+                raise exc
             for i, (lane, msg) in enumerate(batch):
                 err = failed.get(i)
                 if err is None:
                     self.fw.delivered += 1
+                    self.delivered += 1
                     self._settled(lane, msg)
                     self._release(msg.group)
                 else:

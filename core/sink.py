@@ -58,10 +58,14 @@ class Sink(Protocol):
     """A broker connection. Nothing happens in the constructor; ``connect()`` opens it.
 
     ``write_batch`` returns when every message of the batch is acknowledged by the broker; it
-    raises :class:`BatchError` for per-message failures, any other exception fails the whole
-    batch as retryable. ``mark()`` is the broker's position as far as acknowledgements have
-    shown it (e.g. JetStream stream sequences): everything published after the call lands after
-    it. ``read_back(mark)`` returns the idempotency keys of the messages the broker took after
+    raises :class:`BatchError` for per-message failures (the broker answered). Any other
+    exception means the connection is in doubt (lost, acks overdue): the engine then starts a
+    new session, which reads back what the broker took instead of blindly resending, so even a
+    broker without a duplicate window gets nothing twice.
+
+    ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
+    JetStream stream sequences): everything published after the call lands after it.
+    ``read_back(mark)`` returns the idempotency keys of the messages the broker took after
     ``mark``, so that a restart resends none of them (DESIGN.md section 7.2).
     """
 

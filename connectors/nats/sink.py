@@ -128,6 +128,7 @@ class NatsSink:
         loop = asyncio.get_running_loop()
         limit = nc.max_payload
         futs: list[asyncio.Future[tuple[str, int]] | None] = []
+        tokens: list[str] = []
         failed: dict[int, Exception] = {}
         publish = nc.publish
         for i, m in enumerate(batch):
@@ -140,40 +141,40 @@ class NatsSink:
             token = str(next(self._ids))
             fut: asyncio.Future[tuple[str, int]] = loop.create_future()
             self._acks[token] = fut
+            tokens.append(token)
+            futs.append(fut)
             try:
                 await publish(
                     self.subject(m), m.payload, reply=self._inbox + token,
                     headers={"Nats-Msg-Id": m.key},
                 )  # fmt: skip
-            except Exception as e:  # connection closed, buffer full while reconnecting
-                self._acks.pop(token, None)
-                for j in range(i, len(batch)):
-                    failed.setdefault(j, RetryableError(f"publish failed: {e!r}"))
-                futs.append(None)
-                break
-            futs.append(fut)
+            except Exception:
+                self._forget(tokens)
+                raise  # connection closed, or its buffer full while reconnecting
         waiting = [f for f in futs if f is not None]
+        timeout = self.settings.ack_timeout.total_seconds()
         if waiting:
-            await asyncio.wait(waiting, timeout=self.settings.ack_timeout.total_seconds())
+            _, late = await asyncio.wait(waiting, timeout=timeout)
+            if late:
+                self._forget(tokens)
+                raise ConnectionError(f"{len(late)} PubAcks overdue after {timeout}s")
         mark = self._mark
         for i, f in enumerate(futs):
             if f is None:
                 continue
-            if not f.done():
-                f.cancel()
-                failed[i] = RetryableError(
-                    f"no PubAck within {self.settings.ack_timeout.total_seconds()}s"
-                )
-            elif (exc := f.exception()) is not None:
+            if (exc := f.exception()) is not None:
                 failed[i] = exc if isinstance(exc, Exception) else RetryableError(repr(exc))
             else:
                 stream, seq = f.result()
                 if seq > mark.get(stream, 0):
                     mark[stream] = seq
-        if len(self._acks) > 100_000:  # acks that never came: forget them
-            self._acks = {k: v for k, v in self._acks.items() if not v.done()}
         if failed:
             raise BatchError(failed)
+
+    def _forget(self, tokens: list[str]) -> None:
+        """Stop waiting for the acks of an abandoned batch."""
+        for token in tokens:
+            self._acks.pop(token, None)
 
     def mark(self) -> BrokerMark:
         return dict(self._mark)
@@ -229,7 +230,7 @@ class NatsSink:
     async def close(self) -> None:
         self._closing = True
         if self._nc is not None and not self._nc.is_closed:
-            await self._nc.drain()
+            await self._nc.close()  # the engine has awaited every batch it still cares for
 
 
 def make_sink(cfg: NatsConnector) -> NatsSink:

@@ -95,7 +95,7 @@ def test_auth(
 ) -> None:
     with EmbeddedNats(args=server_args) as server:
         bad = NatsHarness(server, {k: "wrong" for k in auth}).connector("bad", "events")
-        with pytest.raises(Exception, match="[Aa]uthorization"):
+        with pytest.raises(Exception, match=r"[Aa]uthorization"):
             asyncio.run(ensure_streams(NatsConnector.model_validate(bad)))
         broker = NatsHarness(server, auth)
         c = broker.connector("events", "events")
@@ -129,7 +129,8 @@ def test_nats_setup_creates_then_reports_differences(
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == "recs: created stream SETUP-RECORDS (setup-records.>)"
     assert setup().stdout.strip() == "recs: stream SETUP-RECORDS exists and matches"
-    config.write_text(config.read_text().replace("max_msgs_per_subject: 1", "max_msgs_per_subject: 5"))
+    text = config.read_text()
+    config.write_text(text.replace("max_msgs_per_subject: 1", "max_msgs_per_subject: 5"))
     assert setup().stdout.strip() == (
         "recs: stream SETUP-RECORDS exists but differs: max_msgs_per_subject is 1, recommended 5"
     )
