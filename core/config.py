@@ -206,6 +206,15 @@ def _dotted(path: tuple[str | int, ...]) -> str:
     return out or "(top)"
 
 
+def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Drop the tags pydantic puts after ``sources[i]`` / ``connectors[i]`` for the union."""
+    return tuple(
+        p for i, p in enumerate(loc)
+        if not (i >= 2 and p in _UNION_TAGS and isinstance(loc[i - 1], int)
+                and loc[i - 2] in ("sources", "connectors"))
+    )  # fmt: skip
+
+
 def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:
     """The YAML line of a pydantic error location (whose union tags we drop)."""
     path: list[str | int] = []
@@ -246,8 +255,9 @@ def load_config(path: str | Path) -> WeirConfig:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            line, where = _line_of(tuple(err["loc"]), lines, data)
-            rest = [p for p in err["loc"] if p not in where and p not in _UNION_TAGS]
+            loc = _without_tags(tuple(err["loc"]))
+            line, where = _line_of(loc, lines, data)
+            rest = [p for p in loc[len(where) :] if p not in where]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":

@@ -85,3 +85,35 @@ def test_example_configs_are_valid() -> None:
     assert examples
     for path in examples:
         load_config(path)
+
+
+def test_json_schema_is_up_to_date() -> None:
+    from core.schema import PATH, render
+
+    assert PATH.read_text() == render(), "config/weir.schema.json is stale: python -m core.schema"
+
+
+def test_connector_problems_name_the_key(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
+        "connectors:\n"
+        "  - name: c1\n"
+        "    type: nats\n"
+        "    stream: records\n"
+        "    actions: [insert]\n"
+        "  - name: c2\n"
+        "    type: nats\n"
+        "    stream: events\n"
+        "    sources: [nope]\n"
+        "    filters: [{column: v, op: in, value: 3}]\n"
+        "    nats: {url: 'http://x', token: t, user: u, password: p}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "3: connectors[0]: Value error, actions: filters the events stream only",
+        "11: connectors[1].filters[0]: Value error, op 'in' needs a list value",
+        "12: connectors[1].nats.url: Value error, 'http://x': expected nats://host:port "
+        "(or tls://, ws://, wss://)",
+    ]
