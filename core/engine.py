@@ -106,8 +106,6 @@ class Forwarder:
         self.kick = asyncio.Event()  # something to do: a batch finished, a source committed
         self.notified = False
         self.state = "starting"
-        self.delivered = 0
-        self.failed = 0
 
     def _set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:
@@ -327,7 +325,6 @@ class _Session:
             for i, (lane, msg) in enumerate(batch):
                 err = failed.get(i)
                 if err is None:
-                    self.fw.delivered += 1
                     self.delivered += 1
                     self._settled(lane, msg)
                     self._release(msg.group)
@@ -347,7 +344,6 @@ class _Session:
         if fatal or (retry.max_attempts is not None and msg.attempts >= retry.max_attempts):
             reason = f"{type(err).__name__}: {err}"
             await lane.reader.fail(msg, reason)
-            self.fw.failed += 1
             log.warning("connector %s: seq %d (%s) moved to the failed list after %d attempts: %s",
                         self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
             self._settled(lane, msg)

@@ -53,11 +53,6 @@ class Cursor:
         mark = self.state.get("mark")
         return None if mark is None else {str(k): int(v) for k, v in mark.items()}
 
-    @property
-    def dispatched(self) -> int:
-        """The highest seq handed to the broker when the cursor was saved."""
-        return int(self.state.get("dispatched", self.seq))
-
 
 class StreamReader:
     """One connector's view of one source's stream (records or events)."""

@@ -126,20 +126,25 @@ def test_restart_from_cursor_and_start_positions(broker: NatsHarness, db_url: st
     with serving(weir_config(db_url, [first])):
         _insert(db_url, range(1, 11))
         _wait_delivered(broker, first, 10)
+    with psycopg.connect(db_url) as conn:
+        since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     _insert(db_url, range(11, 21))  # while weir is down
     with serving(weir_config(db_url, [first])):
         _assert_once_in_order(_wait_delivered(broker, first, 20), list(range(1, 21)))
-    # Created now: 'end' starts after the 20 stored messages, {seq: 15} at seq 15.
+    # Created now: 'end' starts after the 20 stored messages, {seq: 15} at seq 15, {time} at
+    # the first change committed after `since` (seq 11).
     late = broker.connector("late", "events", start_position="end")
     from_seq = broker.connector("from-seq", "events", start_position={"seq": 15})
-    for c in (late, from_seq):
+    from_time = broker.connector("from-time", "events", start_position={"time": since})
+    for c in (late, from_seq, from_time):
         broker.prepare(c)
-    with serving(weir_config(db_url, [first, late, from_seq])):
+    with serving(weir_config(db_url, [first, late, from_seq, from_time])):
         wait_for(lambda: cursor_of(db_url, "late")[0] == 20, what="late connector's cursor")
         _insert(db_url, range(21, 26))
         _assert_once_in_order(_wait_delivered(broker, first, 25), list(range(1, 26)))
         _assert_once_in_order(_wait_delivered(broker, late, 5), list(range(21, 26)))
         _assert_once_in_order(_wait_delivered(broker, from_seq, 11), list(range(15, 26)))
+        _assert_once_in_order(_wait_delivered(broker, from_time, 15), list(range(11, 26)))
 
 
 def test_poison_message_blocks_only_its_group(broker: NatsHarness, db_url: str) -> None:
