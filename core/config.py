@@ -102,7 +102,6 @@ class HttpSource(SourceBase):
 
 Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
 Connector = Annotated[NatsConnector, Field(discriminator="type")]
-_UNION_TAGS = {"postgres", "http", "nats"}  # pydantic puts these in error locations
 
 
 class WeirConfig(Model):
@@ -207,12 +206,12 @@ def _dotted(path: tuple[str | int, ...]) -> str:
 
 
 def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    """Drop the tags pydantic puts after ``sources[i]`` / ``connectors[i]`` for the union."""
-    return tuple(
-        p for i, p in enumerate(loc)
-        if not (i >= 2 and p in _UNION_TAGS and isinstance(loc[i - 1], int)
-                and loc[i - 2] in ("sources", "connectors"))
-    )  # fmt: skip
+    """Drop the tag (``postgres``, ``nats``, ...) pydantic puts after ``sources[i]`` and
+    ``connectors[i]``: each is a discriminated union, and the tag is not a key of the file.
+    """
+    if len(loc) > 2 and loc[0] in ("sources", "connectors") and isinstance(loc[1], int):
+        return loc[:2] + loc[3:]
+    return loc
 
 
 def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:

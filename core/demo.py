@@ -21,8 +21,7 @@ from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
 from core.config import WeirConfig
 from core.embedded import EmbeddedNats, EmbeddedPostgres
-from core.pg.setup import prepare
-from core.service import serve
+from core.service import prepare, serve
 
 SAMPLE = [
     "INSERT INTO users (id, name, plan) VALUES (1, 'Paul', 'trial'), (2, 'Jessica', 'pro'), "
@@ -52,8 +51,7 @@ def run_demo() -> int:
                 ],
             }
         )  # fmt: skip
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            prepare(conn, cfg.sources[0])  # type: ignore[arg-type]  # slot first: nothing missed
+        prepare(cfg)  # the slot first: nothing written from here on is missed
         for c in cfg.connectors:
             assert isinstance(c, NatsConnector)
             print("  " + "\n  ".join(asyncio.run(ensure_streams(c))))

@@ -107,7 +107,7 @@ class Forwarder:
         self.notified = False
         self.state = "starting"
 
-    def _set_state(self, state: str, detail: str = "") -> None:
+    def set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:
             self.state = state
             log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
@@ -128,7 +128,7 @@ class Forwarder:
             except Exception as e:  # any failure: a new session from the saved cursors
                 attempt = 1 if session.delivered else attempt + 1
                 delay = self.cfg.retry.delay(attempt, random.random())
-                self._set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")
+                self.set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")
                 log.debug("connector %s: session failed", self.name, exc_info=True)
             finally:
                 await session.close()
@@ -169,12 +169,12 @@ class _Session:
 
     async def run(self) -> None:
         fw = self.fw
-        fw._set_state("connecting")
+        fw.set_state("connecting")
         await self.sink.connect()
         for lane in self.lanes:
             await lane.reader.open()
         await self._resume()
-        fw._set_state("streaming")
+        fw.set_state("streaming")
         next_save = time.monotonic() + SAVE_EVERY
         next_poll = time.monotonic() + POLL
         while not self.stop.is_set():
@@ -217,7 +217,7 @@ class _Session:
         for mark in marks:
             for stream, pos in mark.items():
                 since[stream] = min(pos, since.get(stream, pos))
-        keys = await self.sink.read_back(since, [lane.reader.sync_id + ":" for lane in self.lanes])
+        keys = await self.sink.read_back(since, [lane.reader.sync_id for lane in self.lanes])
         for lane in self.lanes:
             prefix = lane.reader.sync_id + ":"
             lane.skip = {k for k in keys if k.startswith(prefix)}
@@ -333,10 +333,10 @@ class _Session:
             if failed and not self.failing:
                 self.failing = True
                 first = next(iter(failed.values()))
-                self.fw._set_state("retrying", f"{type(first).__name__}: {first}")
+                self.fw.set_state("retrying", f"{type(first).__name__}: {first}")
             elif not failed and self.failing:
                 self.failing = False
-                self.fw._set_state("streaming", "the broker takes messages again")
+                self.fw.set_state("streaming", "the broker takes messages again")
 
     async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> None:
         retry = self.cfg.retry
@@ -361,9 +361,9 @@ class _Session:
 
     async def _drain(self) -> None:
         """Stop reading, let the batches out finish (within the broker's ack timeout), save."""
-        self.fw._set_state("draining")
-        if self.in_flight:
-            await asyncio.wait(set(self.in_flight), timeout=30)
+        self.fw.set_state("draining")
+        if self.in_flight:  # each ends within the sink's ack timeout; weir run bounds the rest
+            await asyncio.wait(set(self.in_flight))
         await self._settle()
         await self._save()
-        self.fw._set_state("stopped")
+        self.fw.set_state("stopped")

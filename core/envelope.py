@@ -5,7 +5,6 @@ Built from store rows when a message leaves Weir; every connector and the demo u
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -18,16 +17,19 @@ EVENT_TYPES = {"insert": "inserted", "update": "updated", "delete": "deleted",
                "truncate": "truncated"}  # fmt: skip
 
 
-def iso_utc(ts: datetime) -> str:
-    """``2026-11-22T10:00:00.123456Z``: UTC, always with microseconds."""
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts.utcoffset() is not None else ts.isoformat()
+def collection_prefix(sync_id: str, provider: str, collection_id: str) -> str:
+    """``{sync_id}.{provider}.{collection}.``: what every group key of a collection starts with."""
+    return f"{sync_id}.{encode_token(provider)}.{encode_token(collection_id)}."
 
 
 def group_key(sync_id: str, provider: str, collection_id: str, record_id: str | None) -> str:
     """``{sync_id}.{provider}.{collection}.{record_id}``: the unit of per-record order."""
-    return ".".join(
-        (sync_id, encode_token(provider), encode_token(collection_id), record_id or "_")
-    )
+    return collection_prefix(sync_id, provider, collection_id) + (record_id or "_")
+
+
+def subject_prefix(stream: str, namespace: str) -> str:
+    """``sequin-records.{namespace}`` or ``sequin-events.{namespace}``."""
+    return f"sequin-{stream}.{namespace}"
 
 
 def event_subject(namespace: str, key: str, action: str) -> str:

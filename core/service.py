@@ -8,6 +8,8 @@ import asyncio
 import logging
 import threading
 
+import psycopg
+
 from core.config import PostgresSource, WeirConfig
 from core.engine import Forwarder
 from core.store import Store
@@ -16,12 +18,32 @@ from core.store.reader import Notifier
 log = logging.getLogger("weir")
 
 
+def _store(cfg: WeirConfig) -> Store:
+    store = Store(cfg.store_url, cfg.store.schema_)
+    store.prepare(cfg.sources)
+    return store
+
+
+def prepare(cfg: WeirConfig) -> Store:
+    """Migrate the store, register the sources and create their publications and slots, so
+    that every change committed from now on will be captured. ``serve`` does the same in its
+    threads; call this first when writes follow at once (the demo, tests).
+    """
+    from core.pg.setup import prepare as prepare_source
+
+    store = _store(cfg)
+    for src in cfg.sources:
+        if isinstance(src, PostgresSource):
+            with psycopg.connect(src.url.get_secret_value(), autocommit=True) as conn:
+                prepare_source(conn, src)
+    return store
+
+
 def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0."""
     from core.pg.capture import PostgresCapture
 
-    store = Store(cfg.store_url, cfg.store.schema_)
-    store.prepare(cfg.sources)
+    store = _store(cfg)
     failures: list[BaseException] = []
 
     def supervise(capture: PostgresCapture) -> None:

@@ -16,16 +16,14 @@ class Message:
     """One message leaving Weir, built from a store row (DESIGN.md section 4).
 
     ``group`` is the group key (unit of order), ``key`` the idempotency key, ``payload`` the
-    JSON a subscriber receives. ``action`` is the event's action; on the records stream it is
-    ``None`` and ``deleted`` tells a tombstone.
+    JSON a subscriber receives. ``action`` is the event's action (``None`` on the records
+    stream).
     """
 
     sync_id: str
     seq: int
     collection_id: str
-    record_id: str | None
     action: str | None
-    deleted: bool
     group: str
     key: str
     payload: bytes
@@ -65,8 +63,8 @@ class Sink(Protocol):
 
     ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
     JetStream stream sequences): everything published after the call lands after it.
-    ``read_back(mark)`` returns the idempotency keys of the messages the broker took after
-    ``mark``, so that a restart resends none of them (DESIGN.md section 7.2).
+    ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
+    broker took after ``mark``, so that a restart resends none of them (DESIGN.md section 7.2).
     """
 
     async def connect(self) -> None: ...
@@ -75,7 +73,7 @@ class Sink(Protocol):
 
     def mark(self) -> BrokerMark: ...
 
-    async def read_back(self, mark: BrokerMark, prefixes: Sequence[str]) -> set[str]: ...
+    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]: ...
 
     async def close(self) -> None: ...
 

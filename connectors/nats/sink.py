@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector, NatsSettings
-from core.envelope import event_subject, record_subject
+from core.envelope import event_subject, record_subject, subject_prefix
 from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 
 log = logging.getLogger("weir.nats")
@@ -179,18 +179,17 @@ class NatsSink:
     def mark(self) -> BrokerMark:
         return dict(self._mark)
 
-    async def read_back(self, mark: BrokerMark, prefixes: Sequence[str]) -> set[str]:
+    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
         """Msg ids stored after ``mark`` in the streams that take this connector's subjects."""
         js = self.nc.jetstream()
         keys: set[str] = set()
         streams: dict[str, list[str]] = {}
-        for prefix in prefixes:
-            sync_id = prefix.rstrip(":")
-            probe = self.subject(Message(sync_id, 0, "", "x", "insert", False,
-                                         f"{sync_id}.p.c.r", "", b""))  # fmt: skip
+        prefix = subject_prefix(self.cfg.stream, self.settings.namespace)
+        for sync_id in sync_ids:
+            probe = f"{prefix}.{sync_id}.p.c.r" + ("" if self.records else ".inserted")
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 name = await js.find_stream_name_by_subject(probe)
-                streams.setdefault(name, []).append(probe.split(sync_id)[0] + sync_id + ".>")
+                streams.setdefault(name, []).append(f"{prefix}.{sync_id}.>")
         for name, filters in streams.items():
             info = await js.stream_info(name)
             start = mark.get(name, 0) + 1

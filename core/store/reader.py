@@ -17,7 +17,13 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from core.envelope import event_key, event_payload, group_key, record_key, record_payload
+from core.envelope import (
+    collection_prefix,
+    event_key,
+    event_payload,
+    record_key,
+    record_payload,
+)
 from core.filters import selection
 from core.models import ConnectorBase, SeqStart, TimeStart
 from core.sink import BrokerMark, Message
@@ -169,7 +175,7 @@ class StreamReader:
     def _prefix(self, collection_id: str) -> str:
         prefix = self._prefixes.get(collection_id)
         if prefix is None:
-            prefix = group_key(self.sync_id, self.provider, collection_id, "")[:-1]
+            prefix = collection_prefix(self.sync_id, self.provider, collection_id)
             self._prefixes[collection_id] = prefix
         return prefix
 
@@ -180,8 +186,7 @@ class StreamReader:
         payload = event_payload(
             sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
         )
-        return Message(sid, seq, coll, rid, action, False, self._prefix(coll) + (rid or "_"),
-                       key, payload)  # fmt: skip
+        return Message(sid, seq, coll, action, self._prefix(coll) + (rid or "_"), key, payload)
 
     def _record(self, row: tuple[Any, ...]) -> Message:
         seq, coll, rid, version, deleted, ts, record = row
@@ -190,7 +195,7 @@ class StreamReader:
         payload = record_payload(
             sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
         )
-        return Message(sid, seq, coll, rid, None, deleted, self._prefix(coll) + rid, key, payload)
+        return Message(sid, seq, coll, None, self._prefix(coll) + rid, key, payload)
 
 
 class Notifier:

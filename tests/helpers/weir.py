@@ -9,10 +9,8 @@ from typing import Any
 
 import psycopg
 
-from core.config import PostgresSource, WeirConfig
-from core.pg.setup import prepare
-from core.service import serve
-from core.store import Store
+from core.config import WeirConfig
+from core.service import prepare, serve
 
 
 def weir_config(db_url: str, connectors: list[dict[str, Any]], **source: Any) -> WeirConfig:
@@ -26,11 +24,7 @@ def serving(cfg: WeirConfig) -> Iterator[None]:
     """``weir run`` in a thread; on exit it drains, and must exit 0. The slots are made first,
     so every change from here on is captured whenever the capture thread gets going.
     """
-    Store(cfg.store_url, cfg.store.schema_).prepare(cfg.sources)
-    for src in cfg.sources:
-        assert isinstance(src, PostgresSource)
-        with psycopg.connect(src.url.get_secret_value(), autocommit=True) as conn:
-            prepare(conn, src)
+    prepare(cfg)
     stop = threading.Event()
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(serve(cfg, stop)), daemon=True)
