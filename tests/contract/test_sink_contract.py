@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.brokers import Delivered, NatsHarness
+from tests.helpers.brokers import Delivered, NatsHarness, wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, failed_messages, serving, store_events, weir_config
 
@@ -42,17 +42,6 @@ def _assert_once_in_order(got: list[Delivered], expected_seqs: list[int]) -> Non
         assert d.key == d.payload["metadata"]["idempotency_key"]
 
 
-def _wait_delivered(broker: NatsHarness, connector: dict[str, Any], n: int) -> list[Delivered]:
-    got: list[Delivered] = []
-
-    def enough() -> bool:
-        got[:] = broker.read(connector)
-        return len(got) >= n
-
-    wait_for(enough, timeout=60, what=f"{n} messages at the broker")
-    return got
-
-
 def test_per_record_order_under_concurrent_updates(broker: NatsHarness, db_url: str) -> None:
     _table(db_url)
     events = broker.connector("events", "events", batch={"max_messages": 50})
@@ -74,7 +63,7 @@ def test_per_record_order_under_concurrent_updates(broker: NatsHarness, db_url: 
         for t in threads:
             t.join()
         wait_for(lambda: len(store_events(db_url)) == 1020, what="capture of 1020 changes")
-        got = _wait_delivered(broker, events, 1020)
+        got = wait_delivered(broker, events, 1020)
         _assert_once_in_order(got, list(range(1, 1021)))
         wait_for(lambda: cursor_of(db_url, "records")[0] > 0, what="records cursor")
         records = broker.read(recs)
@@ -100,11 +89,11 @@ def test_restart_after_crash_resends_nothing_the_broker_has(
     cfg = weir_config(db_url, [conn_cfg])
     with serving(cfg):
         _insert(db_url, range(1, 31))
-        _wait_delivered(broker, conn_cfg, 30)
+        wait_delivered(broker, conn_cfg, 30)
         wait_for(lambda: cursor_of(db_url, "events")[0] == 30, what="cursor at 30")
         stale = cursor_of(db_url, "events")
         _insert(db_url, range(31, 61))
-        _wait_delivered(broker, conn_cfg, 60)
+        wait_delivered(broker, conn_cfg, 60)
     with psycopg.connect(db_url, autocommit=True) as conn:  # back to the older cursor
         conn.execute(
             "UPDATE weir.cursors SET seq = %s, broker_state = %s WHERE connector = 'events'",
@@ -113,7 +102,7 @@ def test_restart_after_crash_resends_nothing_the_broker_has(
     time.sleep(0.3)  # past the broker's duplicate window
     with serving(cfg):
         _insert(db_url, range(61, 71))
-        got = _wait_delivered(broker, conn_cfg, 70)
+        got = wait_delivered(broker, conn_cfg, 70)
         wait_for(lambda: cursor_of(db_url, "events")[0] == 70, what="cursor at 70")
     _assert_once_in_order(broker.read(conn_cfg), list(range(1, 71)))
     assert len(got) == 70
@@ -125,12 +114,12 @@ def test_restart_from_cursor_and_start_positions(broker: NatsHarness, db_url: st
     broker.prepare(first)
     with serving(weir_config(db_url, [first])):
         _insert(db_url, range(1, 11))
-        _wait_delivered(broker, first, 10)
+        wait_delivered(broker, first, 10)
     with psycopg.connect(db_url) as conn:
         since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     _insert(db_url, range(11, 21))  # while weir is down
     with serving(weir_config(db_url, [first])):
-        _assert_once_in_order(_wait_delivered(broker, first, 20), list(range(1, 21)))
+        _assert_once_in_order(wait_delivered(broker, first, 20), list(range(1, 21)))
     # Created now: 'end' starts after the 20 stored messages, {seq: 15} at seq 15, {time} at
     # the first change committed after `since` (seq 11).
     late = broker.connector("late", "events", start_position="end")
@@ -141,10 +130,10 @@ def test_restart_from_cursor_and_start_positions(broker: NatsHarness, db_url: st
     with serving(weir_config(db_url, [first, late, from_seq, from_time])):
         wait_for(lambda: cursor_of(db_url, "late")[0] == 20, what="late connector's cursor")
         _insert(db_url, range(21, 26))
-        _assert_once_in_order(_wait_delivered(broker, first, 25), list(range(1, 26)))
-        _assert_once_in_order(_wait_delivered(broker, late, 5), list(range(21, 26)))
-        _assert_once_in_order(_wait_delivered(broker, from_seq, 11), list(range(15, 26)))
-        _assert_once_in_order(_wait_delivered(broker, from_time, 15), list(range(11, 26)))
+        _assert_once_in_order(wait_delivered(broker, first, 25), list(range(1, 26)))
+        _assert_once_in_order(wait_delivered(broker, late, 5), list(range(21, 26)))
+        _assert_once_in_order(wait_delivered(broker, from_seq, 11), list(range(15, 26)))
+        _assert_once_in_order(wait_delivered(broker, from_time, 15), list(range(11, 26)))
 
 
 def test_poison_message_blocks_only_its_group(broker: NatsHarness, db_url: str) -> None:

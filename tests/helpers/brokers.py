@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
 from core.embedded import EmbeddedNats
+from tests.helpers.capture import wait_for
 
 _ns = itertools.count()
 
@@ -73,6 +75,25 @@ class NatsHarness:
         key = "records_stream" if connector["stream"] == "records" else "events_stream"
         stream = connector["nats"][key]["name"]
         return asyncio.run(_read_stream(self.server.url, stream, self.auth))
+
+
+def wait_delivered(
+    broker: NatsHarness, connector: dict[str, Any], n: int, *, settle: float = 0.0
+) -> list[Delivered]:
+    """What the broker holds once it holds ``n`` messages of the connector; ``settle`` seconds
+    later, so that anything more (a duplicate) would show.
+    """
+    got: list[Delivered] = []
+
+    def enough() -> bool:
+        got[:] = broker.read(connector)
+        return len(got) >= n
+
+    wait_for(enough, timeout=120, what=f"{n} messages at the broker")
+    if settle:
+        time.sleep(settle)
+        got = broker.read(connector)
+    return got
 
 
 async def _read_stream(url: str, stream: str, auth: dict[str, str]) -> list[Delivered]:

@@ -1,0 +1,125 @@
+"""A steady write load on ``load(id, v)``, interrupted at fixed points, and `weir run` as a real
+process that the interruptions kill and restart.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+from tests.helpers.capture import wait_for
+
+Op = tuple[str, str, Any]  # (action, record_id, v)
+
+
+def create_load_table(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE load (id int PRIMARY KEY, v int)")
+
+
+def _load(url: str, n_txns: int, expected: list[Op], done: threading.Event) -> None:
+    """One writer, so commit order is the order below; bounded to ``n_txns`` transactions."""
+    rng = random.Random(7)
+    live: set[int] = set()
+    next_id = 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(n_txns):
+            ops: list[Op] = []
+            with conn.transaction():
+                for _ in range(3 if i % 10 == 0 else 1):
+                    roll = rng.random()
+                    if roll < 0.5 or len(live) < 10:
+                        conn.execute("INSERT INTO load VALUES (%s, %s)", (next_id, i))
+                        ops.append(("insert", str(next_id), i))
+                        live.add(next_id)
+                        next_id += 1
+                    elif roll < 0.85:
+                        rid = rng.choice(sorted(live))
+                        conn.execute("UPDATE load SET v = %s WHERE id = %s", (i, rid))
+                        ops.append(("update", str(rid), i))
+                    else:
+                        rid = rng.choice(sorted(live))
+                        conn.execute("DELETE FROM load WHERE id = %s", (rid,))
+                        ops.append(("delete", str(rid), None))
+                        live.discard(rid)
+            expected.extend(ops)
+            time.sleep(0.001)  # a steady load, not a burst
+    done.set()
+
+
+def load_with_interruptions(
+    url: str, n_txns: int, points: list[int], interrupt: Callable[[], None]
+) -> list[Op]:
+    """Run the load; when ``points[i]`` changes are committed, call ``interrupt()``, which must
+    end while the load still runs. Returns every committed change, in commit order.
+    """
+    expected: list[Op] = []
+    done = threading.Event()
+    writer = threading.Thread(target=_load, args=(url, n_txns, expected, done))
+    writer.start()
+    try:
+        for point in points:
+            wait_for(lambda: len(expected) > point, what="the load to progress")  # noqa: B023
+            interrupt()
+            assert not done.is_set(), "the load ended before the interruption did: make it longer"
+    finally:
+        writer.join()
+    return expected
+
+
+class WeirProcess:
+    """`weir run --config FILE` in a process of its own, logging to ``log``; killed on exit."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "core.cli", "run", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+    def kill_and_restart(self) -> None:
+        """SIGKILL at a random moment, then a new process once the old one is gone."""
+        assert self.proc is not None
+        time.sleep(random.uniform(0.0, 0.3))
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        time.sleep(0.5)  # also past a 100 ms broker duplicate window
+        self.start()
+
+    def stop(self) -> None:
+        """SIGTERM: it must drain and exit 0."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0, self.log_text()
+
+    def __enter__(self) -> WeirProcess:
+        self.start()
+        wait_for(lambda: "streaming from slot" in self.log_text(), what="weir to stream")
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
