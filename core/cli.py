@@ -54,23 +54,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return serve(cfg, stop, settings.shutdown_grace)
 
 
-def cmd_nats_setup(args: argparse.Namespace) -> int:
+SETUPS = {  # weir <type> setup: what it creates, and the function that does it
+    "nats": ("create the JetStream streams the connectors publish into",
+             "connectors.nats.setup", "ensure_streams"),
+    "kafka": ("create the topics the connectors produce to", "connectors.kafka.setup",
+              "ensure_topics"),
+}  # fmt: skip
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
     import asyncio
+    import importlib
 
-    from connectors.nats.config import NatsConnector
-    from connectors.nats.setup import ensure_streams
-
+    _, module, func = SETUPS[args.command]
+    ensure = getattr(importlib.import_module(module), func)
     cfg = _load(args.config)
-    connectors = [c for c in cfg.connectors if isinstance(c, NatsConnector)]
+    connectors = [c for c in cfg.connectors if c.type == args.command]
     if not connectors:
-        print(f"{args.config}: no nats connectors", file=sys.stderr)
+        print(f"{args.config}: no {args.command} connectors", file=sys.stderr)
         return 2
     status = 0
     for c in connectors:
         try:
-            lines = asyncio.run(ensure_streams(c))
+            lines = asyncio.run(ensure(c))
         except Exception as e:
-            lines, status = [f"{c.name}: cannot set up NATS: {type(e).__name__}: {e}"], 1
+            lines, status = [f"{c.name}: cannot set up {args.command}: {type(e).__name__}: {e}"], 1
         print("\n".join(lines))
     return status
 
@@ -96,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("file")
     v.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("nats", help="NATS tools")
-    nsub = p.add_subparsers(dest="nats_command", required=True)
-    n = nsub.add_parser("setup", help="create the JetStream streams the connectors publish into")
-    n.add_argument("--config", required=True)
-    n.set_defaults(func=cmd_nats_setup)
+    for kind, (text, _, _) in SETUPS.items():
+        p = sub.add_parser(kind, help=f"{kind} tools")
+        ksub = p.add_subparsers(dest=f"{kind}_command", required=True)
+        k = ksub.add_parser("setup", help=text)
+        k.add_argument("--config", required=True)
+        k.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("demo", help="stream a sample table from an embedded Postgres")
     p.set_defaults(func=cmd_demo)

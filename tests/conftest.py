@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedNats, EmbeddedPostgres
+from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
+from tests.helpers.brokers import HARNESSES, Harness
 
 _counter = itertools.count()
 
@@ -24,6 +25,25 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
 def nats_server() -> Iterator[EmbeddedNats]:
     with EmbeddedNats() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[EmbeddedKafka]:
+    with EmbeddedKafka() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sqs_server() -> Iterator[EmbeddedSqs]:
+    with EmbeddedSqs() as server:
+        yield server
+
+
+@pytest.fixture(params=list(HARNESSES))
+def broker(request: pytest.FixtureRequest) -> Harness:
+    """Each broker in turn, through its harness (tests/helpers/brokers.py)."""
+    harness, server = HARNESSES[request.param]
+    return harness(request.getfixturevalue(server))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.brokers import Delivered, NatsHarness, wait_delivered
+from tests.helpers.brokers import Delivered, Harness, wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, failed_messages, serving, store_events, weir_config
 
@@ -42,7 +42,7 @@ def _assert_once_in_order(got: list[Delivered], expected_seqs: list[int]) -> Non
         assert d.key == d.payload["metadata"]["idempotency_key"]
 
 
-def test_per_record_order_under_concurrent_updates(broker: NatsHarness, db_url: str) -> None:
+def test_per_record_order_under_concurrent_updates(broker: Harness, db_url: str) -> None:
     _table(db_url)
     events = broker.connector("events", "events", batch={"max_messages": 50})
     recs = broker.connector("records", "records")
@@ -77,9 +77,7 @@ def test_per_record_order_under_concurrent_updates(broker: NatsHarness, db_url: 
     assert all(s == sorted(s) for s in by_group.values())
 
 
-def test_restart_after_crash_resends_nothing_the_broker_has(
-    broker: NatsHarness, db_url: str
-) -> None:
+def test_restart_after_crash_resends_nothing_the_broker_has(broker: Harness, db_url: str) -> None:
     """A cursor saved before the broker took more (what a crash leaves behind): on restart the
     broker is read back, so nothing is sent twice even with no duplicate window to hide it.
     """
@@ -108,7 +106,7 @@ def test_restart_after_crash_resends_nothing_the_broker_has(
     assert len(got) == 70
 
 
-def test_restart_from_cursor_and_start_positions(broker: NatsHarness, db_url: str) -> None:
+def test_restart_from_cursor_and_start_positions(broker: Harness, db_url: str) -> None:
     _table(db_url)
     first = broker.connector("first", "events")
     broker.prepare(first)
@@ -136,7 +134,7 @@ def test_restart_from_cursor_and_start_positions(broker: NatsHarness, db_url: st
         _assert_once_in_order(wait_delivered(broker, from_time, 15), list(range(11, 26)))
 
 
-def test_poison_message_blocks_only_its_group(broker: NatsHarness, db_url: str) -> None:
+def test_poison_message_blocks_only_its_group(broker: Harness, db_url: str) -> None:
     """The broker refuses one collection: its messages go to the failed list after
     max_attempts, in their order, and every other message is delivered meanwhile.
     """
@@ -161,7 +159,7 @@ def test_poison_message_blocks_only_its_group(broker: NatsHarness, db_url: str) 
 
 
 @pytest.mark.parametrize("stream", ["records", "events"])
-def test_filters_select_messages(broker: NatsHarness, db_url: str, stream: str) -> None:
+def test_filters_select_messages(broker: Harness, db_url: str, stream: str) -> None:
     _table(db_url)
     _table(db_url, "other")
     c = broker.connector(

@@ -5,18 +5,22 @@ to make it refuse a collection, and how to read back everything it stored, in it
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import boto3
 import nats
 import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
-from core.embedded import EmbeddedNats
+from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedSqs
 from tests.helpers.capture import wait_for
 
 _ns = itertools.count()
@@ -35,6 +39,24 @@ class Delivered:
     @property
     def seq(self) -> int:
         return int(self.payload["metadata"]["seq"])
+
+
+class Harness(Protocol):
+    kind: str
+
+    def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
+        """A connector config with a destination of its own."""
+
+    def prepare(
+        self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
+    ) -> None:
+        """Create the destination. ``only``: collections it takes (others are refused, and
+        retried); ``dedupe=False``: a duplicate window too short to hide a resend, where the
+        broker has one to set.
+        """
+
+    def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        """Everything the destination holds, each record's messages in their order."""
 
 
 class NatsHarness:
@@ -77,8 +99,160 @@ class NatsHarness:
         return asyncio.run(_read_stream(self.server.url, stream, self.auth))
 
 
+class KafkaHarness:
+    """Topics of 3 partitions; ``only`` makes the topic a template per collection and creates
+    the topics of those collections alone, so that the others stay unknown to the broker.
+    """
+
+    kind = "kafka"
+
+    def __init__(self, server: EmbeddedKafka) -> None:
+        self.server = server
+
+    def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
+        topic = f"t{next(_ns)}-{name}"
+        kafka_cfg = {"bootstrap_servers": self.server.bootstrap, "topic": topic, "linger": "1ms"}
+        return {"name": name, "type": "kafka", "stream": stream, "kafka": kafka_cfg, **extra}
+
+    def prepare(
+        self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
+    ) -> None:
+        kafka_cfg = connector["kafka"]  # Kafka has no duplicate window: dedupe changes nothing
+        topics = [kafka_cfg["topic"]]
+        if only is not None:
+            base = kafka_cfg["topic"]
+            kafka_cfg["topic"] = base + ".{collection}"
+            kafka_cfg["librdkafka"] = {"topic.metadata.propagation.max.ms": 300}
+            topics = [f"{base}.{c.replace(':', '_')}" for c in only]
+        admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
+        for f in admin.create_topics([NewTopic(t, num_partitions=3) for t in topics]).values():
+            f.result(timeout=30)
+
+    def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        base = connector["kafka"]["topic"].split("{")[0].rstrip(".")
+        admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
+        topics = admin.list_topics(timeout=10).topics
+        tps = [TopicPartition(t, p, 0) for t, meta in topics.items()
+               if t == base or t.startswith(base + ".") for p in meta.partitions]  # fmt: skip
+        consumer = Consumer({"bootstrap.servers": self.server.bootstrap, "group.id": "harness",
+                             "enable.partition.eof": True})  # fmt: skip
+        out: list[Delivered] = []
+        try:
+            consumer.assign(tps)
+            left = {(tp.topic, tp.partition) for tp in tps}
+            deadline = time.monotonic() + 30
+            while left and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, timeout=0.1):
+                    if (err := msg.error()) is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(err)
+                        left.discard((msg.topic(), msg.partition()))
+                        continue
+                    headers = dict(msg.headers() or [])
+                    out.append(Delivered(headers["idempotency_key"].decode(),
+                                         orjson.loads(msg.value())))  # fmt: skip
+            assert not left, f"partitions never reached their end: {left}"
+        finally:
+            consumer.close()
+        return out
+
+
+class SqsHarness:
+    """FIFO queues on moto's server; ``only`` makes the queue URL a template per collection and
+    creates the queues of those collections alone. ``read`` looks at the queue in the
+    server without consuming it (an SQS receiver would have to delete messages to see the
+    next of a group, and moto then forgets their dedup ids).
+    """
+
+    kind = "sqs"
+
+    def __init__(self, server: EmbeddedSqs) -> None:
+        self.server = server
+        self.client = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.url,
+                                   aws_access_key_id="k", aws_secret_access_key="s")  # fmt: skip
+
+    def queue_url(self, name: str) -> str:
+        return self.server.queue_url(name)
+
+    def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
+        sqs_cfg = {"queue_url": self.queue_url(f"t{next(_ns)}-{name}.fifo"),
+                   "endpoint_url": self.server.url, "access_key_id": "test",
+                   "secret_access_key": "test"}  # fmt: skip
+        return {"name": name, "type": "sqs", "stream": stream, "sqs": sqs_cfg, **extra}
+
+    def _names(self, connector: dict[str, Any]) -> list[str]:
+        url = connector["sqs"]["queue_url"]
+        return [url.rsplit("/", 1)[1]]
+
+    def prepare(
+        self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
+    ) -> None:
+        """SQS's dedup window is 5 minutes and cannot be shortened: ``dedupe`` changes
+        nothing, so a resend within the tests is always caught by the dedup id.
+        """
+        sqs_cfg = connector["sqs"]
+        names = self._names(connector)
+        if only is not None:
+            base = names[0].removesuffix(".fifo")
+            sqs_cfg["queue_url"] = self.queue_url(base + "-{collection}.fifo")
+            names = [f"{base}-{c.replace(':', '_')}.fifo" for c in only]
+        for name in names:
+            self.client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})
+
+    def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        base = self._names(connector)[0].split("{")[0].removesuffix(".fifo").rstrip("-")
+        names = [u.rsplit("/", 1)[1] for u in
+                 self.client.list_queues(QueueNamePrefix=base).get("QueueUrls", [])]  # fmt: skip
+        out: list[Delivered] = []
+        for name in names:
+            if name != base + ".fifo" and not name.startswith(base + "-"):
+                continue
+            for m in self.server.peek(name):
+                payload = orjson.loads(m["body"])
+                key = payload["metadata"]["idempotency_key"]
+                sent = hashlib.sha256(key.encode()).hexdigest()
+                out.append(Delivered(key if m["dedup_id"] == sent else m["dedup_id"], payload))
+        return out
+
+    def receive_all(self, connector: dict[str, Any]) -> list[Delivered]:
+        """Receive and delete until the queue is empty, as a worker would."""
+        url = connector["sqs"]["queue_url"]
+        out: list[Delivered] = []
+        while True:
+            resp = self.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                               VisibilityTimeout=30, WaitTimeSeconds=1)  # fmt: skip
+            msgs = resp.get("Messages", [])
+            if not msgs:
+                return out
+            for m in msgs:
+                payload = orjson.loads(m["Body"])
+                out.append(Delivered(payload["metadata"]["idempotency_key"], payload))
+            self.client.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)
+                ],
+            )
+
+
+HARNESSES: dict[str, tuple[Any, str]] = {  # harness class, its session server fixture
+    "nats": (NatsHarness, "nats_server"),
+    "kafka": (KafkaHarness, "kafka_server"),
+    "sqs": (SqsHarness, "sqs_server"),
+}
+
+
+def consume(broker: Harness, connector: dict[str, Any]) -> list[Delivered]:
+    """What a consumer of the destination receives: for SQS a receiver that deletes what it
+    got (so each group's next message comes); for the others a read from the start.
+    """
+    if isinstance(broker, SqsHarness):
+        return broker.receive_all(connector)
+    return broker.read(connector)
+
+
 def wait_delivered(
-    broker: NatsHarness, connector: dict[str, Any], n: int, *, settle: float = 0.0
+    broker: Harness, connector: dict[str, Any], n: int, *, settle: float = 0.0
 ) -> list[Delivered]:
     """What the broker holds once it holds ``n`` messages of the connector; ``settle`` seconds
     later, so that anything more (a duplicate) would show.

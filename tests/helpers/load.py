@@ -85,8 +85,10 @@ class WeirProcess:
         self.config = config
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
 
     def start(self) -> None:
+        self.starts += 1
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "core.cli", "run", "--config", str(self.config)],
@@ -98,8 +100,10 @@ class WeirProcess:
         return self.log.read_text()
 
     def kill_and_restart(self) -> None:
-        """SIGKILL at a random moment, then a new process once the old one is gone."""
+        """SIGKILL at a random moment once it streams, then a new process once it is gone."""
         assert self.proc is not None
+        wait_for(lambda: self.log_text().count("streaming from slot") >= self.starts,
+                 what="weir to stream")  # fmt: skip
         time.sleep(random.uniform(0.0, 0.3))
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()

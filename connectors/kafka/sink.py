@@ -1,0 +1,282 @@
+"""The Kafka sink: an idempotent producer (acks=all) whose delivery reports settle batches.
+
+librdkafka serves delivery reports from ``poll()``; a thread of the sink polls and hands each
+poll's reports to the event loop in one call. The broker's position (``mark``) is the last
+offset per partition that delivery reports showed, so that a restart reads the partitions
+back from there (DESIGN.md section 7.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from connectors.kafka.config import KafkaConnector, KafkaSettings
+from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+from core.templates import Template
+
+log = logging.getLogger("weir.kafka")
+
+# Refusals that say the message was not stored; any other delivery error leaves it in doubt.
+TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+             KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD}  # fmt: skip
+NOT_STORED = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+              KafkaError._UNKNOWN_PARTITION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+              KafkaError.TOPIC_EXCEPTION}  # fmt: skip
+librdkafka_log = logging.getLogger("weir.kafka.client")  # librdkafka's own log lines
+READ_BACK_STALL = 30.0  # seconds without progress before a read-back gives up
+
+
+def client_config(s: KafkaSettings, name: str) -> dict[str, Any]:
+    """Connection properties shared by the producer, the read-back consumer and the admin."""
+    conf: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "client.id": f"weir-{name}",
+                            "logger": librdkafka_log}  # fmt: skip
+    if s.sasl is not None:
+        conf |= {"sasl.mechanism": s.sasl.mechanism, "sasl.username": s.sasl.username,
+                 "sasl.password": s.sasl.password.get_secret_value()}  # fmt: skip
+    if s.tls is not None:
+        for key, path in (("ssl.ca.location", s.tls.ca_file),
+                          ("ssl.certificate.location", s.tls.cert_file),
+                          ("ssl.key.location", s.tls.key_file)):  # fmt: skip
+            if path is not None:
+                conf[key] = str(path)
+        if s.tls.key_password is not None:
+            conf["ssl.key.password"] = s.tls.key_password.get_secret_value()
+    tls, sasl = s.tls is not None, s.sasl is not None
+    conf["security.protocol"] = {(False, False): "PLAINTEXT", (True, False): "SSL",
+                                 (False, True): "SASL_PLAINTEXT", (True, True): "SASL_SSL"}[
+        (tls, sasl)]  # fmt: skip
+    return conf
+
+
+def producer_config(s: KafkaSettings, name: str) -> dict[str, Any]:
+    return (
+        client_config(s, name)
+        | {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": s.compression,
+            "linger.ms": s.linger.total_seconds() * 1000,
+            "batch.size": s.batch_bytes,
+            "message.max.bytes": s.max_message_bytes,
+            "message.timeout.ms": int(s.delivery_timeout.total_seconds() * 1000),
+            "allow.auto.create.topics": s.auto_create_topics,
+        }
+        | dict(s.librdkafka)
+    )
+
+
+@dataclass(eq=False)
+class _Batch:
+    """A batch waiting for its delivery reports."""
+
+    fut: asyncio.Future[None]
+    remaining: int
+    reports: list[tuple[KafkaError | None, str, int, int] | None] = field(default_factory=list)
+
+
+class KafkaSink:
+    """One connector's producer (see core/sink.py for the contract)."""
+
+    def __init__(self, cfg: KafkaConnector) -> None:
+        self.cfg = cfg
+        self.settings = cfg.kafka
+        self.topics = Template(cfg.topic, cfg.stream, r"[^A-Za-z0-9._-]")
+        self._producer: Producer | None = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._mark: BrokerMark = {}
+        self._broken: KafkaError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError("KafkaSink used before connect()")
+        return self._producer
+
+    async def connect(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        conf = producer_config(self.settings, self.cfg.name) | {"error_cb": self._on_error}
+        self._producer = Producer(conf)
+        self.admin = AdminClient(client_config(self.settings, self.cfg.name))
+        self._poller = threading.Thread(target=self._poll, name=f"kafka-{self.cfg.name}",
+                                        daemon=True)  # fmt: skip
+        self._poller.start()
+        self._mark = await asyncio.to_thread(self._ends)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():  # the idempotent producer cannot go on: a new session, a new producer
+            self._broken = err
+        log.debug("connector %s: kafka: %s", self.cfg.name, err)
+
+    def _partitions(self) -> list[TopicPartition]:
+        """Every partition of the topics this connector produces to, as far as they exist."""
+        topics = self.admin.list_topics(timeout=10).topics
+        pattern = self.topics.pattern("[A-Za-z0-9._-]+")
+        names = [t for t in topics if pattern.fullmatch(t)]
+        return [TopicPartition(t, p) for t in names for p in topics[t].partitions]
+
+    def _ends(self) -> BrokerMark:
+        """The last offset of every partition now. A broker that answers low (as some
+        Kafka-protocol brokers do, by a batch) only makes a later read-back read a little more.
+        """
+        tps = self._partitions()
+        if not tps:
+            return {}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        offsets = self.admin.list_offsets({tp: latest for tp in tps}, request_timeout=10)
+        return {_key(tp.topic, tp.partition): f.result(timeout=15).offset - 1
+                for tp, f in offsets.items()}  # fmt: skip
+
+    def _poll(self) -> None:
+        """Serve delivery reports; each poll's reports reach the event loop in one call."""
+        reports: list[tuple[_Batch, int, KafkaError | None, str, int, int]] = []
+        self._reports = reports
+        producer, loop = self.producer, self._loop
+        assert loop is not None
+        while not self._stop.is_set():
+            producer.poll(0.05)
+            if reports:
+                batch, reports[:] = list(reports), []
+                loop.call_soon_threadsafe(self._deliver, batch)
+
+    def _report(self, state: _Batch, i: int, err: KafkaError | None, msg: Any) -> None:
+        self._reports.append((state, i, err, msg.topic(), msg.partition(), msg.offset()))
+
+    def _deliver(self, reports: list[tuple[_Batch, int, KafkaError | None, str, int, int]]) -> None:
+        for state, i, err, topic, partition, offset in reports:
+            state.reports[i] = (err, topic, partition, offset)
+            self._count_down(state)
+
+    @staticmethod
+    def _count_down(state: _Batch) -> None:
+        state.remaining -= 1
+        if state.remaining == 0 and not state.fut.done():
+            state.fut.set_result(None)
+
+    async def write_batch(self, batch: Sequence[Message]) -> None:
+        if self._broken is not None:
+            raise ConnectionError(f"kafka producer failed: {self._broken.str()}")
+        producer = self.producer
+        state = _Batch(asyncio.get_running_loop().create_future(), len(batch), [None] * len(batch))
+        failed: dict[int, Exception] = {}
+        records = self.cfg.stream == "records"
+        topic_of = self.topics.render
+        for i, m in enumerate(batch):
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("idempotency_key", m.key.encode()),
+                       ("collection_id", m.collection_id.encode())]  # fmt: skip
+            if not records:
+                headers.append(("action", (m.action or "").encode()))
+            report = functools.partial(self._report, state, i)
+            while True:
+                try:
+                    producer.produce(topic_of(m), m.payload, m.group.encode(),
+                                     on_delivery=report, headers=headers)  # fmt: skip
+                    break
+                except BufferError:  # the local queue is full: the poller drains it
+                    await asyncio.sleep(0.005)
+                except KafkaException as e:
+                    failed[i] = _refused(e.args[0])
+                    self._count_down(state)
+                    break
+        timeout = self.settings.delivery_timeout.total_seconds() + 10
+        try:
+            await asyncio.wait_for(asyncio.shield(state.fut), timeout)
+        except TimeoutError:
+            raise ConnectionError(f"kafka delivery reports overdue after {timeout:.0f}s") from None
+        in_doubt: list[KafkaError] = []
+        mark = self._mark
+        for i, rep in enumerate(state.reports):
+            if rep is None:
+                continue
+            err, topic, partition, offset = rep
+            if err is None:
+                key = _key(topic, partition)
+                if offset > mark.get(key, -1):
+                    mark[key] = offset
+            elif err.code() in TOO_LARGE or err.code() in NOT_STORED:
+                failed[i] = _refused(err)
+            else:
+                in_doubt.append(err)
+        if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back
+            raise ConnectionError(f"{len(in_doubt)} kafka deliveries in doubt: {in_doubt[0].str()}")
+        if failed:
+            raise BatchError(failed)
+
+    def mark(self) -> BrokerMark:
+        return dict(self._mark)
+
+    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
+        return await asyncio.to_thread(self._read_back, mark, tuple(f"{s}:" for s in sync_ids))
+
+    def _read_back(self, mark: BrokerMark, prefixes: tuple[str, ...]) -> set[str]:
+        """Idempotency keys of these sources' messages after ``mark``, up to each partition's
+        end (a partition missing from the mark is read from its start).
+        """
+        tps = [TopicPartition(t.topic, t.partition, mark.get(_key(t.topic, t.partition), -1) + 1)
+               for t in self._partitions()]  # fmt: skip
+        keys: set[str] = set()
+        if not tps:
+            return keys
+        consumer = Consumer(client_config(self.settings, self.cfg.name) | {
+            "group.id": f"weir-read-back-{self.cfg.name}", "enable.auto.commit": False,
+            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        })  # fmt: skip
+        try:
+            consumer.assign(tps)
+            left = {(tp.topic, tp.partition) for tp in tps}
+            last = time.monotonic()
+            while left:
+                msgs = consumer.consume(1000, timeout=0.1)
+                if msgs:
+                    last = time.monotonic()
+                elif time.monotonic() - last > READ_BACK_STALL:
+                    raise ConnectionError(f"kafka read-back stalled on {sorted(left)[:3]}")
+                for msg in msgs:
+                    if (err := msg.error()) is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(err)
+                        left.discard((msg.topic(), msg.partition()))
+                        continue
+                    headers: list[tuple[str, Any]] = msg.headers() or []  # type: ignore[assignment]
+                    for name, value in headers:
+                        if name == "idempotency_key" and isinstance(value, bytes):
+                            key = value.decode()
+                            if key.startswith(prefixes):
+                                keys.add(key)
+            return keys
+        finally:
+            consumer.close()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join)
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 5.0)
+
+
+def _key(topic: str, partition: int) -> str:
+    """A partition's entry in the mark (a topic name never holds ':')."""
+    return f"{topic}:{partition}"
+
+
+def _refused(err: KafkaError) -> Exception:
+    """A message the broker did not store: too large never fits, the rest may later."""
+    text = f"Kafka {err.name()}: {err.str()}"
+    return FatalError(text) if err.code() in TOO_LARGE else RetryableError(text)
+
+
+def make_sink(cfg: KafkaConnector) -> KafkaSink:
+    return KafkaSink(cfg)

@@ -1,0 +1,163 @@
+"""Kafka and SQS connector specifics: what a consumer gets (key, headers, FIFO ids), size
+limits to the failed list, `weir kafka setup`, topic templates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from pydantic import ValidationError
+
+from connectors.kafka.config import KafkaConnector
+from core.embedded import EmbeddedKafka, EmbeddedSqs
+from tests.helpers.brokers import KafkaHarness, SqsHarness
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import cursor_of, failed_messages, serving, weir_config
+
+
+@pytest.fixture
+def table(db_url: str) -> str:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
+    return db_url
+
+
+def _insert(url: str, ids: range, body: str = "x") -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in ids:
+            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, body))
+
+
+def test_kafka_key_headers_and_value(kafka_server: EmbeddedKafka, table: str) -> None:
+    broker = KafkaHarness(kafka_server)
+    c = broker.connector("events", "events")
+    broker.prepare(c)
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 4))
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE t SET body = 'y' WHERE id = 2")
+        wait_for(lambda: cursor_of(table, "events")[0] == 4, what="4 delivered")
+    consumer = Consumer({"bootstrap.servers": kafka_server.bootstrap, "group.id": "check"})
+    topic = c["kafka"]["topic"]
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    got = []
+    while len(got) < 4:
+        for msg in consumer.consume(10, timeout=5):
+            assert msg.error() is None
+            got.append(msg)
+    consumer.close()
+    by_partition: dict[bytes, set[int]] = {}
+    for msg in got:
+        payload = orjson.loads(msg.value())
+        meta = payload["metadata"]
+        headers = {k: v.decode() for k, v in msg.headers()}
+        assert headers == {"idempotency_key": meta["idempotency_key"],
+                           "collection_id": "public:t", "action": payload["action"]}  # fmt: skip
+        key = msg.key().decode()
+        assert key == f"{meta['sync_id']}.postgres.public:t.{meta['record_id']}"
+        by_partition.setdefault(msg.key(), set()).add(msg.partition())
+    assert all(len(parts) == 1 for parts in by_partition.values()), "a record in two partitions"
+    assert sorted(orjson.loads(m.value())["action"] for m in got) == ["insert"] * 3 + ["update"]
+
+
+def test_kafka_message_over_the_size_limit_goes_to_the_failed_list(
+    kafka_server: EmbeddedKafka, table: str
+) -> None:
+    broker = KafkaHarness(kafka_server)
+    c = broker.connector("events", "events")
+    c["kafka"]["max_message_bytes"] = 4096
+    broker.prepare(c)
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 3))
+        _insert(table, range(3, 4), body="y" * 10_000)
+        _insert(table, range(4, 6))
+        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
+    assert sorted(d.seq for d in broker.read(c)) == [1, 2, 4, 5]
+    [failed] = failed_messages(table, "events")
+    assert failed["seq"] == 3 and failed["attempts"] == 1
+    assert "MSG_SIZE_TOO_LARGE" in failed["error"]
+
+
+def test_kafka_topic_template_per_collection(kafka_server: EmbeddedKafka, table: str) -> None:
+    broker = KafkaHarness(kafka_server)
+    c = broker.connector("events", "events")
+    broker.prepare(c, only=["public:t"])  # the topic becomes {topic}.{collection}
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 4))
+        wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
+    got = broker.read(c)
+    assert len(got) == 3
+    with pytest.raises(ValidationError, match=r"unknown placeholder \{table\}"):
+        KafkaConnector.model_validate({"name": "x", "type": "kafka", "stream": "events",
+                                       "kafka": {"topic": "weir.{table}"}})  # fmt: skip
+
+
+def test_kafka_setup_creates_then_reports_differences(
+    kafka_server: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = tmp_path / "weir.yaml"
+    config.write_text(
+        "store: {url: postgresql://unused@127.0.0.1/x}\n"
+        "connectors:\n"
+        "  - {name: evs, type: kafka, stream: events,\n"
+        f"     kafka: {{bootstrap_servers: '{kafka_server.bootstrap}', topic: setup-events,"
+        " partitions: 4}}\n"
+    )
+
+    def setup() -> str:
+        cmd = [sys.executable, "-m", "core.cli", "kafka", "setup", "--config", str(config)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert setup() == "evs: created topic setup-events (4 partitions)"
+    assert setup() == "evs: topic setup-events exists and matches"
+    config.write_text(config.read_text().replace("partitions: 4", "partitions: 8"))
+    assert setup() == "evs: topic setup-events exists but differs: 4 partitions, config says 8"
+
+
+def test_sqs_fifo_group_and_dedup_ids(sqs_server: EmbeddedSqs, table: str) -> None:
+    broker = SqsHarness(sqs_server)
+    c = broker.connector("records", "records")
+    broker.prepare(c)
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 4))
+        wait_for(lambda: cursor_of(table, "records")[0] == 3, what="3 delivered")
+    got = broker.client.receive_message(
+        QueueUrl=c["sqs"]["queue_url"], MaxNumberOfMessages=10, WaitTimeSeconds=1,
+        MessageSystemAttributeNames=["MessageGroupId", "MessageDeduplicationId"],
+    )["Messages"]  # fmt: skip
+    assert len(got) == 3
+    for m in got:
+        meta = orjson.loads(m["Body"])["metadata"]
+        attrs = m["Attributes"]
+        assert attrs["MessageGroupId"] == f"{meta['sync_id']}.postgres.public:t.{meta['record_id']}"
+        key = meta["idempotency_key"]
+        assert attrs["MessageDeduplicationId"] == hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_sqs_standard_queue_and_size_limit(sqs_server: EmbeddedSqs, table: str) -> None:
+    """A standard queue (no FIFO ids) whose MaximumMessageSize is 1 KiB: the big message goes
+    to the failed list with the reason before it is sent, the others arrive.
+    """
+    broker = SqsHarness(sqs_server)
+    c = broker.connector("events", "events")
+    url = c["sqs"]["queue_url"] = c["sqs"]["queue_url"].removesuffix(".fifo")
+    broker.client.create_queue(QueueName=url.rsplit("/", 1)[1],
+                               Attributes={"MaximumMessageSize": "1024"})  # fmt: skip
+    with serving(weir_config(table, [c])):
+        _insert(table, range(1, 3))
+        _insert(table, range(3, 4), body="y" * 2000)
+        _insert(table, range(4, 6))
+        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
+    assert sorted(d.seq for d in broker.receive_all(c)) == [1, 2, 4, 5]
+    [failed] = failed_messages(table, "events")
+    assert failed["seq"] == 3 and failed["attempts"] == 1
+    assert "MaximumMessageSize (1024)" in failed["error"]
