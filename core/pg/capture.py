@@ -5,11 +5,11 @@ transactions, and commit them with the LSN checkpoint in one store transaction; 
 confirm the flush LSN to Postgres. A transaction at or below the stored checkpoint is skipped,
 so a change is stored exactly once even when Postgres sends it again after a crash.
 
-Batching is natural: a batch is committed when the socket has nothing more to read, or when it
-reaches ``max_batch`` changes or ``max_batch_wait``. A long transaction is written in chunks into
-the one open store transaction, so memory stays bounded. Batches go to the store on a thread of
-their own (``_StoreThread``), so that decoding the next batch overlaps the store's work on this
-one: one thread and one FIFO, so batches commit in order.
+Batches go to the store on a thread of their own (``_StoreThread``; one thread and one FIFO, so
+they commit in order), and decoding the next batch overlaps the store's work on this one.
+Batching is natural: a batch is committed when the socket has nothing more to read and the store
+thread is idle, or when it reaches ``max_batch`` changes or ``max_batch_wait``. A long
+transaction is written in chunks into the one open store transaction, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import random
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -57,14 +58,19 @@ class _StoreThread:
     """Writes the capture's batches into the store on a thread, in the order given.
 
     ``submit`` hands over changes, with the (commit_lsn, end_lsn) checkpoint to commit them
-    with, or None for a chunk of a long transaction; ``on_commit(n, end_lsn)`` runs on this
-    thread after each commit. A store error is raised in the capture thread at its next call.
-    At most ``DEPTH`` batches wait, so memory stays bounded.
+    with, or None for a chunk of a long transaction. On this thread ``on_stored(n)`` runs after
+    each write and ``on_commit(end_lsn)`` after each commit. A store error is raised in the
+    capture thread at its next call. At most ``DEPTH`` batches wait, so memory stays bounded.
     """
 
     DEPTH = 2
 
-    def __init__(self, writer: SourceWriter, on_stored: Any, on_commit: Any) -> None:
+    def __init__(
+        self,
+        writer: SourceWriter,
+        on_stored: Callable[[int], None],
+        on_commit: Callable[[int], None],
+    ) -> None:
         self.writer = writer
         self.on_stored = on_stored
         self.on_commit = on_commit

@@ -6,6 +6,7 @@ import base64
 import threading
 
 import psycopg
+import pytest
 
 from tests.helpers.capture import (
     capturing,
@@ -210,7 +211,18 @@ def test_a_long_transaction_is_written_in_chunks_and_committed_once(db_url: str)
     assert sorted(r["record"]["v"] for r in recs) == [0] * 1040 + [1] * 10
 
 
-def test_capture_reconnects_after_the_source_drops_it_and_loses_nothing(db_url: str) -> None:
+KILL = {  # a connection of the capture that the server drops under load
+    "walsender": "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+    "WHERE slot_name = 'weir_slot' AND active_pid IS NOT NULL",
+    "store writer": "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    "WHERE application_name = 'weir' AND datname = current_database()",
+}
+
+
+@pytest.mark.parametrize("victim", list(KILL))
+def test_capture_reconnects_after_a_connection_is_dropped_and_loses_nothing(
+    db_url: str, victim: str
+) -> None:
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url)
     stop = threading.Event()
@@ -224,11 +236,8 @@ def test_capture_reconnects_after_the_source_drops_it_and_loses_nothing(db_url: 
     with capturing(src), psycopg.connect(db_url, autocommit=True) as admin:
         writer = threading.Thread(target=load)
         writer.start()
-        while not stop.wait(0.3):  # kill the walsender a few times under load
-            admin.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                "WHERE slot_name = 'weir_slot' AND active_pid IS NOT NULL"
-            )
+        while not stop.wait(0.3):  # a few times under load
+            admin.execute(KILL[victim])
         writer.join()
         wait_for(lambda: count_events(db_url) >= 2000, timeout=60, what="2000 events")
     assert [int(e["record_id"]) for e in events(db_url)] == list(range(1, 2001))
