@@ -158,6 +158,25 @@ def test_poison_message_blocks_only_its_group(broker: Harness, db_url: str) -> N
     assert failed[0]["payload"].startswith('{"record":')
 
 
+def test_message_over_the_size_limit_goes_to_the_failed_list(broker: Harness, db_url: str) -> None:
+    """A message the broker can never take fails at once, with the broker's reason; the
+    others are delivered.
+    """
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
+    c = broker.connector("events", "events")
+    broker.prepare(c)
+    broker.limit_size(c, 4096)
+    with serving(weir_config(db_url, [c])), psycopg.connect(db_url, autocommit=True) as conn:
+        for i in range(1, 6):
+            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, "y" * 10_000 if i == 3 else "x"))
+        wait_for(lambda: cursor_of(db_url, "events")[0] == 5, what="cursor past the big one")
+    assert sorted(d.seq for d in broker.read(c)) == [1, 2, 4, 5]
+    [failed] = failed_messages(db_url, "events")
+    assert failed["seq"] == 3 and failed["attempts"] == 1
+    assert broker.too_large in failed["error"]
+
+
 @pytest.mark.parametrize("stream", ["records", "events"])
 def test_filters_select_messages(broker: Harness, db_url: str, stream: str) -> None:
     _table(db_url)

@@ -43,6 +43,7 @@ class Delivered:
 
 class Harness(Protocol):
     kind: str
+    too_large: str  # what the failed list's error says of a message over the size limit
 
     def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
         """A connector config with a destination of its own."""
@@ -58,9 +59,16 @@ class Harness(Protocol):
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
         """Everything the destination holds, each record's messages in their order."""
 
+    def consume(self, connector: dict[str, Any]) -> list[Delivered]:
+        """What a consumer of the destination receives."""
+
+    def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
+        """After ``prepare``: messages over ``nbytes`` can never be taken."""
+
 
 class NatsHarness:
     kind = "nats"
+    too_large = "10054"  # JetStream: message size exceeds maximum allowed
 
     def __init__(self, server: EmbeddedNats, auth: dict[str, str] | None = None) -> None:
         self.server = server
@@ -98,6 +106,21 @@ class NatsHarness:
         stream = connector["nats"][key]["name"]
         return asyncio.run(_read_stream(self.server.url, stream, self.auth))
 
+    consume = read
+
+    def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
+        key = "records_stream" if connector["stream"] == "records" else "events_stream"
+
+        async def update() -> None:
+            nc = await nats.connect(self.server.url, **self.auth)
+            js = nc.jetstream()
+            info = await js.stream_info(connector["nats"][key]["name"])
+            info.config.max_msg_size = nbytes
+            await js.update_stream(info.config)
+            await nc.close()
+
+        asyncio.run(update())
+
 
 class KafkaHarness:
     """Topics of 3 partitions; ``only`` makes the topic a template per collection and creates
@@ -105,9 +128,11 @@ class KafkaHarness:
     """
 
     kind = "kafka"
+    too_large = "MSG_SIZE_TOO_LARGE"
 
     def __init__(self, server: EmbeddedKafka) -> None:
         self.server = server
+        self.topics: dict[str, list[str]] = {}  # connector name -> the topics prepare made
 
     def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
         topic = f"t{next(_ns)}-{name}"
@@ -127,13 +152,15 @@ class KafkaHarness:
         admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
         for f in admin.create_topics([NewTopic(t, num_partitions=3) for t in topics]).values():
             f.result(timeout=30)
+        self.topics[connector["name"]] = topics
+
+    def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
+        """The producer's limit: tansu does not enforce a topic's max.message.bytes."""
+        connector["kafka"]["max_message_bytes"] = nbytes
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
-        base = connector["kafka"]["topic"].split("{")[0].rstrip(".")
-        admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
-        topics = admin.list_topics(timeout=10).topics
-        tps = [TopicPartition(t, p, 0) for t, meta in topics.items()
-               if t == base or t.startswith(base + ".") for p in meta.partitions]  # fmt: skip
+        tps = [TopicPartition(t, p, 0) for t in self.topics[connector["name"]]
+               for p in range(3)]  # fmt: skip
         consumer = Consumer({"bootstrap.servers": self.server.bootstrap, "group.id": "harness",
                              "enable.partition.eof": True})  # fmt: skip
         out: list[Delivered] = []
@@ -156,6 +183,8 @@ class KafkaHarness:
             consumer.close()
         return out
 
+    consume = read
+
 
 class SqsHarness:
     """FIFO queues on moto's server; ``only`` makes the queue URL a template per collection and
@@ -165,11 +194,13 @@ class SqsHarness:
     """
 
     kind = "sqs"
+    too_large = "over the queue's MaximumMessageSize"
 
     def __init__(self, server: EmbeddedSqs) -> None:
         self.server = server
         self.client = boto3.client("sqs", region_name="us-east-1", endpoint_url=server.url,
                                    aws_access_key_id="k", aws_secret_access_key="s")  # fmt: skip
+        self.queues: dict[str, list[str]] = {}  # connector name -> the queues prepare made
 
     def queue_url(self, name: str) -> str:
         return self.server.queue_url(name)
@@ -180,10 +211,6 @@ class SqsHarness:
                    "secret_access_key": "test"}  # fmt: skip
         return {"name": name, "type": "sqs", "stream": stream, "sqs": sqs_cfg, **extra}
 
-    def _names(self, connector: dict[str, Any]) -> list[str]:
-        url = connector["sqs"]["queue_url"]
-        return [url.rsplit("/", 1)[1]]
-
     def prepare(
         self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
     ) -> None:
@@ -191,22 +218,23 @@ class SqsHarness:
         nothing, so a resend within the tests is always caught by the dedup id.
         """
         sqs_cfg = connector["sqs"]
-        names = self._names(connector)
+        names = [sqs_cfg["queue_url"].rsplit("/", 1)[1]]
         if only is not None:
             base = names[0].removesuffix(".fifo")
             sqs_cfg["queue_url"] = self.queue_url(base + "-{collection}.fifo")
             names = [f"{base}-{c.replace(':', '_')}.fifo" for c in only]
         for name in names:
             self.client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})
+        self.queues[connector["name"]] = names
+
+    def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
+        for name in self.queues[connector["name"]]:
+            limit = {"MaximumMessageSize": str(nbytes)}
+            self.client.set_queue_attributes(QueueUrl=self.queue_url(name), Attributes=limit)
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
-        base = self._names(connector)[0].split("{")[0].removesuffix(".fifo").rstrip("-")
-        names = [u.rsplit("/", 1)[1] for u in
-                 self.client.list_queues(QueueNamePrefix=base).get("QueueUrls", [])]  # fmt: skip
         out: list[Delivered] = []
-        for name in names:
-            if name != base + ".fifo" and not name.startswith(base + "-"):
-                continue
+        for name in self.queues[connector["name"]]:
             for m in self.server.peek(name):
                 payload = orjson.loads(m["body"])
                 key = payload["metadata"]["idempotency_key"]
@@ -214,8 +242,10 @@ class SqsHarness:
                 out.append(Delivered(key if m["dedup_id"] == sent else m["dedup_id"], payload))
         return out
 
-    def receive_all(self, connector: dict[str, Any]) -> list[Delivered]:
-        """Receive and delete until the queue is empty, as a worker would."""
+    def consume(self, connector: dict[str, Any]) -> list[Delivered]:
+        """Receive and delete until the queue is empty, as a worker would (so that each
+        group's next message comes).
+        """
         url = connector["sqs"]["queue_url"]
         out: list[Delivered] = []
         while True:
@@ -240,15 +270,6 @@ HARNESSES: dict[str, tuple[Any, str]] = {  # harness class, its session server f
     "kafka": (KafkaHarness, "kafka_server"),
     "sqs": (SqsHarness, "sqs_server"),
 }
-
-
-def consume(broker: Harness, connector: dict[str, Any]) -> list[Delivered]:
-    """What a consumer of the destination receives: for SQS a receiver that deletes what it
-    got (so each group's next message comes); for the others a read from the start.
-    """
-    if isinstance(broker, SqsHarness):
-        return broker.receive_all(connector)
-    return broker.read(connector)
 
 
 def wait_delivered(

@@ -60,3 +60,10 @@ def failed_messages(url: str, connector: str) -> list[dict[str, Any]]:
         return cur.execute(
             "SELECT * FROM weir.failed_messages WHERE connector = %s ORDER BY seq", (connector,)
         ).fetchall()
+
+
+def insert_t(url: str, ids: range, body: str = "x") -> None:
+    """Rows of the ``t (id, body)`` table the ``table`` fixture makes."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in ids:
+            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, body))

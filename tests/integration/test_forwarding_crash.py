@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from core.embedded import EmbeddedNats
-from tests.helpers.brokers import Delivered, Harness, NatsHarness, consume, wait_delivered
+from tests.helpers.brokers import Delivered, Harness, NatsHarness, wait_delivered
 from tests.helpers.capture import count_events
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
 from tests.helpers.weir import serving, weir_config
@@ -71,7 +71,7 @@ def test_sigkill_under_load_consumers_see_every_change_once_in_order(
         wait_delivered(broker, records, 1)
         weir.stop()
     assert count_events(db_url) == len(expected)
-    _check(db_url, consume(broker, events), consume(broker, records), expected)
+    _check(db_url, broker.consume(events), broker.consume(records), expected)
     assert weir.log_text().count("weir: running") == 3  # killed twice while streaming
 
 

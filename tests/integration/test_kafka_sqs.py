@@ -1,5 +1,5 @@
-"""Kafka and SQS connector specifics: what a consumer gets (key, headers, FIFO ids), size
-limits to the failed list, `weir kafka setup`, topic templates.
+"""Kafka and SQS connector specifics: what a consumer gets (key, headers, FIFO ids),
+`weir kafka setup`, topic templates, standard queues.
 """
 
 from __future__ import annotations
@@ -19,20 +19,7 @@ from connectors.kafka.config import KafkaConnector
 from core.embedded import EmbeddedKafka, EmbeddedSqs
 from tests.helpers.brokers import KafkaHarness, SqsHarness
 from tests.helpers.capture import wait_for
-from tests.helpers.weir import cursor_of, failed_messages, serving, weir_config
-
-
-@pytest.fixture
-def table(db_url: str) -> str:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
-    return db_url
-
-
-def _insert(url: str, ids: range, body: str = "x") -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for i in ids:
-            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, body))
+from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
 
 def test_kafka_key_headers_and_value(kafka_server: EmbeddedKafka, table: str) -> None:
@@ -40,7 +27,7 @@ def test_kafka_key_headers_and_value(kafka_server: EmbeddedKafka, table: str) ->
     c = broker.connector("events", "events")
     broker.prepare(c)
     with serving(weir_config(table, [c])):
-        _insert(table, range(1, 4))
+        insert_t(table, range(1, 4))
         with psycopg.connect(table, autocommit=True) as conn:
             conn.execute("UPDATE t SET body = 'y' WHERE id = 2")
         wait_for(lambda: cursor_of(table, "events")[0] == 4, what="4 delivered")
@@ -67,30 +54,12 @@ def test_kafka_key_headers_and_value(kafka_server: EmbeddedKafka, table: str) ->
     assert sorted(orjson.loads(m.value())["action"] for m in got) == ["insert"] * 3 + ["update"]
 
 
-def test_kafka_message_over_the_size_limit_goes_to_the_failed_list(
-    kafka_server: EmbeddedKafka, table: str
-) -> None:
-    broker = KafkaHarness(kafka_server)
-    c = broker.connector("events", "events")
-    c["kafka"]["max_message_bytes"] = 4096
-    broker.prepare(c)
-    with serving(weir_config(table, [c])):
-        _insert(table, range(1, 3))
-        _insert(table, range(3, 4), body="y" * 10_000)
-        _insert(table, range(4, 6))
-        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
-    assert sorted(d.seq for d in broker.read(c)) == [1, 2, 4, 5]
-    [failed] = failed_messages(table, "events")
-    assert failed["seq"] == 3 and failed["attempts"] == 1
-    assert "MSG_SIZE_TOO_LARGE" in failed["error"]
-
-
 def test_kafka_topic_template_per_collection(kafka_server: EmbeddedKafka, table: str) -> None:
     broker = KafkaHarness(kafka_server)
     c = broker.connector("events", "events")
     broker.prepare(c, only=["public:t"])  # the topic becomes {topic}.{collection}
     with serving(weir_config(table, [c])):
-        _insert(table, range(1, 4))
+        insert_t(table, range(1, 4))
         wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
     got = broker.read(c)
     assert len(got) == 3
@@ -128,7 +97,7 @@ def test_sqs_fifo_group_and_dedup_ids(sqs_server: EmbeddedSqs, table: str) -> No
     c = broker.connector("records", "records")
     broker.prepare(c)
     with serving(weir_config(table, [c])):
-        _insert(table, range(1, 4))
+        insert_t(table, range(1, 4))
         wait_for(lambda: cursor_of(table, "records")[0] == 3, what="3 delivered")
     got = broker.client.receive_message(
         QueueUrl=c["sqs"]["queue_url"], MaxNumberOfMessages=10, WaitTimeSeconds=1,
@@ -143,21 +112,13 @@ def test_sqs_fifo_group_and_dedup_ids(sqs_server: EmbeddedSqs, table: str) -> No
         assert attrs["MessageDeduplicationId"] == hashlib.sha256(key.encode()).hexdigest()
 
 
-def test_sqs_standard_queue_and_size_limit(sqs_server: EmbeddedSqs, table: str) -> None:
-    """A standard queue (no FIFO ids) whose MaximumMessageSize is 1 KiB: the big message goes
-    to the failed list with the reason before it is sent, the others arrive.
-    """
+def test_sqs_standard_queue(sqs_server: EmbeddedSqs, table: str) -> None:
+    """A queue without .fifo: messages go without group or dedup ids, and arrive."""
     broker = SqsHarness(sqs_server)
     c = broker.connector("events", "events")
     url = c["sqs"]["queue_url"] = c["sqs"]["queue_url"].removesuffix(".fifo")
-    broker.client.create_queue(QueueName=url.rsplit("/", 1)[1],
-                               Attributes={"MaximumMessageSize": "1024"})  # fmt: skip
+    broker.client.create_queue(QueueName=url.rsplit("/", 1)[1])
     with serving(weir_config(table, [c])):
-        _insert(table, range(1, 3))
-        _insert(table, range(3, 4), body="y" * 2000)
-        _insert(table, range(4, 6))
-        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
-    assert sorted(d.seq for d in broker.receive_all(c)) == [1, 2, 4, 5]
-    [failed] = failed_messages(table, "events")
-    assert failed["seq"] == 3 and failed["attempts"] == 1
-    assert "MaximumMessageSize (1024)" in failed["error"]
+        insert_t(table, range(1, 4))
+        wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
+    assert sorted(d.seq for d in broker.consume(c)) == [1, 2, 3]

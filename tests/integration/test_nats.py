@@ -1,4 +1,4 @@
-"""NATS connector specifics: broker dedupe, size limits, auth, `weir nats setup`."""
+"""NATS connector specifics: broker dedupe, auth, `weir nats setup`."""
 
 from __future__ import annotations
 
@@ -15,20 +15,7 @@ from connectors.nats.setup import ensure_streams
 from core.embedded import EmbeddedNats
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import wait_for
-from tests.helpers.weir import cursor_of, failed_messages, serving, weir_config
-
-
-def _insert(url: str, ids: range, v: str = "x") -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for i in ids:
-            conn.execute("INSERT INTO t VALUES (%s, %s)", (i, v))
-
-
-@pytest.fixture
-def table(db_url: str) -> str:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
-    return db_url
+from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
 
 def test_replay_inside_the_duplicate_window_is_dropped_by_msg_id(
@@ -42,7 +29,7 @@ def test_replay_inside_the_duplicate_window_is_dropped_by_msg_id(
     broker.prepare(c)
     cfg = weir_config(table, [c])
     with serving(cfg):
-        _insert(table, range(1, 21))
+        insert_t(table, range(1, 21))
         wait_for(lambda: cursor_of(table, "events")[0] == 20, what="20 delivered")
     with psycopg.connect(table, autocommit=True) as conn:
         conn.execute("UPDATE weir.cursors SET seq = 0, broker_state = NULL")
@@ -50,36 +37,6 @@ def test_replay_inside_the_duplicate_window_is_dropped_by_msg_id(
         wait_for(lambda: cursor_of(table, "events")[0] == 20, what="the replay")
     got = broker.read(c)
     assert sorted(d.seq for d in got) == list(range(1, 21))
-
-
-def test_message_over_the_streams_size_limit_goes_to_the_failed_list(
-    nats_server: EmbeddedNats, table: str
-) -> None:
-    broker = NatsHarness(nats_server)
-    c = broker.connector("events", "events")
-    broker.prepare(c)
-    stream = c["nats"]["events_stream"]["name"]
-
-    async def limit_size() -> None:
-        import nats
-
-        nc = await nats.connect(nats_server.url)
-        js = nc.jetstream()
-        info = await js.stream_info(stream)
-        info.config.max_msg_size = 4096
-        await js.update_stream(info.config)
-        await nc.close()
-
-    asyncio.run(limit_size())
-    with serving(weir_config(table, [c])):
-        _insert(table, range(1, 3))
-        _insert(table, range(3, 4), v="y" * 10_000)
-        _insert(table, range(4, 6))
-        wait_for(lambda: cursor_of(table, "events")[0] == 5, what="cursor past the big one")
-    assert sorted(d.seq for d in broker.read(c)) == [1, 2, 4, 5]
-    [failed] = failed_messages(table, "events")
-    assert failed["seq"] == 3 and failed["attempts"] == 1
-    assert "10054" in failed["error"] and "size" in failed["error"]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +58,7 @@ def test_auth(
         c = broker.connector("events", "events")
         broker.prepare(c)
         with serving(weir_config(table, [c])):
-            _insert(table, range(1, 4))
+            insert_t(table, range(1, 4))
             wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
         assert len(broker.read(c)) == 3
     assert not any("s3cret" in r.getMessage() for r in caplog.records)
