@@ -33,6 +33,7 @@ from pathlib import Path
 import nats
 import orjson
 import psycopg
+from common import new_db
 
 from core.embedded import EmbeddedNats, EmbeddedPostgres
 
@@ -68,15 +69,6 @@ def start_weir(pg_url: str, nats_url: str, workdir: Path, name: str) -> subproce
         [sys.executable, "-m", "core.cli", "run", "--config", str(config)],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-
-
-def new_db(server: EmbeddedPostgres, name: str) -> str:
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, v int NOT NULL, name text)")
-    return url
 
 
 def writer(url: str, stop: threading.Event, rows_per_txn: int, every: float | None) -> None:

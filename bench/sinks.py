@@ -28,6 +28,7 @@ from typing import Any
 
 import boto3
 import psycopg
+from common import new_db
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -36,15 +37,6 @@ from core.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
 from core.service import prepare, serve
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def new_db(server: EmbeddedPostgres, name: str) -> str:
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, v int NOT NULL, name text)")
-    return url
 
 
 def run_for(cfg: WeirConfig, done: Any, timeout: float = 900) -> float:
