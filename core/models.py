@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -30,6 +31,20 @@ Duration = Annotated[timedelta, BeforeValidator(_duration)]
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsFiles(Model):
+    """TLS to a broker: a CA to trust and, for mutual TLS, a client certificate and key."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
 
 
 class BatchPolicy(Model):

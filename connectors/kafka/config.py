@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator
 
-from core.models import ConnectorBase, Duration, Model
+from core.models import ConnectorBase, Duration, Model, TlsFiles
 from core.templates import check_template
 
 
@@ -18,19 +17,8 @@ class KafkaSasl(Model):
     password: SecretStr
 
 
-class KafkaTls(Model):
-    """TLS to the brokers: a CA to trust and, for mutual TLS, a client certificate and key."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
+class KafkaTls(TlsFiles):
     key_password: SecretStr | None = None
-
-    @model_validator(mode="after")
-    def _pair(self) -> KafkaTls:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together")
-        return self
 
 
 class KafkaSettings(Model):

@@ -8,21 +8,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model
-
-
-class NatsTls(Model):
-    """TLS to the server: a CA to trust and, for mutual TLS, a client certificate and key."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-
-    @model_validator(mode="after")
-    def _pair(self) -> NatsTls:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together")
-        return self
+from core.models import ConnectorBase, Duration, Model, TlsFiles
 
 
 class StreamLimits(Model):
@@ -63,7 +49,7 @@ class NatsSettings(Model):
     token: SecretStr | None = None
     nkey_seed_file: Path | None = None
     creds_file: Path | None = None
-    tls: NatsTls | None = None
+    tls: TlsFiles | None = None
     ack_timeout: Duration = timedelta(seconds=5)
     connect_timeout: Duration = timedelta(seconds=5)
     records_stream: StreamLimits = Field(default_factory=_records_stream)
