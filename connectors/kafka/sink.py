@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -81,7 +81,10 @@ class _Batch:
 
     fut: asyncio.Future[None]
     remaining: int
-    reports: list[tuple[KafkaError | None, str, int, int] | None] = field(default_factory=list)
+    reports: list[tuple[KafkaError | None, str, int, int] | None]  # by index in the batch
+
+
+_Report = tuple[_Batch, int, KafkaError | None, str, int, int]  # batch, index, error, where
 
 
 class KafkaSink:
@@ -96,6 +99,7 @@ class KafkaSink:
         self._stop = threading.Event()
         self._mark: BrokerMark = {}
         self._broken: KafkaError | None = None
+        self._reports: list[_Report] = []  # delivery reports of the poller's current poll()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -140,20 +144,20 @@ class KafkaSink:
 
     def _poll(self) -> None:
         """Serve delivery reports; each poll's reports reach the event loop in one call."""
-        reports: list[tuple[_Batch, int, KafkaError | None, str, int, int]] = []
-        self._reports = reports
+        reports = self._reports  # filled by _report, which poll() calls on this thread
         producer, loop = self.producer, self._loop
         assert loop is not None
         while not self._stop.is_set():
             producer.poll(0.05)
             if reports:
-                batch, reports[:] = list(reports), []
+                batch = reports[:]
+                reports.clear()
                 loop.call_soon_threadsafe(self._deliver, batch)
 
     def _report(self, state: _Batch, i: int, err: KafkaError | None, msg: Any) -> None:
         self._reports.append((state, i, err, msg.topic(), msg.partition(), msg.offset()))
 
-    def _deliver(self, reports: list[tuple[_Batch, int, KafkaError | None, str, int, int]]) -> None:
+    def _deliver(self, reports: list[_Report]) -> None:
         for state, i, err, topic, partition, offset in reports:
             state.reports[i] = (err, topic, partition, offset)
             self._count_down(state)
