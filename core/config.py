@@ -103,29 +103,90 @@ class HttpSource(SourceBase):
 
 
 Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
+
+
+class ApiConfig(Model):
+    """The HTTP server of ``weir run``: Consume API, management, ingest. Every route needs
+    ``Authorization: Bearer <one of tokens>``.
+    """
+
+    listen: str = Field("127.0.0.1:7376", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:\d{1,5}$")
+    tokens: list[SecretStr] = Field(min_length=1)
+
+    @field_validator("tokens")
+    @classmethod
+    def _no_empty_token(cls, v: list[SecretStr]) -> list[SecretStr]:
+        if any(len(t.get_secret_value()) < 16 for t in v):
+            raise ValueError("every token needs at least 16 characters")
+        return v
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class ConsumerFilters(Model):
+    """Which messages a consumer gets: ``*`` wildcards on collection and record ids."""
+
+    collection_id: str = Field("*", min_length=1, max_length=256)
+    resource_id: str = Field("*", min_length=1, max_length=256)
+
+
+class ConsumerConfig(Model):
+    """An HTTP pull consumer (DESIGN.md section 8), from YAML or ``POST /v1/http-consumers``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    stream: Literal["records", "events"] = "events"
+    sources: list[str] | None = Field(None, description="source names; default all")
+    ack_wait_ms: int = Field(30_000, ge=100, le=12 * 3600 * 1000, description="visibility timeout")
+    max_deliver: int = Field(
+        -1, ge=-1, description="deliveries before the failed list; -1: no limit"
+    )
+    deliver_policy: Literal["all", "new"] = "all"
+    max_ack_pending: int = Field(10_000, ge=1, le=1_000_000)
+    max_waiting: int = Field(20, ge=1, le=10_000)
+    filters: ConsumerFilters = ConsumerFilters()
+    group_columns: list[str] | None = Field(
+        None, description="record fields that group messages; default: the record id"
+    )
+
+    @field_validator("max_deliver")
+    @classmethod
+    def _max_deliver(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be -1 (no limit) or at least 1")
+        return v
+
+
 Connector = Annotated[NatsConnector | KafkaConnector | SqsConnector, Field(discriminator="type")]
 
 
 class WeirConfig(Model):
     store: StoreConfig = Field(default_factory=lambda: StoreConfig.model_validate({}))
+    api: ApiConfig | None = None
     sources: list[Source] = []
     connectors: list[Connector] = []
+    consumers: list[ConsumerConfig] = []
 
     @model_validator(mode="after")
     def _checks(self) -> WeirConfig:
-        names = [s.name for s in self.sources]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"source names must be unique: {', '.join(dupes)}")
-        names = [c.name for c in self.connectors]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"connector names must be unique: {', '.join(dupes)}")
+        for kind, items in (("source", self.sources), ("connector", self.connectors),
+                            ("consumer", self.consumers)):  # fmt: skip
+            names = [i.name for i in items]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{kind} names must be unique: {', '.join(dupes)}")
         known = {s.name for s in self.sources}
-        for c in self.connectors:
-            unknown = [n for n in c.sources or [] if n not in known]
-            if unknown:
-                raise ValueError(f"connector {c.name!r}: no source named {', '.join(unknown)}")
+        for kind, users in (("connector", self.connectors), ("consumer", self.consumers)):
+            for c in users:
+                unknown = [n for n in c.sources or [] if n not in known]
+                if unknown:
+                    raise ValueError(f"{kind} {c.name!r}: no source named {', '.join(unknown)}")
+        if self.api is None and (
+            self.consumers or any(isinstance(s, HttpSource) for s in self.sources)
+        ):
+            raise ValueError("consumers and http sources are served by the API: add api:")
         if self.store.url is None and not any(isinstance(s, PostgresSource) for s in self.sources):
             raise ValueError("store.url is required when no postgres source is declared")
         return self
@@ -137,8 +198,10 @@ class WeirConfig(Model):
         pg = next(s for s in self.sources if isinstance(s, PostgresSource))
         return pg.url.get_secret_value()
 
-    def sources_of(self, connector: Connector) -> list[PostgresSource | HttpSource]:
-        """The sources a connector forwards: those it names, else all."""
+    def sources_of(
+        self, connector: Connector | ConsumerConfig
+    ) -> list[PostgresSource | HttpSource]:
+        """The sources a connector or consumer reads: those it names, else all."""
         names = connector.sources
         return [s for s in self.sources if names is None or s.name in names]
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.config import HttpSource, PostgresSource
+from core.filters import selection
 from core.models import ConnectorBase
 from core.sink import BatchError, BrokerMark, FatalError, Message, Sink, make_sink
 from core.store import Store
@@ -144,8 +145,11 @@ class _Session:
         self.cfg = fw.cfg
         self.stop = stop
         self.sink: Sink = make_sink(fw.cfg)
+        cfg = fw.cfg
+        where = selection(cfg.collections, cfg.actions, cfg.filters)
         self.lanes = [
-            Lane(StreamReader(fw.store, fw.cfg, str(s.sync_id), s.provider)) for s in fw.sources
+            Lane(StreamReader(fw.store, cfg.name, cfg.stream, where, str(s.sync_id), s.provider))
+            for s in fw.sources
         ]
         self.records = fw.cfg.stream == "records"
         self.ready: deque[tuple[Lane, Message]] = deque()

@@ -27,15 +27,18 @@ def selection(
     collections: Sequence[str],
     actions: Sequence[Action] | None,
     filters: Sequence[Filter],
+    record_ids: Sequence[str] = ("*",),
 ) -> tuple[sql.Composable, list[Any]]:
     """A SQL condition (``TRUE`` when nothing filters) on a row of events or records, and its
-    parameters. Column filters apply to the ``record`` JSON: a missing field is null.
+    parameters. ``collections`` and ``record_ids`` are ``*`` patterns. Column filters apply
+    to the ``record`` JSON: a missing field is null.
     """
     parts: list[sql.Composable] = []
     params: list[Any] = []
-    if "*" not in collections:
-        parts.append(sql.SQL("collection_id LIKE ANY(%s)"))
-        params.append([like_pattern(c) for c in collections])
+    for column, patterns in (("collection_id", collections), ("record_id", record_ids)):
+        if "*" not in patterns:
+            parts.append(sql.SQL("{} LIKE ANY(%s)").format(sql.Identifier(column)))
+            params.append([like_pattern(p) for p in patterns])
     if actions is not None:
         parts.append(sql.SQL("action = ANY(%s)"))
         params.append(list(actions))

@@ -41,6 +41,7 @@ def prepare(cfg: WeirConfig) -> Store:
 
 def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0."""
+    from core.api import ApiServer
     from core.pg.capture import PostgresCapture
 
     store = _store(cfg)
@@ -65,13 +66,25 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
                 target=lambda: asyncio.run(_connectors(cfg, store, stop, grace)), name="connectors"
             )
         )
+    api = ApiServer(cfg, store) if cfg.api is not None else None
+    if api is not None:
+        try:
+            api.start()
+        except BaseException as e:
+            log.error("api: cannot start: %s", e)
+            return 1
     for t in threads:
         t.start()
-    log.info("weir: running %d sources and %d connectors", len(cfg.sources), len(cfg.connectors))
-    while any(t.is_alive() for t in threads):
+    log.info(
+        "weir: running %d sources, %d connectors and %d consumers",
+        len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
+    )  # fmt: skip
+    while any(t.is_alive() for t in threads) or (api is not None and not stop.is_set()):
         stop.wait(0.5)
     for t in threads:
         t.join()
+    if api is not None:
+        api.stop()
     log.info("weir: stopped")
     return 1 if failures else 0
 

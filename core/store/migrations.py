@@ -98,6 +98,37 @@ CREATE TABLE {s}.failed_messages (
 );
 """,
     ),
+    (
+        3,
+        "HTTP pull consumers and their queues",
+        """
+-- Consumers of the Consume API; 'config' ones are declared in YAML, 'api' ones were POSTed.
+CREATE TABLE {s}.consumers (
+    name        text PRIMARY KEY,
+    stream      text NOT NULL,
+    config      jsonb NOT NULL,
+    origin      text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- A consumer's queue: the stream messages it selected and has not yet had acknowledged.
+-- Payloads stay in the streams; a row is a reference plus its delivery state. Within a group
+-- only the row with the lowest id is deliverable, so a group's messages go out one at a time.
+CREATE TABLE {s}.consumer_messages (
+    consumer           text NOT NULL,
+    id                 bigint GENERATED ALWAYS AS IDENTITY,
+    sync_id            uuid NOT NULL,
+    seq                bigint NOT NULL,
+    group_key          text NOT NULL,
+    deliver_count      integer NOT NULL DEFAULT 0,
+    not_visible_until  timestamptz NOT NULL DEFAULT '-infinity',
+    PRIMARY KEY (consumer, id)
+);
+CREATE UNIQUE INDEX consumer_messages_seq ON {s}.consumer_messages (consumer, sync_id, seq);
+CREATE INDEX consumer_messages_group ON {s}.consumer_messages (consumer, group_key, id);
+CREATE INDEX consumer_messages_visible ON {s}.consumer_messages (consumer, not_visible_until);
+""",
+    ),
 ]
 
 

@@ -24,8 +24,7 @@ from core.envelope import (
     record_key,
     record_payload,
 )
-from core.filters import selection
-from core.models import ConnectorBase, SeqStart, TimeStart
+from core.models import SeqStart, TimeStart
 from core.sink import BrokerMark, Message
 from core.store import Store
 from core.store.writer import NOTIFY_CHANNEL
@@ -63,22 +62,29 @@ class Cursor:
 class StreamReader:
     """One connector's view of one source's stream (records or events)."""
 
-    def __init__(self, store: Store, connector: ConnectorBase, sync_id: str, provider: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        stream: str,
+        where: tuple[sql.Composable, list[Any]],
+        sync_id: str,
+        provider: str,
+    ) -> None:
+        """``name`` keys the cursor and failed list; ``where`` is a :func:`selection`."""
         self.store = store
-        self.connector = connector.name
-        self.stream = connector.stream
+        self.connector = name
+        self.stream = stream
         self.sync_id = sync_id
         self.provider = provider
         self._prefixes: dict[str, str] = {}
         self._conn: AConn | None = None
-        where, self._where_params = selection(
-            connector.collections, connector.actions, connector.filters
-        )
+        where_sql, self._where_params = where
         select = EVENTS_SELECT if self.stream == "events" else RECORDS_SELECT
         self._fetch = sql.SQL(
             select + " WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} "
             "ORDER BY seq LIMIT %s"
-        ).format(table=store.table(self.stream), where=where)
+        ).format(table=store.table(self.stream), where=where_sql)
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
         )
@@ -169,7 +175,7 @@ class StreamReader:
         params = (self.sync_id, after, upto, *self._where_params, limit)
         cur = await self.conn.execute(self._fetch, params, binary=False)
         rows = await cur.fetchall()
-        build = self._event if self.stream == "events" else self._record
+        build = self.event if self.stream == "events" else self.record
         return [build(row) for row in rows]
 
     def _prefix(self, collection_id: str) -> str:
@@ -179,7 +185,7 @@ class StreamReader:
             self._prefixes[collection_id] = prefix
         return prefix
 
-    def _event(self, row: tuple[Any, ...]) -> Message:
+    def event(self, row: tuple[Any, ...]) -> Message:
         seq, coll, rid, action, lsn, idx, ts, record, changes = row
         sid = self.sync_id
         key = event_key(sid, lsn, idx)
@@ -188,7 +194,7 @@ class StreamReader:
         )
         return Message(sid, seq, coll, action, self._prefix(coll) + (rid or "_"), key, payload)
 
-    def _record(self, row: tuple[Any, ...]) -> Message:
+    def record(self, row: tuple[Any, ...]) -> Message:
         seq, coll, rid, version, deleted, ts, record = row
         sid = self.sync_id
         key = record_key(sid, coll, rid, version)

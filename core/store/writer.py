@@ -25,6 +25,8 @@ class Change(NamedTuple):
     whose values are unknown (unchanged TOAST, a delete carrying only the key), so the records
     stream keeps their last known values. ``old_record_id`` is set when an update changed the key.
     ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
+    ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
+    the batch number, so that event idempotency keys stay unique).
     """
 
     action: str  # insert | update | delete | truncate
@@ -37,6 +39,7 @@ class Change(NamedTuple):
     version: int
     idx: int
     committed_at: str  # ISO-8601
+    event_lsn: int | None = None
 
 
 class WriterBusyError(RuntimeError):
@@ -136,7 +139,7 @@ class SourceWriter:
                             ch.collection_id,
                             ch.record_id,
                             ch.action,
-                            ch.version,
+                            ch.version if ch.event_lsn is None else ch.event_lsn,
                             ch.idx,
                             ch.committed_at,
                             record_json,

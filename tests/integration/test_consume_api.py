@@ -1,0 +1,278 @@
+"""The Consume API through real HTTP against `weir run` (DESIGN.md section 8)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import psycopg
+
+from core.embedded import free_port
+from tests.helpers.api import TOKEN, api_serving, receive, receive_all, settle, wait_queued
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import insert_t
+
+W = {"name": "w", "stream": "events"}
+
+
+def test_concurrent_workers_never_share_a_visible_message(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(400))
+        seen: list[str] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            with httpx.Client(base_url=client.base_url, headers=client.headers) as own:
+                idle_since = time.monotonic()
+                while time.monotonic() - idle_since < 3:
+                    batch = receive(own, "w", 7)
+                    if not batch:
+                        time.sleep(0.05)
+                        continue
+                    idle_since = time.monotonic()
+                    with lock:
+                        seen.extend(m["record"]["id"] for m in batch)
+                    time.sleep(0.01)  # others receive while this batch is outstanding
+                    assert settle(own, "w", batch) == len(batch)
+
+        with ThreadPoolExecutor(4) as pool:
+            for f in [pool.submit(worker) for _ in range(4)]:
+                f.result()
+        twice = [k for k, n in Counter(seen).items() if n > 1]
+        assert not twice, f"delivered to two workers: {twice[:5]}"
+        assert len(seen) == 400
+
+
+def test_nack_redelivers_at_once_and_stale_tokens_do_nothing(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(1))
+        first = receive_one(client)
+        assert receive(client, "w") == []  # invisible while outstanding
+        assert settle(client, "w", [first], "nack") == 1
+        again = receive(client, "w")
+        assert [m["record"]["id"] for m in again] == [first["record"]["id"]]
+        assert again[0]["ack_token"] != first["ack_token"]
+        assert settle(client, "w", [first]) == 0  # the first delivery's token is stale
+        assert settle(client, "w", again) == 1
+
+
+def test_expired_visibility_redelivers(table: str) -> None:
+    short = {**W, "ack_wait_ms": 400}
+    with api_serving(table, consumers=[short]) as client:
+        insert_t(table, range(1))
+        first = receive_one(client)
+        assert receive(client, "w") == []
+        time.sleep(0.5)
+        again = receive(client, "w")
+        assert [m["record"]["id"] for m in again] == [first["record"]["id"]]
+
+
+def test_ack_is_final_across_a_restart(table: str) -> None:
+    port = free_port()
+    consumer = {**W, "ack_wait_ms": 1000}
+    with api_serving(table, port, consumers=[consumer]) as client:
+        insert_t(table, range(10))
+        acked = receive_n(client, 4)
+        assert settle(client, "w", acked) == 4
+        pending = receive(client, "w", 3)  # delivered, never acked
+        assert len(pending) == 3
+    with api_serving(table, port, consumers=[consumer]) as client:
+        time.sleep(1.0)  # the pending ones become visible again
+        rest = receive_all(client, "w", 10 - len(acked))
+        keys = [m["record"]["id"] for m in rest]
+        assert not {m["record"]["id"] for m in acked} & set(keys)
+        assert {m["record"]["id"] for m in pending} <= set(keys)
+        assert len(keys) == len(set(keys)) == 10 - len(acked)
+        time.sleep(0.3)
+        assert receive(client, "w") == []
+
+
+def test_grouping_holds_a_records_next_change_until_the_first_is_acked(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(1))
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE t SET body = 'y' WHERE id = 0")
+            conn.execute("INSERT INTO t VALUES (1, 'x')")
+        wait_queued(client, "w", 3)
+        batch = receive(client, "w", 10)
+        assert ("0", "update") not in changes(batch)  # held behind the outstanding insert of 0
+        assert settle(client, "w", batch) == len(batch)
+        assert ("0", "update") in changes(receive_all(client, "w", 3 - len(batch)))
+
+
+def test_max_ack_pending_serves_only_redeliveries(table: str) -> None:
+    with api_serving(table, consumers=[{**W, "max_ack_pending": 3}]) as client:
+        insert_t(table, range(6))
+        first = receive_n(client, 3)
+        assert receive(client, "w", 10) == []
+        assert settle(client, "w", first[:1], "nack") == 1
+        got = receive(client, "w", 10)  # the redelivery, and one new message up to the limit
+        assert len(got) == 2 and got[0]["record"]["id"] == first[0]["record"]["id"]
+        assert receive(client, "w", 10) == []
+        assert settle(client, "w", first[1:] + got) == 4
+        assert len(receive(client, "w", 10)) == 2
+
+
+def test_max_deliver_moves_a_message_to_the_failed_list(table: str) -> None:
+    with api_serving(table, consumers=[{**W, "max_deliver": 2}]) as client:
+        insert_t(table, range(2))
+        batch = receive_n(client, 2)
+        assert settle(client, "w", batch[1:]) == 1
+        doomed = batch[0]["record"]["id"]
+        assert settle(client, "w", batch[:1], "nack") == 1
+        second = receive(client, "w")
+        assert [m["record"]["id"] for m in second] == [doomed]
+        assert settle(client, "w", second, "nack") == 1
+        assert receive(client, "w") == []  # a third delivery would pass max_deliver
+        failed = client.get("/v1/http-consumers/w/failed").json()["data"]
+        assert [(f["idempotency_key"], f["deliveries"]) for f in failed] == [(doomed, 2)]
+        assert "max_deliver" in failed[0]["error"]
+        assert failed[0]["message"]["metadata"]["idempotency_key"] == doomed
+
+
+def test_max_waiting_answers_429(table: str) -> None:
+    with api_serving(table, consumers=[{**W, "max_waiting": 2}]) as client:
+        url = "/v1/http-consumers/w/next?wait_for=3000"
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(client.get, url) for _ in range(2)]
+            time.sleep(0.5)
+            r = client.get(url)
+            assert r.status_code == 429
+            assert "max_waiting" in r.json()["detail"]
+            assert [f.result().status_code for f in waiting] == [200, 200]
+
+
+def test_long_poll_returns_when_a_change_arrives(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        threading.Timer(0.5, insert_t, (table, range(1))).start()
+        started = time.monotonic()
+        got = receive(client, "w", 10, wait_for=10_000)
+        assert len(got) == 1
+        assert time.monotonic() - started < 5
+
+
+def test_tokens_are_required(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"},
+                        {"Authorization": f"Basic {TOKEN}"}):  # fmt: skip
+            r = httpx.get(f"{client.base_url}/v1/http-consumers", headers=headers)
+            assert r.status_code == 401, headers
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = httpx.get(f"{client.base_url}/openapi.json")
+        assert r.status_code == 401
+
+
+def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        cases = [
+            (client.post("/v1/http-consumers", json={"name": "x", "stream": "rows"}), 422,
+             "stream"),
+            (client.post("/v1/http-consumers", content=b"{not json",
+                         headers={"content-type": "application/json"}), 422, "JSON"),
+            (client.post("/v1/http-consumers", json=W), 409, "exists"),
+            (client.post("/v1/http-consumers", json={"name": "y", "sources": ["nope"]}), 422,
+             "nope"),
+            (client.get("/v1/http-consumers/nope/next"), 404, "nope"),
+            (client.get("/v1/http-consumers/w/next?batch_size=0"), 422, "batch_size"),
+            (client.post("/v1/http-consumers/w/ack", json={"ack_tokens": ["!!"]}), 400,
+             "ack_tokens[0]"),
+            (client.post("/v1/http-consumers/w/ack", json={"tokens": []}), 422, "ack_tokens"),
+            (client.delete("/v1/http-consumers/w"), 409, "config file"),
+            (client.post("/v1/sources/app/records", json={"records": [
+                {"collection_id": "c", "record_id": "1", "data": {}}]}), 409, "postgres"),
+            (client.post("/v1/sources/stripe/records", json={"records": [
+                {"collection_id": "c", "record_id": "1"}]}), 422, "data is required"),
+        ]  # fmt: skip
+        for r, status, reason in cases:
+            assert r.status_code == status, (r.request.url, r.text)
+            assert reason in r.text, (r.request.url, r.text)
+
+
+def test_consumers_are_managed_over_http(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(3))
+        spec = {"name": "late", "stream": "events", "deliver_policy": "new",
+                "filters": {"collection_id": "public:*", "resource_id": "1*"}}  # fmt: skip
+        wait_for(lambda: len(receive(client, "w", 10)) == 3, what="the first rows captured")
+        r = client.post("/v1/http-consumers", json=spec)
+        assert r.status_code == 201, r.text
+        assert r.json()["origin"] == "api"
+        insert_t(table, range(10, 13))
+        insert_t(table, range(20, 22))
+        got = receive_all(client, "late", 3)
+        assert sorted(m["record"]["resource_id"] for m in got) == ["10", "11", "12"]
+        names = [c["name"] for c in client.get("/v1/http-consumers").json()["data"]]
+        assert names == ["late", "w"]
+        assert client.delete("/v1/http-consumers/late").status_code == 200
+        assert client.get("/v1/http-consumers/late").status_code == 404
+        assert client.get("/v1/http-consumers/late/next").status_code == 404
+
+
+def test_three_route_families_serve_one_queue(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(3))
+        wait_queued(client, "w", 3)
+        pulled = client.get("/api/http_pull_consumers/w/receive?batch_size=1").json()["data"]
+        assert pulled[0]["action"] == "insert" and pulled[0]["changes"] is None
+        streamed = client.post("/api/sequin_streams/w/receive", json={"batch_size": 5}).json()
+        data = streamed["data"]
+        assert all(set(d["data"]) == {"record", "changes", "action", "metadata"} for d in data)
+        ids = {pulled[0]["record"]["id"]} | {d["data"]["record"]["id"] for d in data}
+        assert len(ids) == 1 + len(data)
+        r = client.post("/api/sequin_streams/w/ack", json={"ack_ids": [d["ack_id"] for d in data]})
+        assert r.json()["count"] == len(data)
+        r = client.post("/api/http_pull_consumers/w/ack",
+                        json={"ack_tokens": [pulled[0]["ack_token"]]})  # fmt: skip
+        assert r.json()["count"] == 1
+
+
+def test_http_ingest_keeps_the_newest_version(table: str) -> None:
+    records = {"name": "r", "stream": "records", "sources": ["stripe"]}
+    with api_serving(table, consumers=[W, records]) as client:
+
+        def push(*recs: dict[str, object]) -> dict[str, int]:
+            r = client.post("/v1/sources/stripe/records", json={"records": list(recs)})
+            assert r.status_code == 200, r.text
+            return dict(r.json())
+
+        sub = {"collection_id": "stripe:subscription", "record_id": "sub_1"}
+        assert push({**sub, "data": {"plan": "a"}, "version": 1}) == {"accepted": 1, "skipped": 0}
+        assert push({**sub, "data": {"plan": "b"}, "version": 3},
+                    {**sub, "data": {"plan": "old"}, "version": 2}) == {"accepted": 1,
+                                                                        "skipped": 1}  # fmt: skip
+        assert push({**sub, "data": {"plan": "b"}, "version": 3}) == {"accepted": 0, "skipped": 1}
+        assert push({**sub, "deleted": True, "version": 4}) == {"accepted": 1, "skipped": 0}
+        events = receive_all(client, "w", 3)
+        assert [(m["record"]["action"], m["record"]["data"], m["record"]["changes"])
+                for m in events] == [("insert", {"plan": "a"}, None),
+                                     ("update", {"plan": "b"}, {"plan": "a"}),
+                                     ("delete", {"plan": "b"}, None)]  # fmt: skip
+        assert {m["record"]["provider"] for m in events} == {"stripe"}
+        assert len({m["record"]["id"] for m in events}) == 3
+        latest = receive_all(client, "r", 1)
+        assert latest[0]["record"]["deleted"] is True
+        assert latest[0]["record"]["resource_id"] == "sub_1"
+
+
+def changes(batch: list[Any]) -> list[tuple[str, str]]:
+    return [(m["record"]["resource_id"], m["record"]["action"]) for m in batch]
+
+
+def receive_one(client: httpx.Client) -> dict[str, object]:
+    return receive_n(client, 1)[0]
+
+
+def receive_n(client: httpx.Client, n: int) -> list[dict[str, object]]:
+    """Wait until ``n`` messages are receivable in one call (they are left outstanding)."""
+    got: list[dict[str, object]] = []
+
+    def ready() -> bool:
+        got.extend(receive(client, "w", n - len(got)))
+        return len(got) >= n
+
+    wait_for(ready, what=f"{n} messages")
+    return got
