@@ -124,6 +124,19 @@ class IngestResult(_Out):
     skipped: int = Field(description="records not newer than the stored version")
 
 
+class Refused(_Out):
+    detail: str = Field(description="why")
+
+
+REFUSALS = [
+    (400, "Bad request"),
+    (401, "No valid bearer token"),
+    (404, "No such consumer or source"),
+    (409, "Conflict with what exists"),
+    (429, "Too many receive calls waiting (max_waiting)"),
+]
+
+
 def _json(body: bytes) -> Response:
     return Response(content=body, media_type="application/json")
 
@@ -174,6 +187,7 @@ def build_app(consumers: Consumers, ingest: Ingest, tokens: list[bytes]) -> Fast
         version="1",
         description="Consume API, HTTP pull consumer management and HTTP ingest.",
         dependencies=[Depends(authorized)],
+        responses={code: {"model": Refused, "description": text} for code, text in REFUSALS},
         openapi_url=None,  # served below, behind the token like every route
         docs_url=None,
         redoc_url=None,
@@ -185,6 +199,9 @@ def build_app(consumers: Consumers, ingest: Ingest, tokens: list[bytes]) -> Fast
 
     @app.exception_handler(ApiError)
     async def _refused(_: Request, e: ApiError) -> JSONResponse:
+        if e.status == 422:  # the shape of FastAPI's validation errors
+            detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
+            return JSONResponse({"detail": detail}, status_code=422)
         return JSONResponse({"detail": e.reason}, status_code=e.status)
 
     async def items(name: str, batch_size: int, wait_for: int, item: Any) -> bytes:

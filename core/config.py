@@ -24,7 +24,7 @@ from connectors.kafka.config import KafkaConnector
 from connectors.nats.config import NatsConnector
 from connectors.sqs.config import SqsConnector
 from core.ids import sync_id_for
-from core.models import Duration, Model
+from core.models import Duration, Model, Text
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -129,8 +129,8 @@ class ApiConfig(Model):
 class ConsumerFilters(Model):
     """Which messages a consumer gets: ``*`` wildcards on collection and record ids."""
 
-    collection_id: str = Field("*", min_length=1, max_length=256)
-    resource_id: str = Field("*", min_length=1, max_length=256)
+    collection_id: Text = Field("*", min_length=1, max_length=256)
+    resource_id: Text = Field("*", min_length=1, max_length=256)
 
 
 class ConsumerConfig(Model):
@@ -147,7 +147,7 @@ class ConsumerConfig(Model):
     max_ack_pending: int = Field(10_000, ge=1, le=1_000_000)
     max_waiting: int = Field(20, ge=1, le=10_000)
     filters: ConsumerFilters = ConsumerFilters()
-    group_columns: list[str] | None = Field(
+    group_columns: list[Text] | None = Field(
         None, description="record fields that group messages; default: the record id"
     )
 

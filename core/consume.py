@@ -54,10 +54,11 @@ _TOKEN = struct.Struct(">qi")  # row id, delivery number
 class ApiError(Exception):
     """A request the API refuses; ``status`` is the HTTP status to answer with."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, loc: tuple[str, ...] = ()) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.loc = loc  # where in the request, for 422s shaped like FastAPI's own
 
 
 def encode_token(row_id: int, delivery: int) -> str:
@@ -196,7 +197,7 @@ class Consumers:
     def _sources_of(self, cfg: ConsumerConfig) -> list[PostgresSource | HttpSource]:
         missing = [n for n in cfg.sources or [] if n not in {s.name for s in self.cfg.sources}]
         if missing:
-            raise ApiError(422, f"sources: no source named {', '.join(missing)}")
+            raise ApiError(422, f"no source named {', '.join(missing)}", loc=("body", "sources"))
         return self.cfg.sources_of(cfg)
 
     # -- management -----------------------------------------------------------------------

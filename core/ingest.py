@@ -16,6 +16,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
+import orjson
 from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -31,7 +32,7 @@ class IngestRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    collection_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s.*>]+$")
+    collection_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s.*>\x00]+$")
     record_id: str = Field(min_length=1, max_length=512)
     data: dict[str, Any] | None = Field(None, description="the record; optional for a delete")
     deleted: bool = False
@@ -48,6 +49,19 @@ class IngestRecord(BaseModel):
     def _aware(cls, v: datetime | None) -> datetime | None:
         if v is not None and v.tzinfo is None:
             raise ValueError("needs a time zone, e.g. 2026-11-22T10:00:00Z")
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _storable(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        try:
+            text = orjson.dumps(v)
+        except TypeError as e:  # integers beyond 64 bits
+            raise ValueError(f"cannot be stored: {e}; send such numbers as strings") from None
+        if b"\\u0000" in text and _has_nul(v):
+            raise ValueError("must not contain the NUL character (Postgres cannot store it)")
         return v
 
     @model_validator(mode="after")
@@ -147,6 +161,16 @@ class Ingest:
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
+
+
+def _has_nul(v: Any) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
 
 
 def _micros(ts: datetime) -> int:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -27,6 +27,15 @@ def _duration(v: Any) -> Any:
 
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain the NUL character (Postgres cannot store it)")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
 
 
 class Model(BaseModel):

@@ -175,7 +175,7 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
                          headers={"content-type": "application/json"}), 422, "JSON"),
             (client.post("/v1/http-consumers", json=W), 409, "exists"),
             (client.post("/v1/http-consumers", json={"name": "y", "sources": ["nope"]}), 422,
-             "nope"),
+             "no source named nope"),
             (client.get("/v1/http-consumers/nope/next"), 404, "nope"),
             (client.get("/v1/http-consumers/w/next?batch_size=0"), 422, "batch_size"),
             (client.post("/v1/http-consumers/w/ack", json={"ack_tokens": ["!!"]}), 400,
