@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import subprocess
+import sys
+from pathlib import Path
+
 import psycopg
 
 from core.embedded import EmbeddedPostgres
@@ -15,3 +20,26 @@ def new_db(server: EmbeddedPostgres, name: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, v int NOT NULL, name text)")
     return url
+
+
+def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` for ``seconds`` into ``out`` (raw, collapsed stacks)."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid),
+         "-d", str(int(seconds)), "-f", "raw", "-o", str(out), "--nonblocking", "-r", "50"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def summarize(path: Path, what: str = "the weir process", top: int = 25) -> str:
+    """Self time by function from py-spy's raw (collapsed) output."""
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        own[stack.split(";")[-1]] += n
+    lines = [f"py-spy self time of {what}, {total} samples"]
+    lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
+    return "\n".join(lines) + "\n"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import platform
@@ -33,7 +32,7 @@ from pathlib import Path
 import nats
 import orjson
 import psycopg
-from common import new_db
+from common import new_db, py_spy, summarize
 
 from core.embedded import EmbeddedNats, EmbeddedPostgres
 
@@ -115,14 +114,7 @@ def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: P
         time.sleep(5)  # warm-up: a backlog forms
         first = asyncio.run(stream_count(ns.url, "THRU"))
         t0 = time.perf_counter()
-        spy = None
-        if profile:
-            spy = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(weir.pid),
-                 "-d", str(int(seconds)), "-f", "raw", "-o", str(workdir / "profile.txt"),
-                 "--nonblocking", "-r", "50"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+        spy = py_spy(weir.pid, seconds, workdir / "profile.txt") if profile else None
         time.sleep(seconds)
         last = asyncio.run(stream_count(ns.url, "THRU"))
         rate = (last - first) / (time.perf_counter() - t0)
@@ -135,20 +127,6 @@ def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: P
         weir.wait(60)
     summary = summarize(workdir / "profile.txt") if profile else None
     return rate, summary
-
-
-def summarize(path: Path, top: int = 25) -> str:
-    """Self time by function from py-spy's raw (collapsed) output."""
-    own: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        n = int(count)
-        total += n
-        own[stack.split(";")[-1]] += n
-    lines = [f"py-spy self time of the weir process, {total} samples"]
-    lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
-    return "\n".join(lines) + "\n"
 
 
 def latency(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: Path) -> list[float]:

@@ -11,7 +11,9 @@ restarts share one view:
 - only the lowest row of a group is deliverable, so a group's next message waits until the one
   before it is acknowledged;
 - receives of one consumer are serialised by an advisory lock, which makes ``max_ack_pending``
-  exact and the selection simple; ack and nack do not take it;
+  exact and the selection simple; a receive is one call of a SQL function
+  (``consumer_receive``, core/store/migrations.py), so the lock is held only while the server
+  works; ack and nack do not take it;
 - a records-stream row whose version was superseded before delivery is dropped when it comes
   up: the newer version is queued behind it, and the records stream only serves the latest.
 """
@@ -103,7 +105,8 @@ class _Live:
 
     cfg: ConsumerConfig
     readers: dict[str, StreamReader]
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # receivers: rows to try
+    fill: asyncio.Event = field(default_factory=asyncio.Event)  # filler: a source committed
     waiting: int = 0
     filler: asyncio.Task[None] | None = None
     info: tuple[float, dict[str, int]] = (0.0, {})
@@ -122,14 +125,9 @@ class Consumers:
         t = store.table
         self._m = t("consumer_messages")
         self._consumers = t("consumers")
-        self._receive_candidates = sql.SQL(
-            "SELECT id, sync_id, seq, deliver_count FROM {m} m"
-            " WHERE consumer = %(c)s AND not_visible_until <= now()"
-            " AND (deliver_count > 0 OR %(room)s > 0)"
-            " AND NOT EXISTS (SELECT 1 FROM {m} o WHERE o.consumer = %(c)s"
-            "   AND o.group_key = m.group_key AND o.id < m.id)"
-            " ORDER BY id LIMIT %(n)s"
-        ).format(m=self._m)
+        self._receive = sql.SQL("SELECT * FROM {}.consumer_receive(%s, %s, %s, %s, %s)").format(
+            sql.Identifier(store.schema)
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -183,7 +181,7 @@ class Consumers:
         group = _group_sql(cfg)
         live.filler = asyncio.create_task(self._fill(live, where, group), name=f"fill-{cfg.name}")
         for sid in readers:
-            self.notifier.subscribe(sid, live.wake.set)
+            self.notifier.subscribe(sid, live.fill.set)
         return live
 
     async def _unserve(self, live: _Live) -> None:
@@ -273,8 +271,7 @@ class Consumers:
             "WITH batch AS (SELECT seq, {group} AS group_key FROM {stream}"
             "  WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} ORDER BY seq LIMIT %s),"
             " ins AS (INSERT INTO {m} (consumer, sync_id, seq, group_key)"
-            "  SELECT %s, %s, seq, group_key FROM batch ORDER BY seq"
-            "  ON CONFLICT (consumer, sync_id, seq) DO NOTHING)"
+            "  SELECT %s, %s, seq, group_key FROM batch ORDER BY seq)"
             " SELECT count(*), max(seq) FROM batch"
         ).format(group=group, stream=stream, where=where_sql, m=self._m)
         lock_cursor = sql.SQL(
@@ -323,9 +320,9 @@ class Consumers:
             if moved:
                 live.wake.set()
                 continue
-            live.wake.clear()
+            live.fill.clear()  # a full queue is looked at again after POLL
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(live.wake.wait(), POLL)
+                await asyncio.wait_for(live.fill.wait(), POLL)
 
     async def receive(self, name: str, batch_size: int, wait_for: int) -> list[Delivery]:
         """Up to ``batch_size`` messages, waiting up to ``wait_for`` ms for the first."""
@@ -342,6 +339,7 @@ class Consumers:
         try:
             deadline = time.monotonic() + wait_for / 1000
             while True:
+                live.wake.clear()  # set again by anything that may make a message deliverable
                 got = await self._receive_once(live, batch_size)
                 left = deadline - time.monotonic()
                 if got or left <= 0 or self.live.get(name) is not live:
@@ -353,68 +351,39 @@ class Consumers:
 
     async def _receive_once(self, live: _Live, batch_size: int) -> list[Delivery]:
         cfg = live.cfg
-        m = self._m
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"weir:consume:{cfg.name}",),
-            )
-            row = await (
-                await conn.execute(
-                    sql.SQL(
-                        "SELECT count(*) FROM (SELECT 1 FROM {} WHERE consumer = %s"
-                        " AND not_visible_until > now() LIMIT %s) q"
-                    ).format(m),
-                    (cfg.name, cfg.max_ack_pending),
-                )
-            ).fetchone()
-            room = cfg.max_ack_pending - (int(row[0]) if row else 0)
+        async with self.pool.connection() as conn:
             rows = await (
                 await conn.execute(
-                    self._receive_candidates, {"c": cfg.name, "room": room, "n": batch_size}
+                    self._receive,
+                    (cfg.name, batch_size, cfg.max_ack_pending, cfg.ack_wait_ms, cfg.max_deliver),
                 )
             ).fetchall()
-            chosen: list[tuple[int, str, int, int]] = []
-            dead: list[tuple[int, str, int, int]] = []
-            for r in rows:
-                if 0 < cfg.max_deliver <= r[3]:
-                    dead.append(r)
-                elif r[3] > 0 or room > 0:
-                    chosen.append(r)
-                    room -= r[3] == 0
-            if not chosen and not dead:
+            if not rows:
                 return []
-            if chosen:
-                await conn.execute(
-                    sql.SQL(
-                        "UPDATE {} SET deliver_count = deliver_count + 1,"
-                        " not_visible_until = now() + make_interval(secs => %s)"
-                        " WHERE consumer = %s AND id = ANY(%s)"
-                    ).format(m),
-                    (cfg.ack_wait_ms / 1000, cfg.name, [r[0] for r in chosen]),
-                )
-            built = await self._build(live, conn, chosen + dead)
-            gone = [r[0] for r in chosen + dead if r[0] not in built]
-            if dead:
-                await self._fail(live, conn, [(r, built[r[0]]) for r in dead if r[0] in built])
-                gone += [r[0] for r in dead]
-            if gone:
-                await conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE consumer = %s AND id = ANY(%s)").format(m),
-                    (cfg.name, gone),
-                )
+            built = await self._build(live, conn, rows)
+            gone = [r[0] for r in rows if r[0] not in built]
+            dead = [(r, built[r[0]]) for r in rows if r[4] and r[0] in built]
+            if dead or gone:
+                async with conn.transaction():
+                    await self._fail(live, conn, dead)
+                    await conn.execute(
+                        sql.SQL("DELETE FROM {} WHERE consumer = %s AND id = ANY(%s)").format(
+                            self._m
+                        ),
+                        (cfg.name, gone + [r[0] for r, _ in dead]),
+                    )
         out = []
-        for r in chosen:
-            got = built.get(r[0])
-            if got is not None:
-                got.token = encode_token(r[0], r[3] + 1)
+        for row_id, _, _, count, is_dead in rows:
+            got = built.get(row_id)
+            if got is not None and not is_dead:
+                got.token = encode_token(row_id, count + 1)
                 out.append(got)
         return out
 
     async def _build(self, live: _Live, conn: Any, rows: list[Any]) -> dict[int, Delivery]:
         """The stream messages of queue rows, by row id; superseded or pruned ones are absent."""
         by_source: dict[str, dict[int, int]] = defaultdict(dict)
-        for row_id, sid, seq, _ in rows:
+        for row_id, sid, seq, *_ in rows:
             by_source[str(sid)][seq] = row_id
         events = live.cfg.stream == "events"
         select = EVENTS_SELECT if events else RECORDS_SELECT
@@ -444,7 +413,7 @@ class Consumers:
 
     async def _fail(self, live: _Live, conn: Any, dead: list[tuple[Any, Delivery]]) -> None:
         cfg = live.cfg
-        for (_, sid, _, count), d in dead:
+        for (_, sid, _, count, _), d in dead:
             msg = d.message
             await conn.execute(
                 sql.SQL(

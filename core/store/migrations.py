@@ -124,9 +124,53 @@ CREATE TABLE {s}.consumer_messages (
     not_visible_until  timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (consumer, id)
 );
-CREATE UNIQUE INDEX consumer_messages_seq ON {s}.consumer_messages (consumer, sync_id, seq);
 CREATE INDEX consumer_messages_group ON {s}.consumer_messages (consumer, group_key, id);
 CREATE INDEX consumer_messages_visible ON {s}.consumer_messages (consumer, not_visible_until);
+
+-- One receive: picks up to n deliverable rows (the lowest row of each group, visible, new ones
+-- only while fewer than max_pending are outstanding) and makes them invisible for wait_ms.
+-- Receives of a consumer are serialised by an advisory lock; being one statement, the lock is
+-- held only for the server's own work. Rows delivered max_deliver times come back with
+-- dead = true and unchanged, for the caller to move to the failed list.
+CREATE FUNCTION {s}.consumer_receive(p_consumer text, p_n integer, p_max_pending integer,
+                                     p_wait_ms integer, p_max_deliver integer)
+RETURNS TABLE (id bigint, sync_id uuid, seq bigint, deliver_count integer, dead boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    room integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('weir:consume:' || p_consumer, 0));
+    SELECT p_max_pending - count(*) INTO room FROM (
+        SELECT 1 FROM {s}.consumer_messages c
+        WHERE c.consumer = p_consumer AND c.not_visible_until > now() LIMIT p_max_pending) q;
+    RETURN QUERY
+    WITH cand AS (
+        SELECT m.id, m.sync_id, m.seq, m.deliver_count,
+               (p_max_deliver > 0 AND m.deliver_count >= p_max_deliver) AS dead
+        FROM {s}.consumer_messages m
+        WHERE m.consumer = p_consumer AND m.not_visible_until <= now()
+          AND (m.deliver_count > 0 OR room > 0)
+          AND NOT EXISTS (SELECT 1 FROM {s}.consumer_messages o WHERE o.consumer = p_consumer
+                          AND o.group_key = m.group_key AND o.id < m.id)
+        ORDER BY m.id LIMIT p_n
+    ), chosen AS (
+        SELECT cand.* FROM (
+            SELECT cand.*, row_number() OVER (
+                PARTITION BY cand.deliver_count = 0 AND NOT cand.dead ORDER BY cand.id) AS r
+            FROM cand) cand
+        WHERE cand.dead OR cand.deliver_count > 0 OR cand.r <= room
+    ), upd AS (
+        UPDATE {s}.consumer_messages m
+        SET deliver_count = m.deliver_count + 1,
+            not_visible_until = now() + make_interval(secs => p_wait_ms / 1000.0)
+        FROM chosen
+        WHERE m.consumer = p_consumer AND m.id = chosen.id AND NOT chosen.dead
+    )
+    SELECT chosen.id, chosen.sync_id, chosen.seq, chosen.deliver_count, chosen.dead
+    FROM chosen ORDER BY chosen.id;
+END
+$$;
 """,
     ),
 ]

@@ -1,0 +1,173 @@
+"""The Consume API: messages/s received and acked by 4 concurrent workers, batch 100.
+
+`weir run` runs as its own process with a postgres source and one HTTP pull consumer on the
+events stream; ``--messages`` rows are committed and captured first, so what is timed is the
+consumer's queue (filled as it drains, BUFFER rows at most) and the HTTP round trips: each of
+4 worker processes loops ``GET /v1/http-consumers/bench/next?batch_size=100`` and
+``POST …/ack`` until every message was acknowledged. Target (DESIGN.md section 12): ≥ 10,000/s.
+
+    .venv/bin/python bench/consume_api.py [--messages 200000] [--profile]
+
+Prints one JSON line and appends it to bench/results/consume_api.jsonl; ``--profile`` also
+writes bench/results/consume_api-profile.txt (py-spy self time of the weir process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from common import new_db, py_spy, summarize
+
+from core.config import WeirConfig
+from core.embedded import EmbeddedPostgres, free_port
+from core.service import prepare
+
+RESULTS = Path(__file__).parent / "results"
+TOKEN = "bench-token-0123456789"
+WORKERS = 4
+BATCH = 100
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids() -> list[int]:
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit()
+        and (p / "comm").exists()
+        and (p / "comm").read_text().strip() == "postgres"
+    ]
+
+
+def worker(base: str, total: int, acked: Any, counts: Any, cpu: Any, index: int) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+        while acked.value < total:
+            r = client.get(
+                "/v1/http-consumers/bench/next", params={"batch_size": BATCH, "wait_for": 500}
+            )
+            r.raise_for_status()
+            tokens = [m["ack_token"] for m in r.json()["data"]]
+            if not tokens:
+                continue
+            a = client.post("/v1/http-consumers/bench/ack", json={"ack_tokens": tokens})
+            a.raise_for_status()
+            n = a.json()["count"]
+            with acked.get_lock():
+                acked.value += n
+            counts[index] += n
+    cpu[index] = sum(os.times()[:2])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    n = args.messages
+    workdir = Path(tempfile.mkdtemp(prefix="weir-bench-"))
+    port = free_port()
+    with EmbeddedPostgres(settings={"max_wal_size": "4GB"}) as pg:
+        url = new_db(pg, "consume")
+        spec = {
+            "api": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]},
+            "sources": [{"name": "app", "kind": "postgres", "url": url,
+                         "tables": ["public.bench"], "max_batch": 20000}],
+            "consumers": [{"name": "bench", "stream": "events", "max_waiting": 50}],
+        }  # fmt: skip
+        prepare(WeirConfig.model_validate(spec))  # the slot exists before the rows go in
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO bench SELECT g, g, 'name-' || g "
+                         "FROM generate_series(1, %s) g", (n,))  # fmt: skip
+        config = workdir / "weir.yaml"
+        config.write_text(json.dumps(spec))
+        log = open(workdir / "weir.log", "ab")  # noqa: SIM115 - lives as long as the process
+        weir = subprocess.Popen(
+            [sys.executable, "-m", "core.cli", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    row = conn.execute("SELECT coalesce(max(events_seq), 0) FROM weir.sources")
+                    if (got := row.fetchone()) and got[0] >= n:
+                        break
+                    time.sleep(0.5)
+            ctx = mp.get_context("spawn")
+            acked = ctx.Value("q", 0)
+            counts = ctx.Array("q", WORKERS)
+            cpu = ctx.Array("d", WORKERS)
+            base = f"http://127.0.0.1:{port}"
+            procs = [ctx.Process(target=worker, args=(base, n, acked, counts, cpu, i))
+                     for i in range(WORKERS)]  # fmt: skip
+            pg_pids = postgres_pids()
+            cpu0 = (cpu_seconds([weir.pid]), cpu_seconds(pg_pids))
+            start = time.perf_counter()
+            for p in procs:
+                p.start()
+            spy = py_spy(weir.pid, 15, workdir / "profile.txt") if args.profile else None
+            for p in procs:
+                p.join(900)
+            elapsed = time.perf_counter() - start
+            used = {
+                "weir": round(cpu_seconds([weir.pid]) - cpu0[0], 1),
+                "postgres": round(cpu_seconds(pg_pids) - cpu0[1], 1),
+                "workers": round(sum(cpu), 1),
+            }
+            if spy is not None:
+                spy.wait(60)
+        finally:
+            weir.terminate()
+            weir.wait(60)
+    rate = acked.value / elapsed
+    result = {
+        "bench": "consume_api",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "messages": n,
+        "workers": WORKERS,
+        "batch_size": BATCH,
+        "acked": acked.value,
+        "per_worker": list(counts),
+        "seconds": round(elapsed, 2),
+        "received_and_acked_per_s": round(rate),
+        "cpu_seconds": used,
+        "targets": {"received_and_acked_per_s": 10000},
+    }
+    line = json.dumps(result)
+    print(line)
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "consume_api.jsonl", "a") as f:
+        f.write(line + "\n")
+    if args.profile:
+        (RESULTS / "consume_api-profile.txt").write_text(summarize(workdir / "profile.txt"))
+
+
+if __name__ == "__main__":
+    main()
