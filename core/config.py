@@ -23,6 +23,7 @@ from pydantic import (
 from connectors.kafka.config import KafkaConnector
 from connectors.nats.config import NatsConnector
 from connectors.sqs.config import SqsConnector
+from connectors.webhook.config import WebhookConnector
 from core.ids import sync_id_for
 from core.models import Duration, Model, Text
 
@@ -159,7 +160,9 @@ class ConsumerConfig(Model):
         return v
 
 
-Connector = Annotated[NatsConnector | KafkaConnector | SqsConnector, Field(discriminator="type")]
+Connector = Annotated[
+    NatsConnector | KafkaConnector | SqsConnector | WebhookConnector, Field(discriminator="type")
+]
 
 
 class WeirConfig(Model):

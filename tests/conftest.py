@@ -11,6 +11,7 @@ import pytest
 
 from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
 from tests.helpers.brokers import HARNESSES, Harness
+from tests.helpers.receiver import Receiver
 
 _counter = itertools.count()
 
@@ -37,6 +38,12 @@ def kafka_server() -> Iterator[EmbeddedKafka]:
 def sqs_server() -> Iterator[EmbeddedSqs]:
     with EmbeddedSqs() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def webhook_receiver() -> Iterator[Receiver]:
+    with Receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(params=list(HARNESSES))

@@ -80,6 +80,8 @@ def test_per_record_order_under_concurrent_updates(broker: Harness, db_url: str)
 def test_restart_after_crash_resends_nothing_the_broker_has(broker: Harness, db_url: str) -> None:
     """A cursor saved before the broker took more (what a crash leaves behind): on restart the
     broker is read back, so nothing is sent twice even with no duplicate window to hide it.
+    A destination that cannot be read back (webhooks) gets again exactly what came after the
+    saved cursor, in order, and receivers drop it by idempotency key.
     """
     _table(db_url)
     conn_cfg = broker.connector("events", "events", batch={"max_messages": 10})
@@ -100,9 +102,15 @@ def test_restart_after_crash_resends_nothing_the_broker_has(broker: Harness, db_
     time.sleep(0.3)  # past the broker's duplicate window
     with serving(cfg):
         _insert(db_url, range(61, 71))
-        got = wait_delivered(broker, conn_cfg, 70)
+        got = wait_delivered(broker, conn_cfg, 100 if broker.replays else 70)
         wait_for(lambda: cursor_of(db_url, "events")[0] == 70, what="cursor at 70")
-    _assert_once_in_order(broker.read(conn_cfg), list(range(1, 71)))
+    got = broker.read(conn_cfg)
+    if broker.replays:
+        again = got[60:]
+        assert sorted(d.seq for d in got[:60]) == list(range(1, 61))
+        assert sorted(d.seq for d in again) == list(range(31, 71))
+        got = got[:60] + [d for d in again if d.seq > 60]
+    _assert_once_in_order(got, list(range(1, 71)))
     assert len(got) == 70
 
 

@@ -22,6 +22,7 @@ from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
 from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedSqs
 from tests.helpers.capture import wait_for
+from tests.helpers.receiver import Hook, Receiver
 
 _ns = itertools.count()
 
@@ -44,6 +45,7 @@ class Delivered:
 class Harness(Protocol):
     kind: str
     too_large: str  # what the failed list's error says of a message over the size limit
+    replays: bool  # no read-back: after a restart what came after the cursor may come again
 
     def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
         """A connector config with a destination of its own."""
@@ -68,6 +70,7 @@ class Harness(Protocol):
 
 class NatsHarness:
     kind = "nats"
+    replays = False
     too_large = "10054"  # JetStream: message size exceeds maximum allowed
 
     def __init__(self, server: EmbeddedNats, auth: dict[str, str] | None = None) -> None:
@@ -128,6 +131,7 @@ class KafkaHarness:
     """
 
     kind = "kafka"
+    replays = False
     too_large = "MSG_SIZE_TOO_LARGE"
 
     def __init__(self, server: EmbeddedKafka) -> None:
@@ -194,6 +198,7 @@ class SqsHarness:
     """
 
     kind = "sqs"
+    replays = False
     too_large = "over the queue's MaximumMessageSize"
 
     def __init__(self, server: EmbeddedSqs) -> None:
@@ -265,10 +270,46 @@ class SqsHarness:
             )
 
 
+class WebhookHarness:
+    """Webhooks to a local receiver (tests/helpers/receiver.py), a path per connector."""
+
+    kind = "webhook"
+    too_large = "HTTP 413"
+    replays = True
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+
+    def hook(self, connector: dict[str, Any]) -> Hook:
+        return self.receiver.hooks[connector["webhook"]["url"].removeprefix(self.receiver.url)]
+
+    def connector(self, name: str, stream: str, **extra: Any) -> dict[str, Any]:
+        url = f"{self.receiver.url}/hooks/{name}-{next(_ns)}"
+        hook = {"url": url, "secret": "hook-secret", "timeout": "2s"}
+        return {"name": name, "type": "webhook", "stream": stream, "webhook": hook, **extra}
+
+    def prepare(
+        self, connector: dict[str, Any], *, only: list[str] | None = None, dedupe: bool = True
+    ) -> None:
+        path = connector["webhook"]["url"].removeprefix(self.receiver.url)
+        self.receiver.hooks[path] = Hook(secret=connector["webhook"]["secret"], only=only)
+
+    def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        with self.receiver.lock:
+            taken = list(self.hook(connector).taken)
+        return [Delivered(m["metadata"]["idempotency_key"], m) for m in taken]
+
+    consume = read
+
+    def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
+        self.hook(connector).max_bytes = nbytes
+
+
 HARNESSES: dict[str, tuple[Any, str]] = {  # harness class, its session server fixture
     "nats": (NatsHarness, "nats_server"),
     "kafka": (KafkaHarness, "kafka_server"),
     "sqs": (SqsHarness, "sqs_server"),
+    "webhook": (WebhookHarness, "webhook_receiver"),
 }
 
 

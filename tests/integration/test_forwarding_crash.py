@@ -1,6 +1,6 @@
 """End to end under load: `weir run` killed with SIGKILL and restarted, for every broker (after
-the NATS stream's duplicate window has passed; Kafka has none; SQS FIFO keeps 5 minutes), and
-the NATS server taken away for 10 s.
+the NATS stream's duplicate window has passed; Kafka has none; SQS FIFO keeps 5 minutes;
+webhook receivers drop repeats by idempotency key), and the NATS server taken away for 10 s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from core.embedded import EmbeddedNats
 from tests.helpers.brokers import Delivered, Harness, NatsHarness, wait_delivered
-from tests.helpers.capture import count_events
+from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
 from tests.helpers.weir import serving, weir_config
 
@@ -47,6 +47,16 @@ def _check(
     assert live == table
 
 
+def first_seen(got: list[Delivered]) -> list[Delivered]:
+    seen: set[str] = set()
+    out = []
+    for d in got:
+        if d.key not in seen:
+            seen.add(d.key)
+            out.append(d)
+    return out
+
+
 def _connectors(broker: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
     events = broker.connector("events", "events", batch={"max_messages": 100})
     records = broker.connector("records", "records", batch={"max_messages": 100})
@@ -67,11 +77,16 @@ def test_sigkill_under_load_consumers_see_every_change_once_in_order(
     config.write_text(json.dumps(cfg))  # JSON is YAML
     with WeirProcess(config, tmp_path / "weir.log") as weir:
         expected = load_with_interruptions(db_url, 3000, [800, 2000], weir.kill_and_restart)
-        wait_delivered(broker, events, len(expected), settle=1.0)
+        wait_for(lambda: len(first_seen(broker.read(events))) >= len(expected), timeout=120,
+                 what="every change delivered")  # fmt: skip
+        time.sleep(1.0)  # anything more (a duplicate) would show
         wait_delivered(broker, records, 1)
         weir.stop()
     assert count_events(db_url) == len(expected)
-    _check(db_url, broker.consume(events), broker.consume(records), expected)
+    got_events, got_records = broker.consume(events), broker.consume(records)
+    if broker.replays:  # webhooks: what a receiver that drops repeated idempotency keys keeps
+        got_events, got_records = first_seen(got_events), first_seen(got_records)
+    _check(db_url, got_events, got_records, expected)
     assert weir.log_text().count("weir: running") == 3  # killed twice while streaming
 
 

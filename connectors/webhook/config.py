@@ -1,0 +1,42 @@
+"""The ``webhook`` connector's settings (DESIGN.md sections 8 and 9)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from core.models import BatchPolicy, ConnectorBase, Duration, Model
+
+
+class WebhookSettings(Model):
+    """Where to POST. With ``secret`` each request carries ``webhook-signature: sha256=<hex>``,
+    the HMAC-SHA256 of ``{webhook-timestamp}.{body}`` keyed with the secret. ``headers`` are
+    sent with every request (their values are secrets: an API key, a bearer token).
+    """
+
+    url: str
+    secret: SecretStr | None = None
+    headers: dict[str, SecretStr] = {}
+    timeout: Duration = timedelta(seconds=10)
+    max_connections: int = Field(16, ge=1, le=256)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("https://", "http://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return v
+
+
+class WebhookConnector(ConnectorBase):
+    """POSTs batches of one stream's messages as ``{"data": [message, ...]}``: a 2xx answer
+    acknowledges them; anything else, or no answer within ``timeout``, is retried with the
+    connector's backoff (``retry``), and after ``retry.max_attempts`` the message goes to the
+    failed list.
+    """
+
+    type: Literal["webhook"]
+    batch: BatchPolicy = BatchPolicy(max_messages=100, max_bytes=1024 * 1024)
+    webhook: WebhookSettings

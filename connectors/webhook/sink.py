@@ -1,0 +1,99 @@
+"""The webhook sink: POSTs ``{"data": [message, ...]}`` to one URL.
+
+The engine puts at most one message per group key in flight, so the messages of one request
+belong to different records and several requests may be out at once. A 2xx answer
+acknowledges the whole request. When a request of several messages fails, each of them is
+sent again on its own at once, so that one message the receiver refuses does not hold back
+the others; a single message's failure goes back to the engine, which retries it with backoff
+and jitter and, after ``max_attempts``, moves it to the failed list. A message the receiver
+answers 413 (too large) alone fails at once. A receiver cannot be read back, so after a crash
+of Weir a message may come twice: receivers drop repeats by ``metadata.idempotency_key``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from connectors.webhook.config import WebhookConnector
+from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+
+
+def signature(secret: bytes, timestamp: str, body: bytes) -> str:
+    """``sha256=<hex>`` of ``{timestamp}.{body}``: what a receiver recomputes to verify."""
+    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+class WebhookSink:
+    """One connector's HTTP client (see core/sink.py for the contract)."""
+
+    def __init__(self, cfg: WebhookConnector) -> None:
+        self.cfg = cfg
+        self.settings = cfg.webhook
+        self._client: httpx.AsyncClient | None = None
+
+    async def connect(self) -> None:
+        s = self.settings
+        headers = {k: v.get_secret_value() for k, v in s.headers.items()}
+        headers["content-type"] = "application/json"
+        limits = httpx.Limits(max_connections=s.max_connections)
+        self._client = httpx.AsyncClient(
+            headers=headers, timeout=s.timeout.total_seconds(), limits=limits
+        )
+
+    async def write_batch(self, batch: Sequence[Message]) -> None:
+        error = await self._post(batch)
+        if error is None:
+            return
+        if len(batch) == 1:
+            raise BatchError({0: error})
+        alone = await asyncio.gather(*(self._post([m]) for m in batch))
+        failed = {i: e for i, e in enumerate(alone) if e is not None}
+        if failed:
+            raise BatchError(failed)
+
+    async def _post(self, batch: Sequence[Message]) -> Exception | None:
+        """None when the receiver took the messages, else why not."""
+        assert self._client is not None, "write_batch() before connect()"
+        body = b'{"data":[' + b",".join([m.payload for m in batch]) + b"]}"
+        headers = {}
+        if self.settings.secret is not None:
+            ts = str(int(time.time()))
+            headers["webhook-timestamp"] = ts
+            headers["webhook-signature"] = signature(
+                self.settings.secret.get_secret_value().encode(), ts, body
+            )
+        try:
+            resp = await self._client.post(self.settings.url, content=body, headers=headers)
+        except httpx.TimeoutException:
+            return RetryableError(
+                f"no answer within {self.settings.timeout.total_seconds():g}s (timeout)"
+            )
+        except httpx.HTTPError as e:
+            return RetryableError(f"{type(e).__name__}: {e}")
+        if resp.is_success:
+            return None
+        text = f"HTTP {resp.status_code}" + (f": {resp.text[:200]}" if resp.content else "")
+        if resp.status_code == 413 and len(batch) == 1:
+            return FatalError(text)
+        return RetryableError(text)
+
+    def mark(self) -> BrokerMark:
+        return {}
+
+    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
+        return set()  # a receiver cannot be read back: see the module's docstring
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def make_sink(cfg: WebhookConnector) -> WebhookSink:
+    return WebhookSink(cfg)
