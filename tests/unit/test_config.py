@@ -80,7 +80,8 @@ def test_validate_exits_2_with_the_problems(tmp_path: Path) -> None:
     assert f"{path}:2: sources[0]: Input tag 'kafka'" in run.stderr
 
 
-def test_example_configs_are_valid() -> None:
+def test_example_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEIR_API_TOKEN", "an-api-token-of-32-characters-xx")  # no default: a secret
     examples = sorted(Path(__file__).parents[2].joinpath("config", "examples").glob("*.yaml"))
     assert examples
     for path in examples:
@@ -117,3 +118,21 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
         "12: connectors[1].nats.url: Value error, 'http://x': expected nats://host:port "
         "(or tls://, ws://, wss://)",
     ]
+
+
+def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
+    head = "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
+    cases = {
+        "consumers: [{name: w}]\n": "1: (top): Value error, consumers and http sources are "
+        "served by the API: add api:",
+        "api: {tokens: [short]}\n": "2: api.tokens: Value error, every token needs at least 16 "
+        "characters",
+        "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, max_deliver: 0}]\n": "3: "
+        "consumers[0].max_deliver: Value error, must be -1 (no limit) or at least 1",
+        "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, sources: [nope]}]\n": "1: "
+        "(top): Value error, consumer 'w': no source named nope",
+    }
+    for body, problem in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, head + body))
+        assert e.value.problems == [problem], body
