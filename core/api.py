@@ -17,16 +17,19 @@ import threading
 from typing import Annotated, Any, Literal
 
 import orjson
+import psycopg
 import uvicorn
-from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import ConsumerConfig, WeirConfig
+from core.config import ConsumerConfig, PostgresSource, WeirConfig
 from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
 from core.ingest import Ingest, IngestRecord
+from core.metrics import Metrics
 from core.store import Store
 
 log = logging.getLogger("weir.api")
@@ -137,6 +140,25 @@ REFUSALS = [
 ]
 
 
+class Health(_Out):
+    status: str
+
+
+class Ready(_Out):
+    status: str
+    checks: dict[str, str] = Field(description="'ok' or why not, per dependency")
+
+
+async def _reachable(url: str) -> str:
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=3, autocommit=True)
+    except psycopg.Error as e:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    async with conn:
+        await conn.execute("SELECT 1")
+    return "ok"
+
+
 def _json(body: bytes) -> Response:
     return Response(content=body, media_type="application/json")
 
@@ -171,7 +193,9 @@ def _stream_item(d: Delivery) -> bytes:
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
 
-def build_app(consumers: Consumers, ingest: Ingest, tokens: list[bytes]) -> FastAPI:
+def build_app(
+    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes]
+) -> FastAPI:
     async def authorized(creds: Bearer) -> None:  # async: no hop to a thread pool
         given = creds.credentials.encode() if creds else b""
         ok = False
@@ -186,14 +210,16 @@ def build_app(consumers: Consumers, ingest: Ingest, tokens: list[bytes]) -> Fast
         title="Weir API",
         version="1",
         description="Consume API, HTTP pull consumer management and HTTP ingest.",
-        dependencies=[Depends(authorized)],
-        responses={code: {"model": Refused, "description": text} for code, text in REFUSALS},
-        openapi_url=None,  # served below, behind the token like every route
+        openapi_url=None,  # served below, behind the token
         docs_url=None,
         redoc_url=None,
     )
+    api = APIRouter(
+        dependencies=[Depends(authorized)],
+        responses={code: {"model": Refused, "description": text} for code, text in REFUSALS},
+    )
 
-    @app.get("/openapi.json", include_in_schema=False)
+    @api.get("/openapi.json", include_in_schema=False)
     async def openapi() -> dict[str, Any]:
         return app.openapi()
 
@@ -210,109 +236,135 @@ def build_app(consumers: Consumers, ingest: Ingest, tokens: list[bytes]) -> Fast
 
     # -- management -------------------------------------------------------------------
 
-    @app.post("/v1/http-consumers", status_code=201, response_model=ConsumerOut)
+    @api.post("/v1/http-consumers", status_code=201, response_model=ConsumerOut)
     async def create_consumer(cfg: ConsumerConfig) -> dict[str, Any]:
         await consumers.create(cfg)
         return {**cfg.model_dump(), "origin": "api"}
 
-    @app.get("/v1/http-consumers", response_model=ConsumerList)
+    @api.get("/v1/http-consumers", response_model=ConsumerList)
     async def list_consumers() -> dict[str, Any]:
         return {"data": [{**c.model_dump(), "origin": o} for c, o in await consumers.all()]}
 
-    @app.get("/v1/http-consumers/{name}", response_model=ConsumerOut)
+    @api.get("/v1/http-consumers/{name}", response_model=ConsumerOut)
     async def get_consumer(name: Name) -> dict[str, Any]:
         for c, origin in await consumers.all():
             if c.name == name:
                 return {**c.model_dump(), "origin": origin, "info": await consumers.info(name)}
         raise ApiError(404, f"no consumer named {name!r}")
 
-    @app.delete("/v1/http-consumers/{name}", response_model=Deleted)
+    @api.delete("/v1/http-consumers/{name}", response_model=Deleted)
     async def delete_consumer(name: Name) -> dict[str, Any]:
         await consumers.delete(name)
         return {"success": True}
 
-    @app.get("/v1/http-consumers/{name}/failed", response_model=FailedList)
+    @api.get("/v1/http-consumers/{name}/failed", response_model=FailedList)
     async def failed(name: Name, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
         return {"data": await consumers.failed(name, limit)}
 
     # -- consume: /v1 ---------------------------------------------------------------------
 
-    @app.get("/v1/http-consumers/{name}/next", responses={200: {"model": NextResponse}})
+    @api.get("/v1/http-consumers/{name}/next", responses={200: {"model": NextResponse}})
     async def next_(name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0) -> Response:
         body = await items(name, batch_size, wait_for, _next_item)
         info = await consumers.info(name)
         return _json(body + b',"info":' + _dumps(info) + b"}")
 
-    @app.post("/v1/http-consumers/{name}/ack", response_model=Settled)
+    @api.post("/v1/http-consumers/{name}/ack", response_model=Settled)
     async def ack_v1(name: Name, body: AckTokens) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_tokens, True,
                                                                  "ack_tokens")}  # fmt: skip
 
-    @app.post("/v1/http-consumers/{name}/nack", response_model=Settled)
+    @api.post("/v1/http-consumers/{name}/nack", response_model=Settled)
     async def nack_v1(name: Name, body: AckTokens) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_tokens, False,
                                                                  "ack_tokens")}  # fmt: skip
 
     # -- consume: http_pull_consumers -----------------------------------------------------
 
-    @app.get("/api/http_pull_consumers/{name}/receive", responses={200: {"model": PullResponse}})
+    @api.get("/api/http_pull_consumers/{name}/receive", responses={200: {"model": PullResponse}})
     async def receive_pull(
         name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0
     ) -> Response:
         return _json(await items(name, batch_size, wait_for, _pull_item) + b"}")
 
-    @app.post("/api/http_pull_consumers/{name}/ack", response_model=Settled)
+    @api.post("/api/http_pull_consumers/{name}/ack", response_model=Settled)
     async def ack_pull(name: Name, body: AckTokens) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_tokens, True,
                                                                  "ack_tokens")}  # fmt: skip
 
-    @app.post("/api/http_pull_consumers/{name}/nack", response_model=Settled)
+    @api.post("/api/http_pull_consumers/{name}/nack", response_model=Settled)
     async def nack_pull(name: Name, body: AckTokens) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_tokens, False,
                                                                  "ack_tokens")}  # fmt: skip
 
     # -- consume: sequin_streams ----------------------------------------------------------
 
-    @app.get("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
+    @api.get("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
     async def receive_stream(
         name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0
     ) -> Response:
         return _json(await items(name, batch_size, wait_for, _stream_item) + b"}")
 
-    @app.post("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
+    @api.post("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
     async def receive_stream_post(
         name: Name, body: Annotated[StreamReceive | None, Body()] = None
     ) -> Response:
         body = body or StreamReceive()
         return _json(await items(name, body.batch_size, body.wait_for, _stream_item) + b"}")
 
-    @app.post("/api/sequin_streams/{name}/ack", response_model=Settled)
+    @api.post("/api/sequin_streams/{name}/ack", response_model=Settled)
     async def ack_stream(name: Name, body: AckIds) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_ids, True,
                                                                  "ack_ids")}  # fmt: skip
 
-    @app.post("/api/sequin_streams/{name}/nack", response_model=Settled)
+    @api.post("/api/sequin_streams/{name}/nack", response_model=Settled)
     async def nack_stream(name: Name, body: AckIds) -> Any:
         return {"success": True, "count": await consumers.settle(name, body.ack_ids, False,
                                                                  "ack_ids")}  # fmt: skip
 
     # -- ingest ---------------------------------------------------------------------------
 
-    @app.post("/v1/sources/{name}/records", response_model=IngestResult)
+    @api.post("/v1/sources/{name}/records", response_model=IngestResult)
     async def ingest_records(name: Name, body: IngestBody) -> Any:
         accepted, skipped = await ingest.write(name, body.records)
         return {"accepted": accepted, "skipped": skipped}
 
+    # -- operating: /health and /ready need no token (probes); /metrics does -------------
+
+    @app.get("/health", response_model=Health)
+    async def health() -> dict[str, Any]:
+        """The process is up."""
+        return {"status": "up"}
+
+    @app.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
+    async def ready() -> JSONResponse:
+        """The store and every postgres source answer."""
+        checks = {"store": await _reachable(consumers.store.url)}
+        for src in consumers.cfg.sources:
+            if isinstance(src, PostgresSource):
+                checks[f"source {src.name}"] = await _reachable(src.url.get_secret_value())
+        ok = all(v == "ok" for v in checks.values())
+        body = {"status": "ready" if ok else "not ready", "checks": checks}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @api.get("/metrics", response_class=Response)
+    async def metrics_() -> Response:
+        """Prometheus text format."""
+        text = await asyncio.to_thread(metrics.render)
+        return Response(content=text, media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(api)
     return app
 
 
 class ApiServer:
     """The API in a thread of its own: ``start()`` returns once it listens; ``stop()`` drains."""
 
-    def __init__(self, cfg: WeirConfig, store: Store) -> None:
+    def __init__(self, cfg: WeirConfig, store: Store, metrics: Metrics) -> None:
         assert cfg.api is not None
         self.cfg = cfg
         self.store = store
+        self.metrics = metrics
         self.host, self.port = cfg.api.host_port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -346,11 +398,11 @@ class ApiServer:
         )
         await pool.open(wait=True, timeout=30)
         consumers = Consumers(self.cfg, self.store, pool)
-        ingest = Ingest(self.cfg, self.store)
+        ingest = Ingest(self.cfg, self.store, self.metrics)
         try:
             await consumers.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]
-            app = build_app(consumers, ingest, tokens)
+            app = build_app(consumers, ingest, self.metrics, tokens)
             config = uvicorn.Config(
                 app, host=self.host, port=self.port, log_level="warning", access_log=False,
                 lifespan="off", timeout_graceful_shutdown=5,

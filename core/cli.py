@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from types import FrameType
 
 from core.config import ConfigError, WeirConfig, load_config
@@ -83,6 +84,66 @@ def cmd_setup(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Sources (slot lag, last LSN) and connectors (cursor lag, rate, failed): two readings of
+    the store ``--interval`` seconds apart, the rate from the cursors' moves between them.
+    """
+    import time
+
+    import psycopg
+
+    from core import status
+    from core.pg.pgoutput import lsn_to_str
+    from core.store import Store
+
+    cfg = _load(args.config)
+    store = Store(cfg.store_url, cfg.store.schema_)
+    try:
+        before = {(c.name, c.source): c.seq for c in status.cursors(store)}
+        time.sleep(args.interval)
+        sources = status.sources(cfg, store)
+        cursors = status.cursors(store)
+        queues = status.consumer_queues(store)
+    except psycopg.Error as e:
+        print(f"weir status: cannot read the store: {str(e).strip()}", file=sys.stderr)
+        return 1
+    rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "NOTE")]
+    for s in sources:
+        lag = "-" if s.slot_bytes is None else _bytes(s.slot_bytes)
+        lsn = lsn_to_str(s.commit_lsn) if s.kind == "postgres" else str(s.commit_lsn)
+        note = s.error or ("" if s.slot_active in (None, True) else "slot not being read")
+        rows.append((s.name, s.kind, str(s.events_seq), str(s.records_seq), lsn, lag, note))
+    _table(rows)
+    print()
+    rows = [("CONNECTOR", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED")]
+    for c in cursors:
+        moved = c.seq - before.get((c.name, c.source), c.seq)
+        rate = f"{max(moved, 0) / args.interval:.0f}"
+        rows.append((c.name, c.source, c.stream, str(c.lag_messages), f"{c.lag_seconds:.1f}s",
+                     rate, str(c.failed)))  # fmt: skip
+    _table(rows)
+    if queues:
+        print()
+        _table([("CONSUMER", "PENDING", "ACK PENDING")]
+               + [(n, str(p), str(a)) for n, (p, a) in queues.items()])  # fmt: skip
+    return 0
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from core.demo import run_demo
 
@@ -110,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         k = ksub.add_parser("setup", help=text)
         k.add_argument("--config", required=True)
         k.set_defaults(func=cmd_setup)
+
+    p = sub.add_parser("status", help="sources, connectors and consumers: lag, rate, failures")
+    p.add_argument("--config", required=True)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="stream a sample table from an embedded Postgres")
     p.set_defaults(func=cmd_demo)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    ByteSize,
     Field,
     SecretStr,
     ValidationError,
@@ -69,6 +70,9 @@ class PostgresSource(SourceBase):
     status_interval: Duration = timedelta(seconds=10)
     max_batch: int = Field(5000, ge=1, le=100_000)
     max_batch_wait: Duration = timedelta(milliseconds=50)
+    slot_lag_warning: ByteSize = Field(
+        ByteSize(1 << 30), description="warn when the slot holds back more WAL (e.g. 512MiB)"
+    )
 
     @property
     def provider(self) -> str:

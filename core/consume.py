@@ -399,12 +399,12 @@ class Consumers:
             for r in await cur.fetchall():
                 provider = reader.provider
                 if events:
-                    seq, _, rid, action, _, _, ts, record, changes = r
+                    seq, _, rid, action, _, _, ts, record, changes, _ = r
                     msg = reader.event(r)
                     d = Delivery("", msg, record or "null", changes, action, rid,
                                  action == "delete", provider, ts)  # fmt: skip
                 else:
-                    seq, _, rid, _, deleted, ts, record = r
+                    seq, _, rid, _, deleted, ts, record, _ = r
                     msg = reader.record(r)
                     action = "delete" if deleted else "upsert"
                     d = Delivery("", msg, record, None, action, rid, deleted, provider, ts)

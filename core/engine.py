@@ -27,6 +27,7 @@ from typing import Any
 
 from core.config import HttpSource, PostgresSource
 from core.filters import selection
+from core.metrics import Metrics
 from core.models import ConnectorBase
 from core.sink import BatchError, BrokerMark, FatalError, Message, Sink, make_sink
 from core.store import Store
@@ -98,9 +99,11 @@ class Forwarder:
         sources: Sequence[PostgresSource | HttpSource],
         store: Store,
         notifier: Notifier,
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = connector
         self.name = connector.name
+        self.metrics = metrics or Metrics()
         self.sources = sources
         self.store = store
         self.notifier = notifier
@@ -160,8 +163,13 @@ class _Session:
         self.in_flight: set[asyncio.Task[None]] = set()
         self.done: deque[tuple[list[tuple[Lane, Message]], BaseException | None]] = deque()
         self.pending = 0  # messages read and not yet settled
+        self.sent = 0  # messages in flight
         self.delivered = 0
         self.failing = False
+        m, name = fw.metrics, fw.name
+        self.count_failed = m.failed.labels(name).inc
+        self.count_retried = m.retried.labels(name).inc
+        self.show_in_flight = m.in_flight.labels(name).set
 
     async def close(self) -> None:
         for task in self.in_flight:
@@ -200,6 +208,7 @@ class _Session:
             if now >= next_save:
                 next_save = now + SAVE_EVERY
                 await self._save()
+            self.show_in_flight(self.sent)
             wake = min(next_save, next_poll, self.retries[0][0] if self.retries else next_poll)
             if any(lane.hungry for lane in self.lanes) and self.pending < self.cfg.max_pending:
                 continue
@@ -306,6 +315,7 @@ class _Session:
                     top[id(lane)] = (lane, msg.seq)
             for lane, max_seq in top.values():
                 lane.note_dispatch(mark, max_seq)
+            self.sent += len(batch)
             write = self.sink.write_batch([m for _, m in batch])
             self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
             task.add_done_callback(functools.partial(self._finished, batch=batch))
@@ -315,6 +325,7 @@ class _Session:
         if task.cancelled():
             return
         self.done.append((batch, task.exception()))
+        self.sent -= len(batch)
         self.fw.kick.set()
 
     async def _settle(self) -> None:
@@ -326,14 +337,17 @@ class _Session:
                 failed = dict(exc.failed)
             elif exc is not None:  # the connection is in doubt: a new session reads back
                 raise exc
+            committed = []
             for i, (lane, msg) in enumerate(batch):
                 err = failed.get(i)
                 if err is None:
-                    self.delivered += 1
+                    committed.append(msg.committed)
                     self._settled(lane, msg)
                     self._release(msg.group)
                 else:
                     await self._failed(lane, msg, err)
+            self.delivered += len(committed)
+            self.fw.metrics.delivered_batch(self.fw.name, committed)
             if failed and not self.failing:
                 self.failing = True
                 first = next(iter(failed.values()))
@@ -352,7 +366,9 @@ class _Session:
                         self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
             self._settled(lane, msg)
             self._release(msg.group)
+            self.count_failed()
             return
+        self.count_retried()
         due = time.monotonic() + retry.delay(msg.attempts, random.random())
         heapq.heappush(self.retries, (due, next(self.tick), lane, msg))
 

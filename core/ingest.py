@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from core.config import HttpSource, WeirConfig
 from core.consume import ApiError
 from core.ids import encode_token
+from core.metrics import Metrics
 from core.store import Conn, Store
 from core.store.writer import Change, SourceWriter
 
@@ -74,9 +75,10 @@ class IngestRecord(BaseModel):
 class Ingest:
     """Writes pushed records into their http source's streams."""
 
-    def __init__(self, cfg: WeirConfig, store: Store) -> None:
+    def __init__(self, cfg: WeirConfig, store: Store, metrics: Metrics) -> None:
         self.cfg = cfg
         self.store = store
+        self.metrics = metrics
         self._conns: dict[str, Conn] = {}
         self._locks: dict[str, threading.Lock] = {}
 
@@ -154,6 +156,7 @@ class Ingest:
         if changes:
             writer.write(changes)
             writer.commit(batch_no, batch_no)
+            self.metrics.changes.labels(src.name).inc(len(changes))
         else:
             conn.rollback()
         return len(changes), len(records) - len(changes)

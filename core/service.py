@@ -12,6 +12,7 @@ import psycopg
 
 from core.config import PostgresSource, WeirConfig
 from core.engine import Forwarder
+from core.metrics import Metrics
 from core.store import Store
 from core.store.reader import Notifier
 
@@ -41,10 +42,13 @@ def prepare(cfg: WeirConfig) -> Store:
 
 def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0."""
+    from core import jobs
     from core.api import ApiServer
     from core.pg.capture import PostgresCapture
 
     store = _store(cfg)
+    metrics = Metrics()
+    metrics.watch_store(cfg, store)
     failures: list[BaseException] = []
 
     def supervise(capture: PostgresCapture) -> None:
@@ -56,17 +60,18 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
             stop.set()
 
     threads = [
-        threading.Thread(target=supervise, args=(PostgresCapture(s, store),), name=s.name)
+        threading.Thread(target=supervise, args=(PostgresCapture(s, store, metrics),), name=s.name)
         for s in cfg.sources
         if isinstance(s, PostgresSource)
     ]
     if cfg.connectors:
         threads.append(
             threading.Thread(
-                target=lambda: asyncio.run(_connectors(cfg, store, stop, grace)), name="connectors"
+                target=lambda: asyncio.run(_connectors(cfg, store, metrics, stop, grace)),
+                name="connectors",
             )
         )
-    api = ApiServer(cfg, store) if cfg.api is not None else None
+    api = ApiServer(cfg, store, metrics) if cfg.api is not None else None
     if api is not None:
         try:
             api.start()
@@ -75,6 +80,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
             return 1
     for t in threads:
         t.start()
+    scheduler = jobs.start(cfg, store)
     log.info(
         "weir: running %d sources, %d connectors and %d consumers",
         len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
@@ -83,16 +89,20 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
         stop.wait(0.5)
     for t in threads:
         t.join()
+    scheduler.shutdown(wait=False)
     if api is not None:
         api.stop()
     log.info("weir: stopped")
     return 1 if failures else 0
 
 
-async def _connectors(cfg: WeirConfig, store: Store, stop: threading.Event, grace: float) -> None:
+async def _connectors(
+    cfg: WeirConfig, store: Store, metrics: Metrics, stop: threading.Event, grace: float
+) -> None:
     notifier = Notifier(store)
     halt = asyncio.Event()
-    forwarders = [Forwarder(c, cfg.sources_of(c), store, notifier) for c in cfg.connectors]
+    forwarders = [Forwarder(c, cfg.sources_of(c), store, notifier, metrics)
+                  for c in cfg.connectors]  # fmt: skip
     tasks = [asyncio.create_task(f.run(halt), name=f.name) for f in forwarders]
     await notifier.start()
     while not stop.is_set() and not all(t.done() for t in tasks):

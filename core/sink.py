@@ -17,7 +17,7 @@ class Message:
 
     ``group`` is the group key (unit of order), ``key`` the idempotency key, ``payload`` the
     JSON a subscriber receives. ``action`` is the event's action (``None`` on the records
-    stream).
+    stream). ``committed`` is the upstream commit time (epoch seconds), for latency metrics.
     """
 
     sync_id: str
@@ -27,6 +27,7 @@ class Message:
     group: str
     key: str
     payload: bytes
+    committed: float = 0.0
     attempts: int = 0
 
 

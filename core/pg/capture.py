@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 
 from core.config import PostgresSource
+from core.metrics import Metrics
 from core.pg.pgoutput import (
     XLOG_HEADER,
     decode,
@@ -154,9 +155,10 @@ class PostgresCapture:
     away; a problem only the user can fix (see ``FATAL``) is raised instead.
     """
 
-    def __init__(self, src: PostgresSource, store: Store) -> None:
+    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics | None = None) -> None:
         self.src = src
         self.store = store
+        self.changes = (metrics or Metrics()).changes.labels(src.name)
         self.flushed_lsn = 0  # stored, so it may be confirmed to Postgres
         self.sent_lsn = 0  # confirmed to Postgres
         self.stored_changes = 0
@@ -264,11 +266,18 @@ class PostgresCapture:
         batch_started = 0.0
         last_status = last_data = time.monotonic()
 
+        uncommitted = 0
+
         def stored(n: int) -> None:
+            nonlocal uncommitted
             self.stored_changes += n
+            uncommitted += n
 
         def confirmed(end_lsn: int) -> None:
+            nonlocal uncommitted
             self.flushed_lsn = max(self.flushed_lsn, end_lsn)
+            self.changes.inc(uncommitted)
+            uncommitted = 0
 
         store = _StoreThread(writer, stored, confirmed)
 

@@ -35,12 +35,13 @@ ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 EVENTS_SELECT = (
     "SELECT seq, collection_id, record_id, action, commit_lsn, commit_idx, "
     + ISO.format("committed_at")
-    + ", record::text, changes::text FROM {table}"
+    + ", record::text, changes::text, extract(epoch FROM committed_at)::float8 FROM {table}"
 )
 RECORDS_SELECT = (
     "SELECT seq, collection_id, record_id, version, deleted, "
     + ISO.format("upstream_updated_at")
-    + ", record::text FROM {table}"
+    + ", record::text,"
+    " extract(epoch FROM coalesce(upstream_updated_at, updated_at))::float8 FROM {table}"
 )
 
 
@@ -186,22 +187,23 @@ class StreamReader:
         return prefix
 
     def event(self, row: tuple[Any, ...]) -> Message:
-        seq, coll, rid, action, lsn, idx, ts, record, changes = row
+        seq, coll, rid, action, lsn, idx, ts, record, changes, at = row
         sid = self.sync_id
         key = event_key(sid, lsn, idx)
         payload = event_payload(
             sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
         )
-        return Message(sid, seq, coll, action, self._prefix(coll) + (rid or "_"), key, payload)
+        group = self._prefix(coll) + (rid or "_")
+        return Message(sid, seq, coll, action, group, key, payload, at)
 
     def record(self, row: tuple[Any, ...]) -> Message:
-        seq, coll, rid, version, deleted, ts, record = row
+        seq, coll, rid, version, deleted, ts, record, at = row
         sid = self.sync_id
         key = record_key(sid, coll, rid, version)
         payload = record_payload(
             sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
         )
-        return Message(sid, seq, coll, None, self._prefix(coll) + rid, key, payload)
+        return Message(sid, seq, coll, None, self._prefix(coll) + rid, key, payload, at)
 
 
 class Notifier:

@@ -1,0 +1,120 @@
+"""Where sources, connectors and consumers stand, read from the store and the source databases.
+
+One place for these queries: ``weir status`` prints them, ``/metrics`` exports them and the
+slot-lag check warns from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from core.config import PostgresSource, WeirConfig
+from core.store import Store
+
+log = logging.getLogger("weir.status")
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    name: str
+    kind: str
+    events_seq: int
+    records_seq: int
+    commit_lsn: int  # last captured commit (postgres) or ingest batch (http)
+    slot_bytes: int | None  # WAL the slot holds back; None: not a postgres source or unreachable
+    slot_active: bool | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CursorStatus:
+    name: str  # the connector, or consumer:NAME for an HTTP pull consumer's queue
+    source: str
+    stream: str
+    seq: int  # every message up to here is delivered, failed or filtered out
+    lag_messages: int  # stored and not yet past the cursor (filtered ones included)
+    lag_seconds: float  # age of the oldest message not yet past the cursor; 0 when none
+    failed: int  # messages on the failed list
+
+
+def sources(cfg: WeirConfig, store: Store) -> list[SourceStatus]:
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(
+            sql.SQL(
+                "SELECT name, kind, events_seq, records_seq, commit_lsn FROM {} ORDER BY name"
+            ).format(store.table("sources"))
+        ).fetchall()
+    out = []
+    declared = {s.name: s for s in cfg.sources}
+    for name, kind, events_seq, records_seq, lsn in rows:
+        src = declared.get(str(name))
+        slot: tuple[int | None, bool | None, str | None] = (None, None, None)
+        if isinstance(src, PostgresSource):
+            slot = slot_lag(src)
+        out.append(SourceStatus(str(name), str(kind), int(events_seq), int(records_seq),
+                                int(lsn), *slot))  # fmt: skip
+    return out
+
+
+def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
+    """(bytes of WAL the slot holds back, whether it is in use, why unknown)."""
+    try:
+        with psycopg.connect(
+            src.url.get_secret_value(), autocommit=True, connect_timeout=5,
+            application_name="weir:status",
+        ) as conn:  # fmt: skip
+            row = conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, active"
+                " FROM pg_replication_slots WHERE slot_name = %s",
+                (src.slot,),
+            ).fetchone()
+    except psycopg.Error as e:
+        return None, None, f"cannot reach the source: {type(e).__name__}"
+    if row is None:
+        return None, None, f"replication slot {src.slot} does not exist"
+    return (None if row[0] is None else int(row[0])), bool(row[1]), None
+
+
+CURSORS = """
+SELECT c.connector, s.name, c.stream, c.seq,
+       greatest(CASE WHEN c.stream = 'events' THEN s.events_seq ELSE s.records_seq END - c.seq, 0),
+       coalesce(CASE WHEN c.stream = 'events' THEN
+           (SELECT extract(epoch FROM now() - e.committed_at) FROM {events} e
+            WHERE e.sync_id = c.sync_id AND e.seq = c.seq + 1)
+         ELSE
+           (SELECT extract(epoch FROM now() - r.updated_at) FROM {records} r
+            WHERE r.sync_id = c.sync_id AND r.seq > c.seq ORDER BY r.seq LIMIT 1)
+         END, 0)::float8,
+       (SELECT count(*) FROM {failed} f WHERE f.connector = c.connector AND f.sync_id = c.sync_id)
+FROM {cursors} c JOIN {sources} s USING (sync_id)
+ORDER BY c.connector, s.name
+"""
+
+
+def cursors(store: Store) -> list[CursorStatus]:
+    t = store.table
+    q = sql.SQL(CURSORS).format(events=t("events"), records=t("records"),
+                                failed=t("failed_messages"), cursors=t("cursors"),
+                                sources=t("sources"))  # fmt: skip
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(q).fetchall()
+    return [CursorStatus(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), float(r[5]),
+                         int(r[6])) for r in rows]  # fmt: skip
+
+
+def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:
+    """Per HTTP pull consumer: (visible messages in its queue, delivered and not acked)."""
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(
+            sql.SQL(
+                "SELECT c.name, count(m.*) FILTER (WHERE m.not_visible_until <= now()),"
+                " count(m.*) FILTER (WHERE m.not_visible_until > now())"
+                " FROM {} c LEFT JOIN {} m ON m.consumer = c.name GROUP BY c.name ORDER BY c.name"
+            ).format(store.table("consumers"), store.table("consumer_messages"))
+        ).fetchall()
+    return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}

@@ -1,0 +1,148 @@
+"""Operating Weir: /metrics against what was delivered, health and readiness, `weir status`,
+events retention and the slot-lag check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from core import jobs
+from core.api import _reachable
+from core.config import WeirConfig
+from core.service import prepare
+from tests.helpers.api import api_serving
+from tests.helpers.brokers import WebhookHarness
+from tests.helpers.capture import wait_for
+from tests.helpers.receiver import Receiver
+from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
+
+
+def samples(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = client.get("/metrics")
+    assert r.status_code == 200, r.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_what_was_delivered(table: str, webhook_receiver: Receiver) -> None:
+    harness = WebhookHarness(webhook_receiver)
+    hooks = harness.connector("hooks", "events", sources=["app"])
+    harness.prepare(hooks)
+    with api_serving(table, connectors=[hooks], consumers=[{"name": "w"}]) as client:
+        insert_t(table, range(50))
+        one = {"collection_id": "stripe:sub", "record_id": "1", "data": {}, "version": 1}
+        r = client.post("/v1/sources/stripe/records", json={"records": [one]})
+        assert r.json()["accepted"] == 1
+        wait_for(lambda: cursor_of(table, "hooks")[0] == 50, what="hooks at the head")
+        got = samples(client)
+        hook = (("connector", "hooks"),)
+        assert got[("weir_source_changes_total", (("source", "app"),))] == 50
+        assert got[("weir_source_changes_total", (("source", "stripe"),))] == 1
+        assert got[("weir_connector_delivered_total", hook)] == len(harness.read(hooks)) == 50
+        assert got[("weir_connector_delivery_latency_seconds_count", hook)] == 50
+        assert 0 < got[("weir_connector_delivery_latency_seconds_sum", hook)] < 50 * 30
+        assert got[("weir_connector_in_flight", hook)] == 0
+        lag = (("connector", "hooks"), ("source", "app"))
+        assert got[("weir_cursor_lag_messages", lag)] == 0
+        assert got[("weir_cursor_lag_seconds", lag)] == 0
+        assert got[("weir_failed_messages", lag)] == 0
+        assert got[("weir_source_slot_lag_bytes", (("source", "app"),))] >= 0
+        assert got[("weir_store_up", ())] == 1
+        wait_for(lambda: samples(client)[("weir_consumer_pending", (("consumer", "w"),))] == 51,
+                 what="the consumer's queue")  # fmt: skip
+        assert httpx.get(f"{client.base_url}/metrics").status_code == 401
+
+
+def test_health_and_readiness_need_no_token(table: str) -> None:
+    with api_serving(table) as client:
+        r = httpx.get(f"{client.base_url}/health")
+        assert (r.status_code, r.json()) == (200, {"status": "up"})
+        r = httpx.get(f"{client.base_url}/ready")
+        assert r.status_code == 200
+        assert r.json() == {"status": "ready", "checks": {"store": "ok", "source app": "ok"}}
+
+
+def test_a_source_that_does_not_answer_is_not_ready() -> None:
+    reason = asyncio.run(_reachable("postgresql://weir:s3cret@127.0.0.1:1/app"))
+    assert reason != "ok" and "127.0.0.1" in reason and "s3cret" not in reason
+
+
+def test_weir_status_shows_lag_rate_and_failures(tmp_path: Path, table: str,
+                                                 webhook_receiver: Receiver) -> None:  # fmt: skip
+    harness = WebhookHarness(webhook_receiver)
+    hooks = harness.connector("hooks", "events", retry={"max_attempts": 1})
+    harness.prepare(hooks, only=["public:nothing"])  # refuses everything: the failed list
+    cfg = weir_config(table, [hooks])
+    with serving(cfg):
+        insert_t(table, range(3))
+        wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="hooks past the refusals")
+    insert_t(table, range(3, 10))  # captured later: lag on the slot, none in the store yet
+    config = tmp_path / "weir.yaml"
+    source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+    config.write_text(json.dumps({"sources": [source], "connectors": [hooks]}))
+    out = subprocess.run(
+        [sys.executable, "-m", "core.cli", "status", "--config", str(config), "--interval", "0.2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    source = next(line.split() for line in lines if line.startswith("app "))
+    assert source[1:4] == ["postgres", "3", "3"]
+    assert "slot not being read" in out.stdout
+    hook = next(line.split() for line in lines if line.startswith("hooks "))
+    assert hook[:4] == ["hooks", "app", "events", "0"] and hook[-1] == "3"  # 3 failed
+    assert table.rsplit("@", 1)[0] not in out.stdout  # no URL (and no password) printed
+
+
+def test_retention_deletes_old_events_and_names_connectors_behind(
+    table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = WeirConfig.model_validate({
+        "store": {"events_retention": "7d"},
+        "sources": [{"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}],
+    })  # fmt: skip
+    store = prepare(cfg)
+    with serving(cfg):
+        insert_t(table, range(10))
+        wait_for(lambda: _count(table, "SELECT count(*) FROM weir.events") == 10, what="capture")
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE weir.events SET inserted_at = now() - interval '8 days' WHERE seq <= 6"
+        )
+        conn.execute("INSERT INTO weir.cursors (connector, sync_id, stream, seq) SELECT 'slow',"
+                     " sync_id, 'events', 2 FROM weir.sources")  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert jobs.prune_events(cfg, store) == 6
+    assert _count(table, "SELECT min(seq) FROM weir.events") == 7
+    assert "slow had not delivered 4 events of source app" in caplog.text
+    assert jobs.prune_events(cfg, store) == 0
+
+
+def test_slot_lag_check_warns_when_wal_piles_up(table: str) -> None:
+    cfg = WeirConfig.model_validate({"sources": [
+        {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"],
+         "slot_lag_warning": "1KiB"}]})  # fmt: skip
+    prepare(cfg)
+    assert jobs.check_slots(cfg) == []
+    insert_t(table, range(200), body="x" * 100)  # nothing captures: the slot holds the WAL
+    [warning] = jobs.check_slots(cfg)
+    assert "holds back" in warning and "nothing is reading the slot" in warning
+
+
+def _count(url: str, q: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(q).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
