@@ -1,0 +1,43 @@
+"""The deploy files: the systemd unit passes `systemd-analyze verify`, and the config the
+compose file mounts is valid.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.config import load_config
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    unit = (DEPLOY / "systemd" / "weir.service").read_text()
+    assert "/opt/weir/.venv/bin/weir" in unit
+    # verify checks that the commands exist: point them at this checkout's CLI.
+    local = tmp_path / "weir.service"
+    local.write_text(
+        unit.replace("/opt/weir/.venv/bin/weir", str(Path(sys.executable).parent / "weir"))
+    )
+    out = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # unknown keys and bad values are only warned about
+    for hardening in ("User=weir", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                      "Restart=on-failure", "EnvironmentFile=/etc/weir/weir.env"):  # fmt: skip
+        assert hardening in unit
+
+
+def test_compose_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APP_DB_URL", "postgresql://weir:weir@postgres/app")
+    monkeypatch.setenv("WEIR_API_TOKEN", "an-api-token-of-32-characters-xx")
+    cfg = load_config(DEPLOY / "weir.compose.yaml")
+    assert {c.type for c in cfg.connectors} == {"nats", "kafka", "sqs"}
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert "wal_level=logical" in compose["services"]["postgres"]["command"]
+    assert compose["services"]["weir"]["ports"] == ["127.0.0.1:7376:7376"]
