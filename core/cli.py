@@ -107,20 +107,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     except psycopg.Error as e:
         print(f"weir status: cannot read the store: {str(e).strip()}", file=sys.stderr)
         return 1
-    rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "NOTE")]
+    rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "OWNER",
+             "NOTE")]  # fmt: skip
     for s in sources:
         lag = "-" if s.slot_bytes is None else _bytes(s.slot_bytes)
         lsn = lsn_to_str(s.commit_lsn) if s.kind == "postgres" else str(s.commit_lsn)
         note = s.error or ("" if s.slot_active in (None, True) else "slot not being read")
-        rows.append((s.name, s.kind, str(s.events_seq), str(s.records_seq), lsn, lag, note))
+        rows.append((s.name, s.kind, str(s.events_seq), str(s.records_seq), lsn, lag,
+                     s.owner or "-", note))  # fmt: skip
     _table(rows)
     print()
-    rows = [("CONNECTOR", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED")]
+    rows = [("CONNECTOR", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED", "OWNER")]
     for c in cursors:
         moved = c.seq - before.get((c.name, c.source), c.seq)
         rate = f"{max(moved, 0) / args.interval:.0f}"
         rows.append((c.name, c.source, c.stream, str(c.lag_messages), f"{c.lag_seconds:.1f}s",
-                     rate, str(c.failed)))  # fmt: skip
+                     rate, str(c.failed), c.owner or "-"))  # fmt: skip
     _table(rows)
     if queues:
         print()

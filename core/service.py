@@ -1,22 +1,26 @@
-"""``weir run``: the sources (one thread each, blocking psycopg) and the connectors (one asyncio
-loop in its own thread) a config file declares, until ``stop`` is set.
+"""``weir run``: the sources (one thread each, blocking psycopg), the connectors (one asyncio
+loop in its own thread) and the HTTP API a config file declares, until ``stop`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from core.config import PostgresSource, WeirConfig
+from core.config import Connector, PostgresSource, WeirConfig
 from core.engine import Forwarder
 from core.metrics import Metrics
 from core.store import Store
 from core.store.reader import Notifier
 
 log = logging.getLogger("weir")
+T = TypeVar("T")
 
 
 def _store(cfg: WeirConfig) -> Store:
@@ -41,36 +45,20 @@ def prepare(cfg: WeirConfig) -> Store:
 
 
 def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
-    """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0."""
+    """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0.
+
+    Sources and connectors run only while this instance holds their lease (core/leases.py):
+    with several instances on one store, each is run by one of them, and taken over by another
+    within ``LEASE_POLL`` when its owner dies. The HTTP API and the scheduled jobs run on every
+    instance.
+    """
     from core import jobs
     from core.api import ApiServer
-    from core.pg.capture import PostgresCapture
+    from core.leases import Leases
 
     store = _store(cfg)
     metrics = Metrics()
     metrics.watch_store(cfg, store)
-    failures: list[BaseException] = []
-
-    def supervise(capture: PostgresCapture) -> None:
-        try:
-            capture.run(stop)
-        except Exception as e:
-            log.error("source %s: %s", capture.src.name, e)
-            failures.append(e)
-            stop.set()
-
-    threads = [
-        threading.Thread(target=supervise, args=(PostgresCapture(s, store, metrics),), name=s.name)
-        for s in cfg.sources
-        if isinstance(s, PostgresSource)
-    ]
-    if cfg.connectors:
-        threads.append(
-            threading.Thread(
-                target=lambda: asyncio.run(_connectors(cfg, store, metrics, stop, grace)),
-                name="connectors",
-            )
-        )
     api = ApiServer(cfg, store, metrics) if cfg.api is not None else None
     if api is not None:
         try:
@@ -78,38 +66,157 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
         except BaseException as e:
             log.error("api: cannot start: %s", e)
             return 1
-    for t in threads:
-        t.start()
+    loop = _ConnectorLoop(store)
+    works: dict[str, _Work] = {}
+    for src in cfg.sources:
+        if isinstance(src, PostgresSource):
+            works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
+    for c in cfg.connectors:
+        works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
+    leases = Leases(store)
     scheduler = jobs.start(cfg, store)
     log.info(
-        "weir: running %d sources, %d connectors and %d consumers",
-        len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
+        "weir: instance %s serving %d sources, %d connectors and %d consumers",
+        leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
     )  # fmt: skip
-    while any(t.is_alive() for t in threads) or (api is not None and not stop.is_set()):
-        stop.wait(0.5)
-    for t in threads:
-        t.join()
-    scheduler.shutdown(wait=False)
-    if api is not None:
-        api.stop()
+    failed = False
+    try:
+        while not stop.is_set():
+            if not leases.alive():  # another instance may take the work over now: stop it
+                for w in works.values():
+                    w.stop()
+                for w in works.values():
+                    w.join(LOST_GRACE)
+            else:
+                for name, w in works.items():
+                    if w.error is not None:
+                        failed = True
+                        stop.set()
+                    elif not w.running and leases.take(name):
+                        w.start()
+            stop.wait(LEASE_POLL)
+    finally:
+        for w in works.values():
+            w.stop()
+        for w in works.values():
+            w.join(grace)
+        leases.close()
+        loop.close()
+        scheduler.shutdown(wait=False)
+        if api is not None:
+            api.stop()
     log.info("weir: stopped")
-    return 1 if failures else 0
+    return 1 if failed else 0
 
 
-async def _connectors(
-    cfg: WeirConfig, store: Store, metrics: Metrics, stop: threading.Event, grace: float
-) -> None:
-    notifier = Notifier(store)
-    halt = asyncio.Event()
-    forwarders = [Forwarder(c, cfg.sources_of(c), store, notifier, metrics)
-                  for c in cfg.connectors]  # fmt: skip
-    tasks = [asyncio.create_task(f.run(halt), name=f.name) for f in forwarders]
-    await notifier.start()
-    while not stop.is_set() and not all(t.done() for t in tasks):
-        await asyncio.sleep(0.2)
-    halt.set()
-    _, late = await asyncio.wait(tasks, timeout=grace)
-    for t in late:
-        log.warning("connector %s: did not drain within %.0fs", t.get_name(), grace)
-        t.cancel()
-    await notifier.stop()
+LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
+LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
+
+
+class _Work(Protocol):
+    """A source's capture or a connector, started and stopped as its lease comes and goes."""
+
+    error: BaseException | None  # it failed for good: weir run exits 1
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Ask it to drain and stop; ``join`` waits."""
+
+    def join(self, timeout: float) -> None: ...
+
+
+class _SourceWork:
+    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics) -> None:
+        self.src = src
+        self.store = store
+        self.metrics = metrics
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        from core.pg.capture import PostgresCapture
+
+        capture = PostgresCapture(self.src, self.store, self.metrics)
+        self._stop = stop = threading.Event()
+
+        def run() -> None:
+            try:
+                capture.run(stop)
+            except Exception as e:
+                log.error("source %s: %s", self.src.name, e)
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name=self.src.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class _ConnectorLoop:
+    """The event loop every connector of this instance runs in, in a thread of its own."""
+
+    def __init__(self, store: Store) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.notifier = Notifier(store)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="connectors",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        self.call(self.notifier.start())
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.call(self.notifier.stop()).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+class _ConnectorWork:
+    def __init__(self, c: Connector, cfg: WeirConfig, store: Store, metrics: Metrics,
+                 loop: _ConnectorLoop) -> None:  # fmt: skip
+        self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics)
+        self.loop = loop
+        self._halt: asyncio.Event | None = None
+        self._run: concurrent.futures.Future[None] | None = None
+        self.error: BaseException | None = None  # the engine retries every failure itself
+
+    @property
+    def running(self) -> bool:
+        return self._run is not None and not self._run.done()
+
+    def start(self) -> None:
+        async def run() -> None:
+            self._halt = asyncio.Event()
+            await self.forwarder.run(self._halt)
+
+        self._run = self.loop.call(run())
+
+    def stop(self) -> None:
+        if self._halt is not None:
+            self.loop.loop.call_soon_threadsafe(self._halt.set)
+
+    def join(self, timeout: float) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
+            self._run.cancel()
+        except Exception as e:
+            log.error("connector %s: %s", self.forwarder.name, e)

@@ -28,7 +28,8 @@ class SourceStatus:
     commit_lsn: int  # last captured commit (postgres) or ingest batch (http)
     slot_bytes: int | None  # WAL the slot holds back; None: not a postgres source or unreachable
     slot_active: bool | None
-    error: str | None = None
+    error: str | None
+    owner: str | None  # the instance capturing it (core/leases.py), None when none is
 
 
 @dataclass(frozen=True)
@@ -40,24 +41,27 @@ class CursorStatus:
     lag_messages: int  # stored and not yet past the cursor (filtered ones included)
     lag_seconds: float  # age of the oldest message not yet past the cursor; 0 when none
     failed: int  # messages on the failed list
+    owner: str | None  # the instance running the connector; None for consumers or when none is
 
 
 def sources(cfg: WeirConfig, store: Store) -> list[SourceStatus]:
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(
             sql.SQL(
-                "SELECT name, kind, events_seq, records_seq, commit_lsn FROM {} ORDER BY name"
-            ).format(store.table("sources"))
+                "SELECT s.name, s.kind, s.events_seq, s.records_seq, s.commit_lsn, "
+                + OWNER
+                + " FROM {} s LEFT JOIN {} o ON o.work = 'source:' || s.name ORDER BY s.name"
+            ).format(store.table("sources"), store.table("owners"))
         ).fetchall()
     out = []
     declared = {s.name: s for s in cfg.sources}
-    for name, kind, events_seq, records_seq, lsn in rows:
+    for name, kind, events_seq, records_seq, lsn, owner in rows:
         src = declared.get(str(name))
         slot: tuple[int | None, bool | None, str | None] = (None, None, None)
         if isinstance(src, PostgresSource):
             slot = slot_lag(src)
         out.append(SourceStatus(str(name), str(kind), int(events_seq), int(records_seq),
-                                int(lsn), *slot))  # fmt: skip
+                                int(lsn), *slot, owner))  # fmt: skip
     return out
 
 
@@ -80,7 +84,11 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
     return (None if row[0] is None else int(row[0])), bool(row[1]), None
 
 
-CURSORS = """
+# An owner counts while its heartbeat (written every second by core/service.py) is fresh.
+OWNER = "CASE WHEN o.heartbeat > now() - interval '30 seconds' THEN o.instance END"
+
+CURSORS = (
+    """
 SELECT c.connector, s.name, c.stream, c.seq,
        greatest(CASE WHEN c.stream = 'events' THEN s.events_seq ELSE s.records_seq END - c.seq, 0),
        coalesce(CASE WHEN c.stream = 'events' THEN
@@ -90,21 +98,26 @@ SELECT c.connector, s.name, c.stream, c.seq,
            (SELECT extract(epoch FROM now() - r.updated_at) FROM {records} r
             WHERE r.sync_id = c.sync_id AND r.seq > c.seq ORDER BY r.seq LIMIT 1)
          END, 0)::float8,
-       (SELECT count(*) FROM {failed} f WHERE f.connector = c.connector AND f.sync_id = c.sync_id)
+       (SELECT count(*) FROM {failed} f WHERE f.connector = c.connector AND f.sync_id = c.sync_id),
+       """
+    + OWNER
+    + """
 FROM {cursors} c JOIN {sources} s USING (sync_id)
+LEFT JOIN {owners} o ON o.work = 'connector:' || c.connector
 ORDER BY c.connector, s.name
 """
+)
 
 
 def cursors(store: Store) -> list[CursorStatus]:
     t = store.table
     q = sql.SQL(CURSORS).format(events=t("events"), records=t("records"),
                                 failed=t("failed_messages"), cursors=t("cursors"),
-                                sources=t("sources"))  # fmt: skip
+                                sources=t("sources"), owners=t("owners"))  # fmt: skip
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(q).fetchall()
     return [CursorStatus(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), float(r[5]),
-                         int(r[6])) for r in rows]  # fmt: skip
+                         int(r[6]), r[7]) for r in rows]  # fmt: skip
 
 
 def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:

@@ -173,6 +173,20 @@ END
 $$;
 """,
     ),
+    (
+        4,
+        "who owns which work (core/leases.py)",
+        """
+-- Written by the owner when it takes the work, with a heartbeat; for `weir status`. The lease
+-- itself is a session advisory lock, which ends with the owner's connection.
+CREATE TABLE {s}.owners (
+    work       text PRIMARY KEY,      -- source:NAME | connector:NAME
+    instance   text NOT NULL,
+    since      timestamptz NOT NULL DEFAULT now(),
+    heartbeat  timestamptz NOT NULL DEFAULT now()
+);
+""",
+    ),
 ]
 
 

@@ -81,9 +81,10 @@ def load_with_interruptions(
 class WeirProcess:
     """`weir run --config FILE` in a process of its own, logging to ``log``; killed on exit."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, *, standby: bool = False) -> None:
         self.config = config
         self.log = log
+        self.standby = standby
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -105,10 +106,14 @@ class WeirProcess:
         wait_for(lambda: self.log_text().count("streaming from slot") >= self.starts,
                  what="weir to stream")  # fmt: skip
         time.sleep(random.uniform(0.0, 0.3))
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        self.kill()
         time.sleep(0.5)  # also past a 100 ms broker duplicate window
         self.start()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def stop(self) -> None:
         """SIGTERM: it must drain and exit 0."""
@@ -117,8 +122,10 @@ class WeirProcess:
         assert self.proc.wait(30) == 0, self.log_text()
 
     def __enter__(self) -> WeirProcess:
+        """Started; waits until it streams unless ``standby`` (another instance owns the work)."""
         self.start()
-        wait_for(lambda: "streaming from slot" in self.log_text(), what="weir to stream")
+        if not self.standby:
+            wait_for(lambda: "streaming from slot" in self.log_text(), what="weir to stream")
         return self
 
     def __exit__(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -85,26 +86,31 @@ def test_weir_status_shows_lag_rate_and_failures(tmp_path: Path, table: str,
     harness = WebhookHarness(webhook_receiver)
     hooks = harness.connector("hooks", "events", retry={"max_attempts": 1})
     harness.prepare(hooks, only=["public:nothing"])  # refuses everything: the failed list
-    cfg = weir_config(table, [hooks])
-    with serving(cfg):
-        insert_t(table, range(3))
-        wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="hooks past the refusals")
-    insert_t(table, range(3, 10))  # captured later: lag on the slot, none in the store yet
     config = tmp_path / "weir.yaml"
     source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
     config.write_text(json.dumps({"sources": [source], "connectors": [hooks]}))
-    out = subprocess.run(
-        [sys.executable, "-m", "core.cli", "status", "--config", str(config), "--interval", "0.2"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+
+    def status() -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "core.cli", "status", "--config", str(config),
+             "--interval", "0.2"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert table.rsplit("@", 1)[0] not in out.stdout  # no URL (and no password) printed
+        return out.stdout.splitlines()
+
+    with serving(weir_config(table, [hooks])):
+        insert_t(table, range(3))
+        wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="hooks past the refusals")
+        owner = next(line.split() for line in status() if line.startswith("hooks "))[-1]
+        assert owner.startswith(socket.gethostname() + ":")  # this process runs it
+    insert_t(table, range(3, 10))  # captured later: lag on the slot, none in the store yet
+    lines = status()
     source = next(line.split() for line in lines if line.startswith("app "))
     assert source[1:4] == ["postgres", "3", "3"]
-    assert "slot not being read" in out.stdout
+    assert "slot not being read" in "\n".join(lines)
     hook = next(line.split() for line in lines if line.startswith("hooks "))
-    assert hook[:4] == ["hooks", "app", "events", "0"] and hook[-1] == "3"  # 3 failed
-    assert table.rsplit("@", 1)[0] not in out.stdout  # no URL (and no password) printed
+    assert hook[:4] == ["hooks", "app", "events", "0"] and hook[6:] == ["3", "-"]  # 3 failed
 
 
 def test_retention_deletes_old_events_and_names_connectors_behind(
