@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import orjson
 import psycopg
 import uvicorn
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import consume
 from core.config import ConsumerConfig, PostgresSource, WeirConfig
 from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
 from core.ingest import Ingest, IngestRecord
@@ -399,8 +401,12 @@ class ApiServer:
         await pool.open(wait=True, timeout=30)
         consumers = Consumers(self.cfg, self.store, pool)
         ingest = Ingest(self.cfg, self.store, self.metrics)
+        sweeper = AsyncIOScheduler()
         try:
             await consumers.start()
+            sweeper.add_job(consumers.sweep, "interval", seconds=consume.SWEEP_EVERY,
+                            max_instances=1, coalesce=True)  # fmt: skip
+            sweeper.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]
             app = build_app(consumers, ingest, self.metrics, tokens)
             config = uvicorn.Config(
@@ -418,6 +424,8 @@ class ApiServer:
             self._ready.set()
             await serving
         finally:
+            if sweeper.running:
+                sweeper.shutdown(wait=False)
             await consumers.stop()
             ingest.close()
             await pool.close()

@@ -50,6 +50,7 @@ WAKE = 0.25  # seconds between receive attempts while a receive long-polls
 MAX_BATCH = 1000
 MAX_WAIT_MS = 60_000
 INFO_TTL = 1.0  # seconds an info count is reused
+SWEEP_EVERY = 30.0  # seconds between sweeps of messages that used up max_deliver
 _TOKEN = struct.Struct(">qi")  # row id, delivery number
 
 
@@ -361,17 +362,7 @@ class Consumers:
             if not rows:
                 return []
             built = await self._build(live, conn, rows)
-            gone = [r[0] for r in rows if r[0] not in built]
-            dead = [(r, built[r[0]]) for r in rows if r[4] and r[0] in built]
-            if dead or gone:
-                async with conn.transaction():
-                    await self._fail(live, conn, dead)
-                    await conn.execute(
-                        sql.SQL("DELETE FROM {} WHERE consumer = %s AND id = ANY(%s)").format(
-                            self._m
-                        ),
-                        (cfg.name, gone + [r[0] for r, _ in dead]),
-                    )
+            await self._bury(live, conn, rows, built)
         out = []
         for row_id, _, _, count, is_dead in rows:
             got = built.get(row_id)
@@ -410,6 +401,47 @@ class Consumers:
                     d = Delivery("", msg, record, None, action, rid, deleted, provider, ts)
                 out[seqs[seq]] = d
         return out
+
+    async def _bury(
+        self, live: _Live, conn: Any, rows: list[Any], built: dict[int, Delivery]
+    ) -> None:
+        """Delete the rows that are done for: those flagged dead (moved to the failed list
+        first) and those whose stream message is gone (superseded or pruned).
+        """
+        gone = [r[0] for r in rows if r[0] not in built]
+        dead = [(r, built[r[0]]) for r in rows if r[4] and r[0] in built]
+        if not dead and not gone:
+            return
+        async with conn.transaction():
+            await self._fail(live, conn, dead)
+            await conn.execute(
+                sql.SQL("DELETE FROM {} WHERE consumer = %s AND id = ANY(%s)").format(self._m),
+                (live.cfg.name, gone + [r[0] for r, _ in dead]),
+            )
+
+    async def sweep(self) -> int:
+        """Move messages delivered ``max_deliver`` times whose visibility ran out to the failed
+        list, also when no worker asks for more (scheduled every ``SWEEP_EVERY``).
+        """
+        moved = 0
+        for live in list(self.live.values()):
+            if live.cfg.max_deliver <= 0:
+                continue
+            async with self.pool.connection() as conn:
+                rows = await (
+                    await conn.execute(
+                        sql.SQL(
+                            "SELECT id, sync_id, seq, deliver_count, true FROM {}"
+                            " WHERE consumer = %s AND deliver_count >= %s"
+                            " AND not_visible_until <= now() ORDER BY id LIMIT %s"
+                        ).format(self._m),
+                        (live.cfg.name, live.cfg.max_deliver, MAX_BATCH),
+                    )
+                ).fetchall()
+                if rows:
+                    await self._bury(live, conn, rows, await self._build(live, conn, rows))
+                    moved += len(rows)
+        return moved
 
     async def _fail(self, live: _Live, conn: Any, dead: list[tuple[Any, Delivery]]) -> None:
         cfg = live.cfg

@@ -5,8 +5,11 @@
 - slot lag: each postgres source's replication slot is checked every minute, with a warning
   when it holds back more WAL than ``slot_lag_warning`` or when nothing reads it.
 
-Capture heartbeats are the source's own (``heartbeat_interval``), and a consumer's visibility
-timeouts need no sweep: visibility is a time compared when messages are received.
+Capture heartbeats are the source's own (``heartbeat_interval``) and lease heartbeats are
+written every second (core/leases.py). The Consume API sweeps its queues on its own event loop
+(``Consumers.sweep``, core/api.py): visibility itself needs no sweep, being a time compared
+when messages are received, but messages that used up ``max_deliver`` go to the failed list
+without waiting for a receive.
 """
 
 from __future__ import annotations

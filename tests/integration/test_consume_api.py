@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
+from core import consume
 from core.embedded import free_port
 from tests.helpers.api import TOKEN, api_serving, receive, receive_all, settle, wait_queued
 from tests.helpers.capture import wait_for
@@ -132,6 +134,22 @@ def test_max_deliver_moves_a_message_to_the_failed_list(table: str) -> None:
         assert [(f["idempotency_key"], f["deliveries"]) for f in failed] == [(doomed, 2)]
         assert "max_deliver" in failed[0]["error"]
         assert failed[0]["message"]["metadata"]["idempotency_key"] == doomed
+
+
+def test_a_sweep_fails_messages_past_max_deliver_without_a_receive(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consume, "SWEEP_EVERY", 0.3)
+    with api_serving(table, consumers=[{**W, "max_deliver": 1, "ack_wait_ms": 200}]) as client:
+        insert_t(table, range(1))
+        [first] = receive_n(client, 1)  # its only delivery; never acked
+
+        def swept() -> bool:
+            failed = client.get("/v1/http-consumers/w/failed").json()["data"]
+            return [f["idempotency_key"] for f in failed] == [first["record"]["id"]]
+
+        wait_for(swept, what="the sweep")  # no receive call in between
+        assert receive(client, "w") == []
 
 
 def test_max_waiting_answers_429(table: str) -> None:
