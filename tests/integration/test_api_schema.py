@@ -25,6 +25,9 @@ def test_no_server_errors_across_the_openapi_schema(table: str) -> None:
         assert len(operations) >= 15
 
         for op, mode in itertools.product(operations, GenerationMode):
+            takes_input = any(op.iter_parameters()) or op.get_request_payload_content_types()
+            if mode == GenerationMode.NEGATIVE and not takes_input:
+                continue  # nothing to get wrong (/health, /metrics, ...)
 
             @given(case=op.as_strategy(mode))
             @settings(max_examples=30, deadline=None, database=None,
