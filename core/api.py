@@ -195,6 +195,33 @@ def _stream_item(d: Delivery) -> bytes:
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
 
+def _settle_routes(api: APIRouter, consumers: Consumers) -> None:
+    """``POST …/ack`` and ``…/nack`` of the three route families: ``ack_tokens`` for two,
+    ``ack_ids`` for sequin_streams.
+    """
+
+    def handlers(ack: bool) -> tuple[Any, Any]:
+        async def tokens(name: Name, body: AckTokens) -> Any:
+            count = await consumers.settle(name, body.ack_tokens, ack, "ack_tokens")
+            return {"success": True, "count": count}
+
+        async def ids(name: Name, body: AckIds) -> Any:
+            count = await consumers.settle(name, body.ack_ids, ack, "ack_ids")
+            return {"success": True, "count": count}
+
+        return tokens, ids
+
+    for verb, ack in (("ack", True), ("nack", False)):
+        tokens, ids = handlers(ack)
+        for family, handler in (("v1/http-consumers", tokens),
+                                ("api/http_pull_consumers", tokens),
+                                ("api/sequin_streams", ids)):  # fmt: skip
+            api.add_api_route(
+                f"/{family}/{{name}}/{verb}", handler, methods=["POST"], response_model=Settled,
+                name=f"{verb}_{family.replace('/', '_').replace('-', '_')}",
+            )  # fmt: skip
+
+
 def build_app(
     consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes]
 ) -> FastAPI:
@@ -271,16 +298,6 @@ def build_app(
         info = await consumers.info(name)
         return _json(body + b',"info":' + _dumps(info) + b"}")
 
-    @api.post("/v1/http-consumers/{name}/ack", response_model=Settled)
-    async def ack_v1(name: Name, body: AckTokens) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_tokens, True,
-                                                                 "ack_tokens")}  # fmt: skip
-
-    @api.post("/v1/http-consumers/{name}/nack", response_model=Settled)
-    async def nack_v1(name: Name, body: AckTokens) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_tokens, False,
-                                                                 "ack_tokens")}  # fmt: skip
-
     # -- consume: http_pull_consumers -----------------------------------------------------
 
     @api.get("/api/http_pull_consumers/{name}/receive", responses={200: {"model": PullResponse}})
@@ -288,16 +305,6 @@ def build_app(
         name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0
     ) -> Response:
         return _json(await items(name, batch_size, wait_for, _pull_item) + b"}")
-
-    @api.post("/api/http_pull_consumers/{name}/ack", response_model=Settled)
-    async def ack_pull(name: Name, body: AckTokens) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_tokens, True,
-                                                                 "ack_tokens")}  # fmt: skip
-
-    @api.post("/api/http_pull_consumers/{name}/nack", response_model=Settled)
-    async def nack_pull(name: Name, body: AckTokens) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_tokens, False,
-                                                                 "ack_tokens")}  # fmt: skip
 
     # -- consume: sequin_streams ----------------------------------------------------------
 
@@ -314,15 +321,7 @@ def build_app(
         body = body or StreamReceive()
         return _json(await items(name, body.batch_size, body.wait_for, _stream_item) + b"}")
 
-    @api.post("/api/sequin_streams/{name}/ack", response_model=Settled)
-    async def ack_stream(name: Name, body: AckIds) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_ids, True,
-                                                                 "ack_ids")}  # fmt: skip
-
-    @api.post("/api/sequin_streams/{name}/nack", response_model=Settled)
-    async def nack_stream(name: Name, body: AckIds) -> Any:
-        return {"success": True, "count": await consumers.settle(name, body.ack_ids, False,
-                                                                 "ack_ids")}  # fmt: skip
+    _settle_routes(api, consumers)
 
     # -- ingest ---------------------------------------------------------------------------
 

@@ -63,12 +63,12 @@ def test_nack_redelivers_at_once_and_stale_tokens_do_nothing(table: str) -> None
 
 
 def test_expired_visibility_redelivers(table: str) -> None:
-    short = {**W, "ack_wait_ms": 400}
+    short = {**W, "ack_wait_ms": 1500}
     with api_serving(table, consumers=[short]) as client:
         insert_t(table, range(1))
         first = receive_one(client)
         assert receive(client, "w") == []
-        time.sleep(0.5)
+        time.sleep(1.6)
         again = receive(client, "w")
         assert [m["record"]["id"] for m in again] == [first["record"]["id"]]
 
@@ -109,6 +109,7 @@ def test_grouping_holds_a_records_next_change_until_the_first_is_acked(table: st
 def test_max_ack_pending_serves_only_redeliveries(table: str) -> None:
     with api_serving(table, consumers=[{**W, "max_ack_pending": 3}]) as client:
         insert_t(table, range(6))
+        wait_queued(client, "w", 6)
         first = receive_n(client, 3)
         assert receive(client, "w", 10) == []
         assert settle(client, "w", first[:1], "nack") == 1
