@@ -78,6 +78,7 @@ def test_ack_is_final_across_a_restart(table: str) -> None:
     consumer = {**W, "ack_wait_ms": 1000}
     with api_serving(table, port, consumers=[consumer]) as client:
         insert_t(table, range(10))
+        wait_queued(client, "w", 10)
         acked = receive_n(client, 4)
         assert settle(client, "w", acked) == 4
         pending = receive(client, "w", 3)  # delivered, never acked
