@@ -38,6 +38,13 @@ def _no_nul(v: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
+def check_http_url(v: str, example: str) -> str:
+    """A config validator: an http:// or https:// URL (``example`` shows one)."""
+    if not v.startswith(("https://", "http://")):
+        raise ValueError(f"expected an http:// or https:// URL, like {example}")
+    return v
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

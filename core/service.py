@@ -191,7 +191,7 @@ class _ConnectorWork:
                  loop: _ConnectorLoop) -> None:  # fmt: skip
         self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics)
         self.loop = loop
-        self._halt: asyncio.Event | None = None
+        self._halt = asyncio.Event()  # binds to the loop when first awaited
         self._run: concurrent.futures.Future[None] | None = None
         self.error: BaseException | None = None  # the engine retries every failure itself
 
@@ -200,15 +200,11 @@ class _ConnectorWork:
         return self._run is not None and not self._run.done()
 
     def start(self) -> None:
-        async def run() -> None:
-            self._halt = asyncio.Event()
-            await self.forwarder.run(self._halt)
-
-        self._run = self.loop.call(run())
+        self._halt = asyncio.Event()  # made here, so that a stop() right after start() counts
+        self._run = self.loop.call(self.forwarder.run(self._halt))
 
     def stop(self) -> None:
-        if self._halt is not None:
-            self.loop.loop.call_soon_threadsafe(self._halt.set)
+        self.loop.loop.call_soon_threadsafe(self._halt.set)
 
     def join(self, timeout: float) -> None:
         if self._run is None:

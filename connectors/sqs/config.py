@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model
+from core.models import ConnectorBase, Duration, Model, check_http_url
 from core.templates import check_template
 
 
@@ -30,9 +30,7 @@ class SqsSettings(Model):
     @field_validator("queue_url")
     @classmethod
     def _template(cls, v: str) -> str:
-        if not v.startswith(("https://", "http://")):
-            raise ValueError("expected a URL: https://sqs.REGION.amazonaws.com/ACCOUNT/NAME")
-        return check_template(v)
+        return check_template(check_http_url(v, "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"))
 
     @model_validator(mode="after")
     def _key_pair(self) -> SqsSettings:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from core.models import BatchPolicy, ConnectorBase, Duration, Model
+from core.models import BatchPolicy, ConnectorBase, Duration, Model, check_http_url
 
 
 class WebhookSettings(Model):
@@ -25,9 +25,7 @@ class WebhookSettings(Model):
     @field_validator("url")
     @classmethod
     def _http(cls, v: str) -> str:
-        if not v.startswith(("https://", "http://")):
-            raise ValueError("expected an http:// or https:// URL")
-        return v
+        return check_http_url(v, "https://hooks.example.com/weir")
 
 
 class WebhookConnector(ConnectorBase):
