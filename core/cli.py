@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
     return int(args.func(args))
 
 
