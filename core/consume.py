@@ -122,6 +122,7 @@ class Consumers:
         self.pool = pool
         self.notifier = Notifier(store)
         self.live: dict[str, _Live] = {}
+        self._serving = asyncio.Lock()
         self.sources = {str(s.sync_id): s for s in cfg.sources}
         t = store.table
         self._m = t("consumer_messages")
@@ -165,6 +166,12 @@ class Consumers:
         await self.notifier.stop()
 
     async def _serve(self, cfg: ConsumerConfig) -> _Live:
+        """Serve a consumer here (once, also when requests for it race)."""
+        async with self._serving:
+            live = self.live.get(cfg.name)
+            return live if live is not None else await self._start_serving(cfg)
+
+    async def _start_serving(self, cfg: ConsumerConfig) -> _Live:
         where = selection(
             [cfg.filters.collection_id], None, [], record_ids=[cfg.filters.resource_id]
         )
