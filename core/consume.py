@@ -193,6 +193,8 @@ class Consumers:
         return live
 
     async def _unserve(self, live: _Live) -> None:
+        for sid in live.readers:
+            self.notifier.unsubscribe(sid, live.fill.set)
         if live.filler is not None:
             live.filler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

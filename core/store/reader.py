@@ -218,6 +218,9 @@ class Notifier:
         """Call ``callback`` (in the event loop) after each commit of the source."""
         self._subscribers.setdefault(sync_id, []).append(callback)
 
+    def unsubscribe(self, sync_id: str, callback: Callable[[], None]) -> None:
+        self._subscribers.get(sync_id, []).remove(callback)
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="weir-notifier")
 
