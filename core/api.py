@@ -1,11 +1,12 @@
 """The HTTP API of ``weir run`` (DESIGN.md section 8): management of HTTP pull consumers, the
-Consume API in its three route families, and HTTP ingest for ``kind: http`` sources.
+Consume API in its three route families, HTTP ingest for ``kind: http`` sources, and
+``/metrics``, ``/health`` and ``/ready``.
 
 FastAPI on uvicorn, in a thread with its own event loop, so request handling does not wait on
-the connectors' loop. Every route needs a bearer token from ``api.tokens``, compared in
-constant time. Errors are JSON ``{"detail": reason}`` with a 4xx status. The hot routes
-(receive) build their JSON from the stored texts and skip response-model validation; the
-models below document them in the OpenAPI schema.
+the connectors' loop. Every route but the probes (``/health``, ``/ready``) needs a bearer
+token from ``api.tokens``, compared in constant time. Errors are JSON ``{"detail": reason}``
+with a 4xx status. The hot routes (receive) build their JSON from the stored texts and skip
+response-model validation; the models below document them in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def build_app(
     app = FastAPI(
         title="Weir API",
         version="1",
-        description="Consume API, HTTP pull consumer management and HTTP ingest.",
+        description="Consume API, HTTP pull consumer management, HTTP ingest, metrics.",
         openapi_url=None,  # served below, behind the token
         docs_url=None,
         redoc_url=None,
