@@ -184,12 +184,12 @@ class WeirConfig(Model):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{kind} names must be unique: {', '.join(dupes)}")
-        known = {s.name for s in self.sources}
         for kind, users in (("connector", self.connectors), ("consumer", self.consumers)):
             for c in users:
-                unknown = [n for n in c.sources or [] if n not in known]
-                if unknown:
-                    raise ValueError(f"{kind} {c.name!r}: no source named {', '.join(unknown)}")
+                try:
+                    self.sources_of(c)
+                except UnknownSourceError as e:
+                    raise ValueError(f"{kind} {c.name!r}: {e}") from None
         if self.api is None and (
             self.consumers or any(isinstance(s, HttpSource) for s in self.sources)
         ):
@@ -210,6 +210,10 @@ class WeirConfig(Model):
     ) -> list[PostgresSource | HttpSource]:
         """The sources a connector or consumer reads: those it names, else all."""
         names = connector.sources
+        known = {s.name for s in self.sources}
+        unknown = [n for n in names or [] if n not in known]
+        if unknown:
+            raise UnknownSourceError(f"no source named {', '.join(unknown)}")
         return [s for s in self.sources if names is None or s.name in names]
 
     def source(self, name: str) -> PostgresSource | HttpSource:
@@ -219,6 +223,10 @@ class WeirConfig(Model):
         raise KeyError(
             f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})"
         )
+
+
+class UnknownSourceError(ValueError):
+    """A connector or consumer names a source the file does not declare."""
 
 
 class ConfigError(Exception):

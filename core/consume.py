@@ -34,7 +34,7 @@ import orjson
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from core.config import ConsumerConfig, HttpSource, PostgresSource, WeirConfig
+from core.config import ConsumerConfig, UnknownSourceError, WeirConfig
 from core.filters import selection
 from core.sink import Message
 from core.store import Store
@@ -176,7 +176,7 @@ class Consumers:
             [cfg.filters.collection_id], None, [], record_ids=[cfg.filters.resource_id]
         )
         readers = {}
-        for src in self._sources_of(cfg):
+        for src in self.cfg.sources_of(cfg):
             sid = str(src.sync_id)
             reader = StreamReader(
                 self.store, f"consumer:{cfg.name}", cfg.stream, where, sid, src.provider
@@ -202,16 +202,13 @@ class Consumers:
         for reader in live.readers.values():
             await reader.close()
 
-    def _sources_of(self, cfg: ConsumerConfig) -> list[PostgresSource | HttpSource]:
-        missing = [n for n in cfg.sources or [] if n not in {s.name for s in self.cfg.sources}]
-        if missing:
-            raise ApiError(422, f"no source named {', '.join(missing)}", loc=("body", "sources"))
-        return self.cfg.sources_of(cfg)
-
     # -- management -----------------------------------------------------------------------
 
     async def create(self, cfg: ConsumerConfig) -> ConsumerConfig:
-        self._sources_of(cfg)
+        try:
+            self.cfg.sources_of(cfg)
+        except UnknownSourceError as e:
+            raise ApiError(422, str(e), loc=("body", "sources")) from None
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.SQL(
