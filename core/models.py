@@ -38,6 +38,12 @@ def _no_nul(v: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
+def check_pair(model: BaseModel, a: str, b: str) -> None:
+    """A config validator: fields ``a`` and ``b`` are both given or both left out."""
+    if (getattr(model, a) is None) != (getattr(model, b) is None):
+        raise ValueError(f"{a} and {b} go together")
+
+
 def check_http_url(v: str, example: str) -> str:
     """A config validator: an http:// or https:// URL (``example`` shows one)."""
     if not v.startswith(("https://", "http://")):
@@ -58,8 +64,7 @@ class TlsFiles(Model):
 
     @model_validator(mode="after")
     def _pair(self) -> Self:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together")
+        check_pair(self, "cert_file", "key_file")
         return self
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model, TlsFiles
+from core.models import ConnectorBase, Duration, Model, TlsFiles, check_pair
 
 
 class StreamLimits(Model):
@@ -77,8 +77,7 @@ class NatsSettings(Model):
         ]
         if len(given) > 1:
             raise ValueError(f"give one way to authenticate, not {' and '.join(given)}")
-        if (self.user is None) != (self.password is None):
-            raise ValueError("user and password go together")
+        check_pair(self, "user", "password")
         return self
 
 

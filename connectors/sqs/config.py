@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model, check_http_url
+from core.models import ConnectorBase, Duration, Model, check_http_url, check_pair
 from core.templates import check_template
 
 
@@ -34,8 +34,7 @@ class SqsSettings(Model):
 
     @model_validator(mode="after")
     def _key_pair(self) -> SqsSettings:
-        if (self.access_key_id is None) != (self.secret_access_key is None):
-            raise ValueError("access_key_id and secret_access_key go together")
+        check_pair(self, "access_key_id", "secret_access_key")
         return self
 
 
