@@ -28,8 +28,7 @@ class Leases:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.held: set[str] = set()
-        self._conn: Conn | None = None
+        self._conn: Conn | None = None  # holds the leases: they end with it
         self._owners = store.table("owners")
 
     def alive(self) -> bool:
@@ -38,7 +37,6 @@ class Leases:
         """
         try:
             if self._conn is None or self._conn.closed:
-                self.held.clear()
                 self._conn = psycopg.connect(
                     self.store.url, autocommit=True, connect_timeout=5,
                     application_name=f"weir-leases:{self.instance}"[:63],
@@ -49,7 +47,7 @@ class Leases:
             )
             return True
         except psycopg.Error as e:
-            if self.held:
+            if self._conn is not None:  # it was up: every lease went with it
                 log.error("leases: lost the store connection (%s); stopping all work",
                           type(e).__name__)  # fmt: skip
             self.close()
@@ -70,13 +68,11 @@ class Leases:
             ).format(self._owners),
             (work, self.instance),
         )
-        self.held.add(work)
         log.info("leases: %s is %s's now", work, self.instance)
         return True
 
     def close(self) -> None:
         """Give up every lease; on a clean stop, no longer shown as owner."""
-        self.held.clear()
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._conn.execute(
