@@ -52,6 +52,11 @@ MAX_WAIT_MS = 60_000
 INFO_TTL = 1.0  # seconds an info count is reused
 SWEEP_EVERY = 30.0  # seconds between sweeps of messages that used up max_deliver
 _TOKEN = struct.Struct(">qi")  # row id, delivery number
+# A queue's (visible, delivered and not acked) rows, over ``consumer_messages m``.
+QUEUE_COUNTS = (
+    "count(m.id) FILTER (WHERE m.not_visible_until <= now()),"
+    " count(m.id) FILTER (WHERE m.not_visible_until > now())"
+)
 
 
 class ApiError(Exception):
@@ -504,11 +509,9 @@ class Consumers:
         async with self.pool.connection() as conn:
             row = await (
                 await conn.execute(
-                    sql.SQL(
-                        "SELECT count(*) FILTER (WHERE not_visible_until <= now()),"
-                        " count(*) FILTER (WHERE not_visible_until > now())"
-                        " FROM {} WHERE consumer = %s"
-                    ).format(self._m),
+                    sql.SQL("SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s").format(
+                        self._m
+                    ),
                     (name,),
                 )
             ).fetchone()

@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from core.config import PostgresSource, WeirConfig
+from core.consume import QUEUE_COUNTS
 from core.store import Store
 
 log = logging.getLogger("weir.status")
@@ -125,9 +126,8 @@ def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(
             sql.SQL(
-                "SELECT c.name, count(m.*) FILTER (WHERE m.not_visible_until <= now()),"
-                " count(m.*) FILTER (WHERE m.not_visible_until > now())"
-                " FROM {} c LEFT JOIN {} m ON m.consumer = c.name GROUP BY c.name ORDER BY c.name"
+                "SELECT c.name, " + QUEUE_COUNTS + " FROM {} c"
+                " LEFT JOIN {} m ON m.consumer = c.name GROUP BY c.name ORDER BY c.name"
             ).format(store.table("consumers"), store.table("consumer_messages"))
         ).fetchall()
     return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
