@@ -273,14 +273,15 @@ def build_app(
 
     @api.get("/v1/http-consumers", response_model=ConsumerList)
     async def list_consumers() -> dict[str, Any]:
-        return {"data": [{**c.model_dump(), "origin": o} for c, o in await consumers.all()]}
+        return {"data": [{**c.model_dump(), "origin": o} for c, o in await consumers.listing()]}
 
     @api.get("/v1/http-consumers/{name}", response_model=ConsumerOut)
     async def get_consumer(name: Name) -> dict[str, Any]:
-        for c, origin in await consumers.all():
-            if c.name == name:
-                return {**c.model_dump(), "origin": origin, "info": await consumers.info(name)}
-        raise ApiError(404, f"no consumer named {name!r}")
+        found = await consumers.listing(name)
+        if not found:
+            raise ApiError(404, f"no consumer named {name!r}")
+        c, origin = found[0]
+        return {**c.model_dump(), "origin": origin, "info": await consumers.info(name)}
 
     @api.delete("/v1/http-consumers/{name}", response_model=Deleted)
     async def delete_consumer(name: Name) -> dict[str, Any]:

@@ -227,11 +227,16 @@ class Consumers:
         await self._serve(cfg)
         return cfg
 
-    async def all(self) -> list[tuple[ConsumerConfig, str]]:
+    async def listing(self, name: str | None = None) -> list[tuple[ConsumerConfig, str]]:
+        """(config, origin) of every consumer in the store, or of the one named."""
         async with self.pool.connection() as conn:
             rows = await (
                 await conn.execute(
-                    sql.SQL("SELECT config, origin FROM {} ORDER BY name").format(self._consumers)
+                    sql.SQL(
+                        "SELECT config, origin FROM {} WHERE %(n)s::text IS NULL OR name = %(n)s"
+                        " ORDER BY name"
+                    ).format(self._consumers),
+                    {"n": name},
                 )
             ).fetchall()
         return [(ConsumerConfig.model_validate(r[0]), r[1]) for r in rows]
