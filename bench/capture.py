@@ -24,8 +24,9 @@ import psycopg
 
 from core.config import PostgresSource
 from core.embedded import EmbeddedPostgres
-from core.pg.capture import SESSION_OPTIONS, PostgresCapture
+from core.pg.capture import PostgresCapture
 from core.pg.pgoutput import XLOG_HEADER, start_replication
+from core.pg.values import SESSION_OPTIONS
 from core.store import Store
 
 RESULTS = Path(__file__).parent / "results" / "capture.jsonl"

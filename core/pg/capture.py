@@ -39,16 +39,12 @@ from core.pg.pgoutput import (
 )
 from core.pg.relations import Relations, SourceSchemaError, change_of
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.writer import Change, SourceWriter, WriterBusyError
 
 log = logging.getLogger("weir.source")
 
-# Session settings that make the text of every value predictable (see core.pg.values).
-SESSION_OPTIONS = (
-    "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601 "
-    "-c extra_float_digits=3 -c bytea_output=hex"
-)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError)

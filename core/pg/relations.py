@@ -117,7 +117,8 @@ def key_values(rel: Relation, values: Tuple) -> dict[str, Any]:
     return out
 
 
-def _record_id(rel: Relation, rec: dict[str, Any]) -> str:
+def record_id_for(rel: Relation, rec: dict[str, Any]) -> str:
+    """The record id of a row of ``rel`` from its converted values."""
     names = rel.names
     return record_id_of([rec.get(names[i]) for i in rel.key])
 
@@ -130,7 +131,7 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
         return Change(
             "insert",
             rel.collection_id,
-            _record_id(rel, rec),
+            record_id_for(rel, rec),
             rec,
             None,
             partial,
@@ -142,15 +143,15 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     if tag == "U":
         _, _, old_kind, old, new = msg
         rec, partial = row_values(rel, new)
-        record_id = _record_id(rel, rec)
+        record_id = record_id_for(rel, rec)
         changes = None
         old_record_id = None
         if old_kind == "O":
             before, _ = row_values(rel, old)
             changes = {k: v for k, v in before.items() if k in rec and rec[k] != v}
-            old_record_id = _record_id(rel, before)
+            old_record_id = record_id_for(rel, before)
         elif old_kind == "K":
-            old_record_id = _record_id(rel, key_values(rel, old))
+            old_record_id = record_id_for(rel, key_values(rel, old))
         return Change(
             "update",
             rel.collection_id,
@@ -170,5 +171,5 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     else:
         rec, partial = key_values(rel, old), True
     return Change(
-        "delete", rel.collection_id, _record_id(rel, rec), rec, None, partial, None, lsn, idx, ts
+        "delete", rel.collection_id, record_id_for(rel, rec), rec, None, partial, None, lsn, idx, ts
     )

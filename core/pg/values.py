@@ -17,6 +17,13 @@ import orjson
 
 Converter = Callable[[bytes], Any]
 
+# Session settings that make the text of every value predictable; every connection whose
+# column text goes through these converters (capture, seed, backfill) runs with them.
+SESSION_OPTIONS = (
+    "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601 "
+    "-c extra_float_digits=3 -c bytea_output=hex"
+)
+
 # Built-in type OIDs (pg_type.dat); stable across PostgreSQL versions.
 BOOL, BYTEA, INT8, INT2, INT4, OID = 16, 17, 20, 21, 23, 26
 JSON, JSONB, FLOAT4, FLOAT8, NUMERIC = 114, 3802, 700, 701, 1700
