@@ -11,13 +11,14 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from core.config import ConfigError, WeirConfig, load_config
+from core.config import ConfigError, PostgresSource, WeirConfig, load_config
 from core.settings import WeirSettings
 
 log = logging.getLogger("weir")
 
 
-def _load(path: str) -> WeirConfig:
+def load_or_exit(path: str) -> WeirConfig:
+    """The config file, or exit 2 with every problem in it."""
     try:
         return load_config(path)
     except ConfigError as e:
@@ -26,7 +27,7 @@ def _load(path: str) -> WeirConfig:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cfg = _load(args.file)
+    cfg = load_or_exit(args.file)
     print(f"{args.file}: ok ({len(cfg.sources)} sources)")
     return 0
 
@@ -40,7 +41,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if path is None:
         print("weir run: give --config FILE (or set WEIR_CONFIG)", file=sys.stderr)
         return 2
-    cfg = _load(str(path))
+    cfg = load_or_exit(str(path))
+    return serve(cfg, _stop_on_signals(), settings.shutdown_grace)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM/SIGINT set, to drain and stop; a second signal exits at once."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -52,7 +58,51 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return serve(cfg, stop, settings.shutdown_grace)
+    return stop
+
+
+def _postgres_source(cfg: WeirConfig, name: str) -> PostgresSource:
+    src = next((s for s in cfg.sources if s.name == name), None)
+    if not isinstance(src, PostgresSource):
+        known = ", ".join(s.name for s in cfg.sources if isinstance(s, PostgresSource))
+        print(f"weir: no postgres source {name!r} in the config (postgres sources: {known or '-'})",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    return src
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Backfill tables of a source into its records stream, beside a running ``weir run``."""
+    import psycopg
+
+    from core.backfill import Backfill, configured_tables
+    from core.pg.relations import SourceSchemaError
+    from core.pg.setup import SourceSetupError
+    from core.service import open_store
+
+    cfg = load_or_exit(args.config)
+    src = _postgres_source(cfg, args.source)
+    stop = _stop_on_signals()
+    try:
+        store = open_store(cfg)
+        tables = args.table or configured_tables(src)
+        for table in tables:
+            sort = args.sort_column or (src.backfill and src.backfill.sort_columns.get(table))
+            page = args.page_size or (src.backfill.page_size if src.backfill else 5000)
+            result = Backfill(src, store, table, page_size=page, sort_column=sort or None).run(
+                stop, new="always" if args.restart else "if-finished"
+            )
+            if not result.finished:
+                print(f"weir backfill: stopped in {table} after {result.rows_read:,} rows; "
+                      "run it again to resume", file=sys.stderr)  # fmt: skip
+                return 1
+            newer = result.rows_read - result.rows_written
+            print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
+                  f"({newer:,} were older than the stream's version)")  # fmt: skip
+    except (SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+        print(f"weir backfill: {str(e).strip()}", file=sys.stderr)
+        return 1
+    return 0
 
 
 SETUPS = {  # weir <type> setup: what it creates, and the function that does it
@@ -69,7 +119,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
     _, module, func = SETUPS[args.command]
     ensure = getattr(importlib.import_module(module), func)
-    cfg = _load(args.config)
+    cfg = load_or_exit(args.config)
     connectors = [c for c in cfg.connectors if c.type == args.command]
     if not connectors:
         print(f"{args.config}: no {args.command} connectors", file=sys.stderr)
@@ -96,7 +146,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from core.pg.pgoutput import lsn_to_str
     from core.store import Store
 
-    cfg = _load(args.config)
+    cfg = load_or_exit(args.config)
     store = Store(cfg.store_url, cfg.store.schema_)
     try:
         before = {(c.name, c.source): c.seq for c in status.cursors(store)}
@@ -146,6 +196,12 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
+def cmd_seed(args: argparse.Namespace) -> int:
+    from spark.seed import seed_command
+
+    return seed_command(args, load_or_exit(args.config))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from core.demo import run_demo
 
@@ -178,6 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
+    p.add_argument("--config", required=True)
+    p.add_argument("--source", required=True, help="a postgres source of the config")
+    p.add_argument("--table", action="append", help="schema.table (repeatable; default: "
+                   "the source's backfill: tables, else all its tables)")  # fmt: skip
+    p.add_argument("--restart", action="store_true",
+                   help="start again from the first row, even when unfinished")  # fmt: skip
+    p.add_argument("--page-size", type=int, help="rows per page (default 5000)")
+    p.add_argument("--sort-column", help="a NOT NULL column to page by before the key")
+    p.set_defaults(func=cmd_backfill)
+
+    from spark.seed import add_arguments
+
+    p = sub.add_parser("seed", help="seed tables into the records stream with the Spark job")
+    add_arguments(p)
+    p.set_defaults(func=cmd_seed)
 
     p = sub.add_parser("demo", help="stream a sample table from an embedded Postgres")
     p.set_defaults(func=cmd_demo)

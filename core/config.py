@@ -55,6 +55,28 @@ class SourceBase(Model):
         return self.id or sync_id_for(self.name)
 
 
+class BackfillConfig(Model):
+    """Tables ``weir run`` backfills into the records stream, once each, beside live capture."""
+
+    tables: list[str] = Field([], description="schema.table entries; default: every table")
+    page_size: int = Field(5000, ge=1, le=100_000)
+    sort_columns: dict[str, str] = Field(
+        {}, description="schema.table: a NOT NULL column to page by before the key"
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, v: list[str]) -> list[str]:
+        return check_tables(v)
+
+
+def check_tables(v: list[str]) -> list[str]:
+    for t in v:
+        if t.count(".") != 1 or not all(t.split(".")):
+            raise ValueError(f"{t!r}: tables are written schema.table")
+    return v
+
+
 class PostgresSource(SourceBase):
     """A database captured by logical replication (pgoutput)."""
 
@@ -73,6 +95,7 @@ class PostgresSource(SourceBase):
     slot_lag_warning: ByteSize = Field(
         ByteSize(1 << 30), description="warn when the slot holds back more WAL (e.g. 512MiB)"
     )
+    backfill: BackfillConfig | None = None
 
     @property
     def provider(self) -> str:
@@ -88,10 +111,7 @@ class PostgresSource(SourceBase):
     @field_validator("tables")
     @classmethod
     def _tables(cls, v: list[str]) -> list[str]:
-        for t in v:
-            if t.count(".") != 1 or not all(t.split(".")):
-                raise ValueError(f"{t!r}: tables are written schema.table")
-        return v
+        return check_tables(v)
 
     @model_validator(mode="after")
     def _some_tables(self) -> PostgresSource:

@@ -23,7 +23,8 @@ log = logging.getLogger("weir")
 T = TypeVar("T")
 
 
-def _store(cfg: WeirConfig) -> Store:
+def open_store(cfg: WeirConfig) -> Store:
+    """The store of ``cfg``, migrated, with its sources registered."""
     store = Store(cfg.store_url, cfg.store.schema_)
     store.prepare(cfg.sources)
     return store
@@ -36,7 +37,7 @@ def prepare(cfg: WeirConfig) -> Store:
     """
     from core.pg.setup import prepare as prepare_source
 
-    store = _store(cfg)
+    store = open_store(cfg)
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
             with psycopg.connect(src.url.get_secret_value(), autocommit=True) as conn:
@@ -56,7 +57,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     from core.api import ApiServer
     from core.leases import Leases
 
-    store = _store(cfg)
+    store = open_store(cfg)
     metrics = Metrics()
     metrics.watch_store(cfg, store)
     api = ApiServer(cfg, store, metrics) if cfg.api is not None else None
@@ -71,6 +72,8 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
             works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
+            if src.backfill is not None:
+                works[f"backfill:{src.name}"] = _BackfillWork(src, store)
     for c in cfg.connectors:
         works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
     leases = Leases(store)
@@ -129,11 +132,13 @@ class _Work(Protocol):
     def join(self, timeout: float) -> None: ...
 
 
-class _SourceWork:
-    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics) -> None:
-        self.src = src
-        self.store = store
-        self.metrics = metrics
+class _ThreadWork:
+    """Work that runs on a thread of its own until ``stop`` is set; ``body`` is the work."""
+
+    what = "work"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -142,20 +147,20 @@ class _SourceWork:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> None:
-        from core.pg.capture import PostgresCapture
+    def body(self, stop: threading.Event) -> None:
+        raise NotImplementedError
 
-        capture = PostgresCapture(self.src, self.store, self.metrics)
+    def start(self) -> None:
         self._stop = stop = threading.Event()
 
         def run() -> None:
             try:
-                capture.run(stop)
+                self.body(stop)
             except Exception as e:
-                log.error("source %s: %s", self.src.name, e)
+                log.error("%s %s: %s", self.what, self.name, e)
                 self.error = e
 
-        self._thread = threading.Thread(target=run, name=self.src.name, daemon=True)
+        self._thread = threading.Thread(target=run, name=f"{self.what}-{self.name}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -164,6 +169,44 @@ class _SourceWork:
     def join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+class _SourceWork(_ThreadWork):
+    what = "source"
+
+    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics) -> None:
+        super().__init__(src.name)
+        self.src = src
+        self.store = store
+        self.metrics = metrics
+
+    def body(self, stop: threading.Event) -> None:
+        from core.pg.capture import PostgresCapture
+
+        PostgresCapture(self.src, self.store, self.metrics).run(stop)
+
+
+class _BackfillWork(_ThreadWork):
+    """A source's ``backfill:`` tables, each once, beside its capture; resumed after a restart
+    or a takeover by another instance."""
+
+    what = "backfill of source"
+
+    def __init__(self, src: PostgresSource, store: Store) -> None:
+        super().__init__(src.name)
+        self.src = src
+        self.store = store
+        self._done = False
+
+    @property
+    def running(self) -> bool:
+        return self._done or super().running  # done: there is nothing left to start
+
+    def body(self, stop: threading.Event) -> None:
+        from core.backfill import run_configured
+
+        run_configured(self.src, self.store, stop)
+        self._done = not stop.is_set()
 
 
 class _ConnectorLoop:

@@ -6,13 +6,14 @@ again after its schema changes; :class:`Relations` keeps what is needed to conve
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from core.ids import collection_id_of, record_id_of
-from core.pg.pgoutput import UNCHANGED, Tuple
+from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog
 from core.store.writer import Change
 
@@ -93,7 +94,7 @@ class Relations:
         return rel
 
 
-def row_values(rel: Relation, values: Tuple) -> tuple[dict[str, Any], bool]:
+def row_values(rel: Relation, values: Sequence[Value]) -> tuple[dict[str, Any], bool]:
     """Converted values of a whole row; ``partial`` when an unchanged TOAST value was left out."""
     rec: dict[str, Any] = {}
     partial = False

@@ -32,7 +32,7 @@ WHERE n.nspname = %s AND c.relname = %s
 """
 
 
-def _tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
     tables = [(t.split(".")[0], t.split(".")[1]) for t in src.tables]
     for schema in src.schemas:
         rows = conn.execute(
@@ -88,7 +88,7 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    tables = _tables_of(conn, src)
+    tables = tables_of(conn, src)
     for schema, table in tables:
         check_table(conn, src, schema, table)
     _ensure_publication(conn, src, tables)

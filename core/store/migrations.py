@@ -187,6 +187,29 @@ CREATE TABLE {s}.owners (
 );
 """,
     ),
+    (
+        5,
+        "table backfills and where they are",
+        """
+-- One row per table backfilled into a source's records stream: the snapshot version its rows
+-- carry, and the keyset position of the last page written, so that a backfill resumes there.
+CREATE TABLE {s}.backfills (
+    sync_id        uuid NOT NULL,
+    collection_id  text NOT NULL,
+    keyset         text[] NOT NULL,   -- the columns paged by, in order
+    version        bigint NOT NULL,   -- the snapshot LSN (version_idx -1)
+    snapshot_at    timestamptz NOT NULL,
+    last_key       text[],            -- the keyset values of the last row written
+    rows_total     bigint NOT NULL,   -- rows in the table when it started (for progress)
+    rows_read      bigint NOT NULL DEFAULT 0,
+    rows_written   bigint NOT NULL DEFAULT 0,  -- the others were older than a live change
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    finished_at    timestamptz,
+    PRIMARY KEY (sync_id, collection_id)
+);
+""",
+    ),
 ]
 
 

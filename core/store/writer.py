@@ -10,6 +10,7 @@ set-based upsert per batch.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import orjson
@@ -283,4 +284,80 @@ SET deleted = true, seq = %(base)s + doomed.n, version = %(version)s, version_id
 FROM doomed
 WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
   AND r.record_id = doomed.record_id
+"""
+
+
+class SnapshotWriter:
+    """Writes rows read from a source table (seed job, backfill) into the records stream.
+
+    Rows are staged by COPY into a temporary table with no lock held, so several writers
+    (Spark partitions) stage in parallel. ``merge`` then takes the source row's lock, the one
+    every writer of the source takes (which keeps seqs gap-free and in commit order), and
+    upserts the staged rows whose version is newer than the stored one. It does not commit:
+    the caller commits, with its own progress in the same transaction, and so releases the lock.
+    """
+
+    def __init__(self, conn: Conn, store: Store, sync_id: uuid.UUID, version: int, at: str):
+        self.conn = conn
+        self.sync_id = sync_id
+        self.version = version
+        self.at = at
+        self._lock_row = sql.SQL("SELECT records_seq FROM {} WHERE sync_id = %s FOR UPDATE").format(
+            store.table("sources")
+        )
+        self._merge = sql.SQL(MERGE_SNAPSHOT).format(records=store.table("records"))
+        self._advance = sql.SQL(
+            "WITH s AS (UPDATE {} SET records_seq = %s, updated_at = now() WHERE sync_id = %s"
+            " RETURNING sync_id) SELECT pg_notify({}, sync_id::text) FROM s"
+        ).format(store.table("sources"), sql.Literal(NOTIFY_CHANNEL))
+        conn.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
+            " (collection_id text, record_id text, record jsonb) ON COMMIT DELETE ROWS"
+        )
+
+    def stage(self, collection_id: str, rows: Iterable[tuple[str, str]]) -> int:
+        """Stage (record id, record JSON) rows; returns how many."""
+        n = 0
+        with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:
+            write_row = copy.write_row
+            for record_id, record_json in rows:
+                write_row((collection_id, record_id, record_json))
+                n += 1
+        return n
+
+    def merge(self) -> int:
+        """Upsert the staged rows that are newer than the stored versions; returns how many."""
+        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
+        assert row is not None, "source not registered"
+        base = int(row[0])  # type: ignore[call-overload]
+        with self.conn.cursor() as cur:
+            cur.execute(
+                self._merge,
+                {"sid": self.sync_id, "base": base, "version": self.version, "at": self.at},
+            )
+            accepted = cur.rowcount
+        if accepted:
+            self.conn.execute(self._advance, (base + accepted, self.sync_id))
+        return accepted
+
+
+# Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
+# The stored version is looked up row by row (LATERAL ... LIMIT 1, an index probe each): a hash
+# join would read every record of the source on every merge.
+MERGE_SNAPSHOT = """
+INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                            deleted, record, upstream_updated_at)
+SELECT %(sid)s, s.collection_id, s.record_id, %(base)s + row_number() OVER (),
+       %(version)s, -1, false, s.record, %(at)s
+FROM weir_snapshot_stage s
+LEFT JOIN LATERAL (
+    SELECT o.version, o.version_idx FROM {records} o
+    WHERE o.sync_id = %(sid)s AND o.collection_id = s.collection_id AND o.record_id = s.record_id
+    LIMIT 1
+) o ON true
+WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, -1)
+ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, record = excluded.record,
+    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """

@@ -1,0 +1,142 @@
+"""Spark seed throughput: records/s into the records stream for a table of 2M rows on
+``local[2]``, next to a single-process psycopg COPY loader (the same reading, conversion and
+store writes as the job, in one process, no Spark) on the same server in the same run.
+
+    .venv/bin/python bench/seed.py [--rows 2000000] [--partitions N] [--profile]
+
+Each loads its own copy of the table into its own store. The job's time is from the start of
+the Spark job to its end (the JVM's start is reported apart, as ``spark_start_s``). Prints one
+JSON line and appends it to bench/results/seed.jsonl; ``--profile`` samples the Spark Python
+workers with py-spy into bench/results/seed-profile.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import py_spy, summarize
+
+from core.config import WeirConfig
+from core.embedded import EmbeddedPostgres
+from core.pg import snapshot
+from core.service import open_store
+from core.store.writer import SnapshotWriter
+
+RESULTS = Path(__file__).parent / "results"
+TABLE = "public.items"
+
+
+def make_table(server: EmbeddedPostgres, name: str, rows: int) -> WeirConfig:
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = server.url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, name text,"
+            " at timestamptz, doc jsonb)"
+        )
+        conn.execute(
+            "INSERT INTO items SELECT i, i %% 1000, 'name-' || i, timestamptz '2026-11-22'"
+            " + i * interval '1 second', jsonb_build_object('n', i, 'tag', 'x')"
+            " FROM generate_series(1, %s) i",
+            (rows,),
+        )
+        conn.execute("VACUUM ANALYZE items")
+    spec = {
+        "name": "app",
+        "kind": "postgres",
+        "url": url,
+        "tables": [TABLE],
+        "slot": f"{name}_slot",
+    }
+    return WeirConfig.model_validate({"sources": [spec], "connectors": []})
+
+
+def copy_loader(cfg: WeirConfig) -> float:
+    """The baseline: one process, one COPY of the whole table, the same writer. Seconds."""
+    src = cfg.sources[0]
+    assert src.kind == "postgres"
+    store = open_store(cfg)
+    with snapshot.connect(src.url.get_secret_value()) as conn, store.connect() as sconn:
+        snapshot.ensure_capture(conn, src)
+        plan = snapshot.table_plan(conn, src, TABLE)
+        point = snapshot.snapshot_point(conn, print)
+        start = time.perf_counter()
+        w = SnapshotWriter(sconn, store, src.sync_id, point.version, point.at)
+        batch: list[list[bytes | None]] = []
+        for row in snapshot.copy_rows(conn, plan.range_query(None, None)):
+            batch.append(row)
+            if len(batch) == 20_000:
+                w.stage(plan.rel.collection_id, snapshot.records_of(plan.rel, batch))
+                w.merge()
+                sconn.commit()
+                batch = []
+        if batch:
+            w.stage(plan.rel.collection_id, snapshot.records_of(plan.rel, batch))
+            w.merge()
+            sconn.commit()
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    from spark.seed import run_seed, spark_session
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    n = args.rows
+    with EmbeddedPostgres() as pg:
+        base_cfg = make_table(pg, "base", n)
+        seed_cfg = make_table(pg, "seed", n)
+        loader_s = copy_loader(base_cfg)
+        t0 = time.perf_counter()
+        spark_session("local[2]", None)  # the JVM starts here; run_seed reuses the session
+        start_s = time.perf_counter() - t0
+        spy = None
+        if args.profile:
+            profile = RESULTS / "seed-profile.raw"
+            spy = py_spy(os.getpid(), 60, profile)
+        [result] = run_seed(seed_cfg, "app", [TABLE], master="local[2]",
+                            partitions=args.partitions)  # fmt: skip
+        if spy is not None:
+            spy.wait()
+            text = summarize(profile, "the driver and Spark's Python workers", 30)
+            (RESULTS / "seed-profile.txt").write_text(text)
+            profile.unlink()
+            print(text)
+        assert result.written == n, f"{result.written} of {n} records written"
+    out = {
+        "bench": "seed",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "rows": n,
+        "partitions": result.partitions,
+        "spark_start_s": round(start_s, 1),
+        "seed_s": round(result.seconds, 1),
+        "seed_per_s": round(n / result.seconds),
+        "copy_loader_per_s": round(n / loader_s),
+        "ratio_vs_loader": round(loader_s / result.seconds, 3),
+        "target_per_s": 100_000,
+    }
+    line = json.dumps(out)
+    print(line)
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / "seed.jsonl").open("a") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Table backfills in the engine: keyset pages of a table into the records stream, beside live
+capture (DESIGN.md sections 1 and 13).
+
+Each page is read by COPY in keyset order, staged, and merged with the snapshot version guard
+(core.pg.snapshot), and the keyset position of its last row is committed in the same store
+transaction: a backfill killed at any point resumes after the last page it committed, and a
+page written twice changes nothing (same version: not newer).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from core.config import PostgresSource
+from core.pg import snapshot
+from core.pg.setup import SourceSetupError, tables_of
+from core.progress import Progress
+from core.store import Conn, Store
+from core.store.writer import SnapshotWriter
+
+log = logging.getLogger("weir.backfill")
+
+
+@dataclass
+class _State:  # a row of the backfills table
+    keyset: list[str]
+    version: int
+    snapshot_at: str
+    last_key: list[str] | None
+    rows_total: int
+    rows_read: int
+    rows_written: int
+    finished: bool
+
+
+@dataclass
+class BackfillResult:
+    table: str
+    rows_read: int
+    rows_written: int  # the others were already replaced by a newer live change
+    finished: bool
+
+
+class Backfill:
+    """The backfill of one table of a source; ``run`` starts it or resumes it."""
+
+    def __init__(
+        self,
+        src: PostgresSource,
+        store: Store,
+        table: str,
+        *,
+        page_size: int = 5000,
+        sort_column: str | None = None,
+        progress_every: float = 10.0,
+    ) -> None:
+        self.src = src
+        self.store = store
+        self.table = table
+        self.page_size = page_size
+        self.sort_column = sort_column
+        self.progress_every = progress_every
+        t = store.table("backfills")
+        self._load = sql.SQL(
+            "SELECT keyset, version, to_char(snapshot_at AT TIME ZONE 'UTC',"
+            ' \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\'), last_key, rows_total, rows_read,'
+            " rows_written, finished_at IS NOT NULL"
+            " FROM {} WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+        self._start = sql.SQL(
+            "INSERT INTO {} AS b (sync_id, collection_id, keyset, version, snapshot_at, rows_total)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (sync_id, collection_id) DO UPDATE SET"
+            " keyset = excluded.keyset, version = excluded.version,"
+            " snapshot_at = excluded.snapshot_at, last_key = NULL,"
+            " rows_total = excluded.rows_total, rows_read = 0, rows_written = 0,"
+            " started_at = now(), updated_at = now(), finished_at = NULL"
+        ).format(t)
+        self._step = sql.SQL(
+            "UPDATE {} SET last_key = %s, rows_read = rows_read + %s,"
+            " rows_written = rows_written + %s, updated_at = now()"
+            " WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+        self._finish = sql.SQL(
+            "UPDATE {} SET finished_at = now(), updated_at = now()"
+            " WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+
+    def _state(self, conn: Conn, collection_id: str) -> _State | None:
+        row = conn.execute(self._load, (self.src.sync_id, collection_id)).fetchone()
+        return None if row is None else _State(*row)  # type: ignore[arg-type]
+
+    def run(self, stop: threading.Event, *, new: str = "if-none") -> BackfillResult:
+        """Resume the table's unfinished backfill, or start a new one: ``new`` is ``if-none``
+        (``backfill:`` in ``weir run``: each table once), ``if-finished`` (``weir backfill``)
+        or ``always`` (``weir backfill --restart``). Returns when the table is done or ``stop``
+        is set."""
+        sid = self.src.sync_id
+        with (
+            snapshot.connect(self.src.url.get_secret_value()) as conn,
+            self.store.connect() as store_conn,
+        ):
+            snapshot.ensure_capture(conn, self.src)
+            plan = snapshot.table_plan(conn, self.src, self.table, self.sort_column)
+            rel = plan.rel
+            keyset = [rel.names[i] for i in plan.order]
+            st = self._state(store_conn, rel.collection_id)
+            if st is not None and not st.finished and new != "always" and st.keyset != keyset:
+                raise SourceSetupError(
+                    f"backfill of {self.table} was started paging by {st.keyset}, now by "
+                    f"{keyset}: go back to the first, or start again (weir backfill --restart)"
+                )
+            if st is None or new == "always" or (st.finished and new == "if-finished"):
+                point = snapshot.snapshot_point(conn, lambda m: log.info("%s: %s", self.table, m))
+                total = snapshot.count_rows(conn, plan)
+                store_conn.execute(
+                    self._start, (sid, rel.collection_id, keyset, point.version, point.at, total)
+                )
+                store_conn.commit()
+                st = self._state(store_conn, rel.collection_id)
+                assert st is not None
+            last, read, written = st.last_key, st.rows_read, st.rows_written
+            if st.finished:
+                return BackfillResult(self.table, read, written, True)
+            log.info(
+                "backfill %s: %s at version %d, %d of ~%d rows done",
+                self.table, "resuming" if last else "starting", st.version, read, st.rows_total,
+            )  # fmt: skip
+            writer = SnapshotWriter(store_conn, self.store, sid, st.version, st.snapshot_at)
+            progress = Progress(f"backfill {self.table}", st.rows_total, every=self.progress_every)
+            progress.update(read)
+            while not stop.is_set():
+                rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
+                if not rows:
+                    store_conn.execute(self._finish, (sid, rel.collection_id))
+                    store_conn.commit()
+                    progress.finish(f"{read:,} rows read, {written:,} written")
+                    return BackfillResult(self.table, read, written, True)
+                writer.stage(rel.collection_id, snapshot.records_of(rel, rows))
+                accepted = writer.merge()
+                last = plan.key_of(rows[-1])
+                store_conn.execute(self._step, (last, len(rows), accepted, sid, rel.collection_id))
+                store_conn.commit()
+                read += len(rows)
+                written += accepted
+                progress.update(read)
+            return BackfillResult(self.table, read, written, False)
+
+
+def configured_tables(src: PostgresSource) -> list[str]:
+    """The tables the source's ``backfill:`` option names (all of the source's by default)."""
+    if src.backfill is not None and src.backfill.tables:
+        return list(src.backfill.tables)
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        return [f"{s}.{t}" for s, t in tables_of(conn, src)]
+
+
+def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:
+    """``backfill:`` in ``weir run``: every named table not backfilled yet, or not finished."""
+    assert src.backfill is not None
+    for table in configured_tables(src):
+        if stop.is_set():
+            return
+        Backfill(
+            src,
+            store,
+            table,
+            page_size=src.backfill.page_size,
+            sort_column=src.backfill.sort_columns.get(table),
+        ).run(stop)

@@ -1,0 +1,263 @@
+"""Reading a source table as records-stream rows: the Spark seed job and backfills.
+
+A row read from a table must never overwrite a newer live change (DESIGN.md section 13). Every
+row read here is written with the version ``(L, -1)``, where L is a WAL position taken by
+:func:`snapshot_point` before any row is read, after every transaction that could commit below
+L has ended. So:
+
+- a change committed below L is visible to every later read, and the row read carries it;
+- a change the read may have missed commits at L or above, and capture stores it with version
+  ``(commit LSN, index ≥ 0)``, above ``(L, -1)``: it wins in the records stream whether it is
+  written before or after the row.
+
+The reads need no shared snapshot, so Spark partitions, JDBC readers and the pages of a
+backfill resumed days later all keep this rule. The replication slot must exist before L is
+taken (``ensure_capture``), or changes made during the read would be captured by no one.
+The values go through the same converters as capture (core.pg.values), from the same text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from core.config import PostgresSource
+from core.pg.relations import Relation, Relations, record_id_for, row_values
+from core.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.pg.values import SESSION_OPTIONS
+
+log = logging.getLogger("weir.snapshot")
+
+SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
+
+
+@dataclass(frozen=True)
+class SnapshotPoint:
+    version: int  # L, the WAL insert position
+    at: str  # when L was taken (ISO-8601 UTC): the rows' upstream_updated_at
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """An autocommit connection to a source database with capture's session settings."""
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        options=SESSION_OPTIONS,
+        application_name="weir-snapshot",
+    )
+
+
+def ensure_capture(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Check the source's tables and create its publication and slot when missing, so that
+    every change from now on is captured (by ``weir run``, now or later)."""
+    with contextlib.suppress(SlotBusyError):  # the slot exists and capture reads it: normal
+        prepare(conn, src)
+
+
+def snapshot_point(conn: psycopg.Connection[Any], say: Callable[[str], None]) -> SnapshotPoint:
+    """Take L and wait until no transaction that might commit below L is still running.
+
+    ``conn`` is autocommit, so the snapshot below is taken after L was read: any transaction
+    whose commit record lies below L is either visible in it or listed as running in it.
+    """
+    row = conn.execute(
+        "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint,"
+        " to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+    ).fetchone()
+    assert row is not None
+    running = [
+        r[0]
+        for r in conn.execute(
+            "SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) x"
+        ).fetchall()
+    ]
+    started = time.monotonic()
+    said = -1.0
+    while running:
+        running = [
+            r[0]
+            for r in conn.execute(
+                "SELECT x::text FROM unnest(%s::xid8[]) x WHERE pg_xact_status(x) = 'in progress'",
+                (running,),
+            ).fetchall()
+        ]
+        waited = time.monotonic() - started
+        if running and waited - said >= 30:
+            say(f"waiting for {len(running)} transactions that were running to end")
+            said = waited
+        if running:
+            time.sleep(0.1)
+    return SnapshotPoint(int(row[0]), str(row[1]))
+
+
+COLUMNS_SQL = """
+SELECT c.oid::bigint, c.relreplident::text, a.attname, a.atttypid::bigint,
+       format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       CASE c.relreplident
+           WHEN 'f' THEN true
+           WHEN 'd' THEN a.attnum = ANY (SELECT unnest(i.indkey) FROM pg_index i
+                                         WHERE i.indrelid = c.oid AND i.indisprimary)
+           WHEN 'i' THEN a.attnum = ANY (SELECT unnest(i.indkey) FROM pg_index i
+                                         WHERE i.indrelid = c.oid AND i.indisreplident)
+           ELSE false END
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = %s AND c.relname = %s AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """How to read one table: its relation (as capture sees it) and the keyset to page by.
+
+    Picklable (cloudpickle), so the Spark job ships it to its executors.
+    """
+
+    rel: Relation
+    types: tuple[str, ...]  # SQL type of each column, to cast keyset values back
+    order: tuple[int, ...]  # keyset columns: the sort column (if any), then the key columns
+
+    @property
+    def name(self) -> str:
+        return f"{self.rel.schema}.{self.rel.table}"
+
+    def select(self) -> sql.Composed:
+        cols = sql.SQL(", ").join(sql.Identifier(n) for n in self.rel.names)
+        return sql.SQL("SELECT {} FROM {}").format(
+            cols, sql.Identifier(self.rel.schema, self.rel.table)
+        )
+
+    def after(self, op: str, key: list[str]) -> sql.Composed:
+        """``(keyset columns) op (key)``: the row of the keyset against one position."""
+        cols = [sql.Identifier(self.rel.names[i]) for i in self.order]
+        vals = [
+            sql.SQL("{}::" + self.types[i]).format(v) for i, v in zip(self.order, key, strict=True)
+        ]
+        return sql.SQL("({}) {} ({})").format(
+            sql.SQL(", ").join(cols), sql.SQL(op), sql.SQL(", ").join(vals)
+        )
+
+    def ordered(self) -> sql.Composed:
+        return sql.SQL(" ORDER BY {}").format(
+            sql.SQL(", ").join(sql.Identifier(self.rel.names[i]) for i in self.order)
+        )
+
+    def range_query(self, lo: list[str] | None, hi: list[str] | None) -> sql.Composed:
+        """The rows with lo < keyset <= hi (an open end where None)."""
+        conds = [self.after(op, k) for op, k in ((">", lo), ("<=", hi)) if k is not None]
+        where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
+        return self.select() + where
+
+    def page_query(self, last: list[str] | None, limit: int) -> sql.Composed:
+        """The next ``limit`` rows after ``last`` in keyset order."""
+        return self.range_query(last, None) + self.ordered() + sql.SQL(f" LIMIT {int(limit)}")
+
+    def key_of(self, row: list[bytes | None]) -> list[str]:
+        """The keyset position of a row read by COPY (its columns' text)."""
+        return [row[i].decode() for i in self.order]  # type: ignore[union-attr]
+
+
+def table_plan(
+    conn: psycopg.Connection[Any], src: PostgresSource, name: str, sort_column: str | None = None
+) -> TablePlan:
+    """The plan of ``schema.table``, keyed as capture keys it (primary key or key_columns)."""
+    schema, _, table = name.partition(".")
+    rows = conn.execute(COLUMNS_SQL, (schema, table)).fetchall()
+    if not rows:
+        raise SourceSetupError(f"source {src.name!r}: table {name} does not exist")
+    relid, replident = rows[0][0], rows[0][1]
+    cols = [(1 if r[6] else 0, r[2], r[3], -1) for r in rows]
+    relations = Relations(conn, {name: src.key_columns[name]} if name in src.key_columns else {})
+    rel = relations.add(("R", relid, schema, table, replident, cols))
+    order = list(rel.key)
+    if sort_column is not None:
+        names = [r[2] for r in rows]
+        if sort_column not in names:
+            raise SourceSetupError(f"table {name}: sort column {sort_column!r} does not exist")
+        i = names.index(sort_column)
+        if not rows[i][5]:
+            raise SourceSetupError(
+                f"table {name}: sort column {sort_column!r} must be NOT NULL "
+                "(keyset pagination skips null values)"
+            )
+        order = [i, *(k for k in order if k != i)]
+    return TablePlan(rel, tuple(r[4] for r in rows), tuple(order))
+
+
+def count_rows(conn: psycopg.Connection[Any], plan: TablePlan) -> int:
+    row = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(plan.rel.schema, plan.rel.table))
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def key_ranges(
+    conn: psycopg.Connection[Any], plan: TablePlan, parts: int
+) -> tuple[int, list[tuple[list[str] | None, list[str] | None]]]:
+    """(row count, ``parts`` keyset ranges of about equal row counts) covering the table."""
+    total = count_rows(conn, plan)
+    step = max(1, -(-total // max(1, parts)))
+    cols = sql.SQL(", ").join(sql.Identifier(plan.rel.names[i]) for i in plan.order)
+    texts = sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(plan.rel.names[i])) for i in plan.order
+    )
+    query = sql.SQL(
+        "SELECT {texts} FROM (SELECT {cols}, row_number() OVER (ORDER BY {cols}) AS n FROM {t}) s"
+        " WHERE n % {step} = 0 AND n < {total} ORDER BY n"
+    ).format(
+        texts=texts,
+        cols=cols,
+        t=sql.Identifier(plan.rel.schema, plan.rel.table),
+        step=sql.Literal(step),
+        total=sql.Literal(total),
+    )
+    bounds: list[list[str] | None] = [list(r) for r in conn.execute(query).fetchall()]
+    edges = [None, *bounds, None]
+    return total, [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+_ESCAPED = re.compile(rb"\\(.)")
+_ESCAPES = {b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v"}
+
+
+def _unescape(m: re.Match[bytes]) -> bytes:
+    c = m.group(1)
+    return _ESCAPES.get(c, c)
+
+
+def split_copy_line(line: bytes) -> list[bytes | None]:
+    """One line of ``COPY ... TO STDOUT`` (text format) to its columns' text, None for NULL."""
+    fields: list[bytes | None] = list(line[:-1].split(b"\t"))
+    if b"\\" in line:
+        for i, f in enumerate(fields):
+            if f is not None and b"\\" in f:
+                fields[i] = None if f == b"\\N" else _ESCAPED.sub(_unescape, f)
+    return fields
+
+
+def copy_rows(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[list[bytes | None]]:
+    """The rows of ``query`` as its columns' text, streamed by COPY."""
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as copy:
+        for data in copy:
+            yield split_copy_line(bytes(data))
+
+
+_dumps = orjson.dumps
+
+
+def records_of(rel: Relation, rows: Iterable[Sequence[bytes | None]]) -> Iterator[tuple[str, str]]:
+    """(record id, record JSON) of each row: the values an insert of it would carry."""
+    for values in rows:
+        rec, _ = row_values(rel, values)
+        yield record_id_for(rel, rec), _dumps(rec).decode()

