@@ -115,8 +115,9 @@ def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
                 cols = b.columns[1 : 1 + len(target.plans[t].rel.names)]
                 yield t, zip(*[c.to_pylist() for c in cols], strict=True)
 
+    schema = pa.schema([("t", pa.int32()), ("rows", pa.int64()), ("written", pa.int64())])
     for t, n, accepted in _write(target, parts()):
-        yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]})
+        yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]}, schema)
 
 
 def java_home() -> str | None:

@@ -9,6 +9,8 @@ import psycopg
 import pytest
 
 from tests.helpers.capture import (
+    KINDS_DDL,
+    KINDS_ROW,
     capturing,
     count_events,
     events,
@@ -73,29 +75,10 @@ def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
 
 
 def test_every_value_type_is_encoded_as_documented(db_url: str) -> None:
-    _exec(
-        db_url,
-        "CREATE TYPE mood AS ENUM ('sad', 'happy')",
-        "CREATE DOMAIN posint AS int CHECK (VALUE > 0)",
-        """CREATE TABLE kinds (
-            id bigint PRIMARY KEY, i2 smallint, i4 int, f4 real, f8 double precision,
-            nan double precision, num numeric(12,4), b bool, t text, vc varchar(5), c char(3),
-            ts timestamp, tstz timestamptz, d date, tm time, iv interval, j json, jb jsonb,
-            u uuid, by bytea, arr int[], tarr text[], nested int[][], m mood, dom posint,
-            nul text)""",
-    )
+    _exec(db_url, *KINDS_DDL)
     src = pg_source(db_url)
     with capturing(src):
-        _exec(
-            db_url,
-            """INSERT INTO kinds VALUES (
-            9007199254740993, -3, 2147483647, 1.5, 0.1, 'NaN', 12345678.1234, true,
-            'line1
-            "quoted" \\ back', 'abc', 'x', '2026-11-22 10:00:00.5', '2026-11-22 12:00:00.123456+02',
-            '2026-11-22', '10:11:12', '1 day 2 hours', '{"a": [1, 2]}', '{"b": {"c": null}}',
-            'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff10', '{1,NULL,3}',
-            '{"a,b","c\\"d",NULL,""}', '{{1,2},{3,4}}', 'happy', 5, NULL)""",
-        )
+        _exec(db_url, KINDS_ROW)
         wait_for(lambda: count_events(db_url) == 1, what="the insert")
     rec = events(db_url)[0]["record"]
     assert rec == {

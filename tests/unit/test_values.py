@@ -55,3 +55,15 @@ def test_nested_and_bounded_arrays() -> None:
     assert parse_array("{{1,2},{3,NULL}}", int) == [[1, 2], [3, None]]
     assert parse_array("[0:1]={7,8}", int) == [7, 8]
     assert parse_array("{}", int) == []
+
+
+def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> None:
+    from core.pg.snapshot import split_copy_line
+
+    assert split_copy_line(b"1\tplain\t\\N\n") == [b"1", b"plain", None]
+    assert split_copy_line(b"a\\tb\t\\\\N\tx\\ny\\\\z\t\\r\\b\\f\\v\n") == [
+        b"a\tb",
+        b"\\N",
+        b"x\ny\\z",
+        b"\r\b\f\v",
+    ]

@@ -1,0 +1,170 @@
+"""Seeding (the Spark job) and backfilling tables into the records stream while they change:
+the stream must end up equal to the table, and the same as capture would have made it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from core.embedded import EmbeddedNats
+from core.service import prepare
+from tests.helpers.brokers import NatsHarness
+from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, wait_for
+from tests.helpers.load import WeirProcess
+from tests.helpers.snapshot import (
+    Mutator,
+    assert_nats_delivers_the_table,
+    assert_stream_equals_table,
+    create_items,
+    wait_captured,
+    write_config,
+)
+from tests.helpers.weir import serving, weir_config
+
+ROWS = 200_000
+WEIR = [sys.executable, "-m", "core.cli"]
+
+
+def _jdbc_jar() -> str:
+    import wbjdbc  # ships the PostgreSQL JDBC driver
+
+    jar = Path(wbjdbc.__file__).parent / "resources/maven/postgresql/postgresql-42.7.4.jar"
+    assert jar.exists(), f"no JDBC driver at {jar}"
+    return str(jar)
+
+
+def _backfill_state(url: str) -> tuple[int, bool]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT rows_read, finished_at IS NOT NULL FROM weir.backfills"
+            " WHERE collection_id = 'public:items'"
+        ).fetchone()
+    return (int(row[0]), bool(row[1])) if row else (0, False)
+
+
+def test_snapshot_rows_are_encoded_as_capture_encodes_them(db_url: str) -> None:
+    """The ``backfill:`` option in ``weir run``: every record it writes equals the record of the
+    captured insert of the same row (values, id), and wins over that older insert."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for statement in KINDS_DDL:
+            conn.execute(statement)
+        conn.execute("CREATE TABLE pairs (a text, b int, body text, PRIMARY KEY (a, b))")
+    cfg = weir_config(db_url, [], tables=["public.kinds", "public.pairs"],
+                      backfill={"page_size": 2})  # fmt: skip
+    prepare(cfg)  # the slot: the inserts below are captured too
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(KINDS_ROW)
+        conn.execute(
+            "INSERT INTO pairs VALUES ('a.b c', 1, E'tab\\there'), ('', 2, E'back\\\\slash'),"
+            " ('é>*', 3, E'new\\nline'), (E'\\\\N', 4, NULL), ('x', 5, E'\\r\\b\\f\\v')"
+        )
+    with serving(cfg):
+        wait_for(lambda: len(events(db_url)) == 6, what="6 captured inserts")
+        with psycopg.connect(db_url) as conn:
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM weir.backfills WHERE finished_at IS NOT NULL"
+                    ).fetchone()
+                    == (2,)
+                ),
+                what="both backfills",
+            )
+    with psycopg.connect(db_url) as conn:
+        stored = {
+            (c, r): (rec, idx)
+            for c, r, rec, idx in conn.execute(
+                "SELECT collection_id, record_id, record, version_idx FROM weir.records"
+            ).fetchall()
+        }
+    captured = {(e["collection_id"], e["record_id"]): e["record"] for e in events(db_url)}
+    assert set(stored) == set(captured)
+    for key, record in captured.items():
+        assert stored[key] == (record, -1), key  # the backfill's version won, same values
+
+
+def test_seed_job_under_concurrent_changes_equals_the_table(
+    db_url: str, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """``weir seed`` on local[2] (the jar-less COPY reader) while rows are updated, deleted and
+    inserted: the records stream equals the table, and NATS gets exactly its rows."""
+    create_items(db_url, ROWS)
+    config = write_config(tmp_path / "weir.yaml", db_url)
+    with WeirProcess(config, tmp_path / "weir.log"):
+        with Mutator(db_url, ROWS) as mutator:
+            seed = subprocess.run(
+                [*WEIR, "seed", "--config", str(config), "--source", "app", "--table",
+                 "public.items", "--master", "local[2]", "--partitions", "4"],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        assert seed.returncode == 0, seed.stderr[-3000:]
+        m = re.search(r"public.items: ([\d,]+) rows read in 4 partitions, ([\d,]+) written",
+                      seed.stdout)  # fmt: skip
+        assert m, seed.stdout
+        read, written = (int(g.replace(",", "")) for g in m.groups())
+        assert ROWS - mutator.deletes <= read <= ROWS + mutator.inserts
+        assert written < read  # rows changed after the snapshot were left to capture
+        assert mutator.updates and mutator.deletes and mutator.inserts
+        wait_captured(db_url)
+        records = assert_stream_equals_table(db_url)
+    assert_nats_delivers_the_table(db_url, NatsHarness(nats_server), records)
+
+
+def test_seed_job_through_jdbc(db_url: str, tmp_path: Path) -> None:
+    """With a driver jar Spark reads through JDBC; the records are the same as the COPY path's."""
+    create_items(db_url, 5000)
+    config = write_config(tmp_path / "weir.yaml", db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE items SET note = E'tab\\t \\\\ é' WHERE id = 7")
+    seed = subprocess.run(
+        [*WEIR, "seed", "--config", str(config), "--source", "app", "--table", "public.items",
+         "--master", "local[2]", "--jdbc-jar", _jdbc_jar(), "--partitions", "3"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert seed.returncode == 0, seed.stderr[-3000:]
+    assert "public.items: 5,000 rows read in 3 partitions, 5,000 written" in seed.stdout
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT record FROM weir.records WHERE collection_id = 'public:items'"
+            " AND record_id = '7'"
+        ).fetchone()
+    assert row == ({"id": 7, "v": 0, "note": "tab\t \\ é"},)
+    assert_stream_equals_table(db_url)
+
+
+@pytest.mark.slow
+def test_backfill_killed_and_resumed_under_concurrent_changes_equals_the_table(
+    db_url: str, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """``weir backfill`` SIGKILLed in the middle and run again, while rows change: it resumes
+    where it was, and the records stream equals the table; NATS gets exactly its rows."""
+    create_items(db_url, ROWS)
+    config = write_config(tmp_path / "weir.yaml", db_url)
+    command = [*WEIR, "backfill", "--config", str(config), "--source", "app",
+               "--table", "public.items", "--page-size", "2000"]  # fmt: skip
+    with WeirProcess(config, tmp_path / "weir.log"):
+        with Mutator(db_url, ROWS) as mutator:
+            first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                wait_for(lambda: _backfill_state(db_url)[0] >= 40_000, timeout=120,
+                         what="the backfill to be under way")  # fmt: skip
+            finally:
+                first.kill()
+                first.wait()
+            at_kill, finished = _backfill_state(db_url)
+            assert not finished and at_kill < ROWS
+            second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "backfill public.items: resuming at version" in second.stderr
+        rows_read, finished = _backfill_state(db_url)
+        assert finished
+        assert ROWS - mutator.deletes <= rows_read <= ROWS + mutator.inserts  # none read twice
+        assert mutator.updates and mutator.deletes and mutator.inserts
+        wait_captured(db_url)
+        records = assert_stream_equals_table(db_url)
+    assert_nats_delivers_the_table(db_url, NatsHarness(nats_server), records)
