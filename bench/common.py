@@ -22,11 +22,15 @@ def new_db(server: EmbeddedPostgres, name: str) -> str:
     return url
 
 
-def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling ``pid`` for ``seconds`` into ``out`` (raw, collapsed stacks)."""
+def py_spy(
+    pid: int, seconds: float, out: Path, *, subprocesses: bool = False
+) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (and its child processes) for ``seconds`` into ``out`` (raw,
+    collapsed stacks)."""
     return subprocess.Popen(
         [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid),
-         "-d", str(int(seconds)), "-f", "raw", "-o", str(out), "--nonblocking", "-r", "50"],
+         "-d", str(int(seconds)), "-f", "raw", "-o", str(out), "--nonblocking", "-r", "50",
+         *(["--subprocesses"] if subprocesses else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 

@@ -108,7 +108,7 @@ def main() -> None:
         spy = None
         if args.profile:
             profile = RESULTS / "seed-profile.raw"
-            spy = py_spy(os.getpid(), 60, profile)
+            spy = py_spy(os.getpid(), 30, profile, subprocesses=True)
         [result] = run_seed(seed_cfg, "app", [TABLE], master="local[2]",
                             partitions=args.partitions)  # fmt: skip
         if spy is not None:
