@@ -114,6 +114,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
 
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
 LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
+RETRY_BACKFILL = 5.0  # seconds before a backfill that lost a connection resumes
 
 
 class _Work(Protocol):
@@ -205,8 +206,15 @@ class _BackfillWork(_ThreadWork):
     def body(self, stop: threading.Event) -> None:
         from core.backfill import run_configured
 
-        run_configured(self.src, self.store, stop)
-        self._done = not stop.is_set()
+        while not stop.is_set():
+            try:
+                run_configured(self.src, self.store, stop)
+                self._done = not stop.is_set()
+                return
+            except psycopg.OperationalError as e:  # a connection lost: resume at the last page
+                log.warning("backfill of source %s: %s; resuming in %gs", self.src.name,
+                            str(e).strip(), RETRY_BACKFILL)  # fmt: skip
+                stop.wait(RETRY_BACKFILL)
 
 
 class _ConnectorLoop:
