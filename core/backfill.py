@@ -56,14 +56,12 @@ class Backfill:
         *,
         page_size: int = 5000,
         sort_column: str | None = None,
-        progress_every: float = 10.0,
     ) -> None:
         self.src = src
         self.store = store
         self.table = table
         self.page_size = page_size
         self.sort_column = sort_column
-        self.progress_every = progress_every
         t = store.table("backfills")
         self._load = sql.SQL(
             "SELECT keyset, version, to_char(snapshot_at AT TIME ZONE 'UTC',"
@@ -130,7 +128,7 @@ class Backfill:
                 self.table, "resuming" if last else "starting", st.version, read, st.rows_total,
             )  # fmt: skip
             writer = SnapshotWriter(store_conn, self.store, sid, st.version, st.snapshot_at)
-            progress = Progress(f"backfill {self.table}", st.rows_total, every=self.progress_every)
+            progress = Progress(f"backfill {self.table}", st.rows_total)
             progress.update(read)
             while not stop.is_set():
                 rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
