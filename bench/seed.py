@@ -65,8 +65,7 @@ def make_table(server: EmbeddedPostgres, name: str, rows: int) -> WeirConfig:
 
 def copy_loader(cfg: WeirConfig) -> float:
     """The baseline: one process, one COPY of the whole table, the same writer. Seconds."""
-    src = cfg.sources[0]
-    assert src.kind == "postgres"
+    src = cfg.postgres_source("app")
     store = open_store(cfg)
     with snapshot.connect(src.url.get_secret_value()) as conn, store.connect() as sconn:
         snapshot.ensure_capture(conn, src)
@@ -109,7 +108,7 @@ def main() -> None:
         if args.profile:
             profile = RESULTS / "seed-profile.raw"
             spy = py_spy(os.getpid(), 30, profile, subprocesses=True)
-        [result] = run_seed(seed_cfg, "app", [TABLE], master="local[2]",
+        [result] = run_seed(seed_cfg, seed_cfg.postgres_source("app"), [TABLE], master="local[2]",
                             partitions=args.partitions)  # fmt: skip
         if spy is not None:
             spy.wait()

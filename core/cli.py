@@ -61,14 +61,13 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _postgres_source(cfg: WeirConfig, name: str) -> PostgresSource:
-    src = next((s for s in cfg.sources if s.name == name), None)
-    if not isinstance(src, PostgresSource):
-        known = ", ".join(s.name for s in cfg.sources if isinstance(s, PostgresSource))
-        print(f"weir: no postgres source {name!r} in the config (postgres sources: {known or '-'})",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    return src
+def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
+    """The postgres source ``name`` of the config, or exit 2 saying what the config has."""
+    try:
+        return cfg.postgres_source(name)
+    except KeyError as e:
+        print(f"weir: {e.args[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -81,7 +80,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from core.service import open_store
 
     cfg = load_or_exit(args.config)
-    src = _postgres_source(cfg, args.source)
+    src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
     try:
         store = open_store(cfg)

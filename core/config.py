@@ -244,6 +244,13 @@ class WeirConfig(Model):
             f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})"
         )
 
+    def postgres_source(self, name: str) -> PostgresSource:
+        """The postgres source ``name``; KeyError (its message in ``args[0]``) otherwise."""
+        src = self.source(name)
+        if not isinstance(src, PostgresSource):
+            raise KeyError(f"source {name!r} is a {src.kind} source, not a postgres one")
+        return src
+
 
 class UnknownSourceError(ValueError):
     """A connector or consumer names a source the file does not declare."""

@@ -226,7 +226,7 @@ def _quote(name: str) -> str:
 
 def run_seed(
     cfg: WeirConfig,
-    source: str,
+    src: PostgresSource,
     tables: list[str],
     *,
     master: str | None = None,
@@ -238,9 +238,6 @@ def run_seed(
 
     from core.service import open_store
 
-    src = next((s for s in cfg.sources if s.name == source), None)
-    if not isinstance(src, PostgresSource):
-        raise SeedError(f"no postgres source {source!r} in the config")
     store = open_store(cfg)
     url = src.url.get_secret_value()
     with snapshot.connect(url) as conn:
@@ -339,12 +336,14 @@ def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
     """Run the job as asked on the command line; print one summary line per table."""
     import psycopg
 
+    from core.cli import postgres_source_or_exit
     from core.pg.relations import SourceSchemaError
     from core.pg.setup import SourceSetupError
 
+    src = postgres_source_or_exit(cfg, args.source)
     try:
         results = run_seed(
-            cfg, args.source, args.table, master=args.master, jdbc_jar=args.jdbc_jar,
+            cfg, src, args.table, master=args.master, jdbc_jar=args.jdbc_jar,
             partitions=args.partitions,
         )  # fmt: skip
     except (SeedError, SourceSetupError, SourceSchemaError, psycopg.Error) as e:
