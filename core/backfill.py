@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from core.config import PostgresSource
+from core.config import BackfillConfig, PostgresSource
 from core.pg import snapshot
 from core.pg.setup import SourceSetupError, tables_of
 from core.progress import Progress
@@ -54,14 +54,16 @@ class Backfill:
         store: Store,
         table: str,
         *,
-        page_size: int = 5000,
+        page_size: int | None = None,
         sort_column: str | None = None,
     ) -> None:
+        """``page_size`` and ``sort_column`` default to the source's ``backfill:`` settings."""
+        settings = src.backfill or BackfillConfig()
         self.src = src
         self.store = store
         self.table = table
-        self.page_size = page_size
-        self.sort_column = sort_column
+        self.page_size = page_size or settings.page_size
+        self.sort_column = sort_column or settings.sort_columns.get(table)
         t = store.table("backfills")
         self._load = sql.SQL(
             "SELECT keyset, version, to_char(snapshot_at AT TIME ZONE 'UTC',"
@@ -162,10 +164,4 @@ def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> 
     for table in configured_tables(src):
         if stop.is_set():
             return
-        Backfill(
-            src,
-            store,
-            table,
-            page_size=src.backfill.page_size,
-            sort_column=src.backfill.sort_columns.get(table),
-        ).run(stop)
+        Backfill(src, store, table).run(stop)

@@ -86,11 +86,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         store = open_store(cfg)
         tables = args.table or configured_tables(src)
         for table in tables:
-            sort = args.sort_column or (src.backfill and src.backfill.sort_columns.get(table))
-            page = args.page_size or (src.backfill.page_size if src.backfill else 5000)
-            result = Backfill(src, store, table, page_size=page, sort_column=sort or None).run(
-                stop, new="always" if args.restart else "if-finished"
+            backfill = Backfill(
+                src, store, table, page_size=args.page_size, sort_column=args.sort_column
             )
+            result = backfill.run(stop, new="always" if args.restart else "if-finished")
             if not result.finished:
                 print(f"weir backfill: stopped in {table} after {result.rows_read:,} rows; "
                       "run it again to resume", file=sys.stderr)  # fmt: skip
