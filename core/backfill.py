@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 
 from psycopg import sql
 
@@ -29,7 +30,7 @@ log = logging.getLogger("weir.backfill")
 class _State:  # a row of the backfills table
     keyset: list[str]
     version: int
-    snapshot_at: str
+    snapshot_at: datetime
     last_key: list[str] | None
     rows_total: int
     rows_read: int
@@ -66,9 +67,8 @@ class Backfill:
         self.sort_column = sort_column or settings.sort_columns.get(table)
         t = store.table("backfills")
         self._load = sql.SQL(
-            "SELECT keyset, version, to_char(snapshot_at AT TIME ZONE 'UTC',"
-            ' \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\'), last_key, rows_total, rows_read,'
-            " rows_written, finished_at IS NOT NULL"
+            "SELECT keyset, version, snapshot_at, last_key, rows_total, rows_read, rows_written,"
+            " finished_at IS NOT NULL"
             " FROM {} WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
         self._start = sql.SQL(

@@ -29,6 +29,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -69,7 +70,7 @@ class _Target:
     store_schema: str
     sync_id: uuid.UUID
     version: int
-    at: str
+    at: datetime
     plans: list[snapshot.TablePlan]
 
 

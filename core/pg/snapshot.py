@@ -24,6 +24,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -43,7 +44,7 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 @dataclass(frozen=True)
 class SnapshotPoint:
     version: int  # L, the WAL insert position
-    at: str  # when L was taken (ISO-8601 UTC): the rows' upstream_updated_at
+    at: datetime  # when L was taken: the rows' upstream_updated_at
 
 
 def connect(url: str) -> psycopg.Connection[Any]:
@@ -70,8 +71,7 @@ def snapshot_point(conn: psycopg.Connection[Any], say: Callable[[str], None]) ->
     whose commit record lies below L is either visible in it or listed as running in it.
     """
     row = conn.execute(
-        "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint,"
-        " to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+        "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, clock_timestamp()"
     ).fetchone()
     assert row is not None
     running = [
@@ -80,9 +80,9 @@ def snapshot_point(conn: psycopg.Connection[Any], say: Callable[[str], None]) ->
             "SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) x"
         ).fetchall()
     ]
-    started = time.monotonic()
-    said = -1.0
+    started = said = time.monotonic()
     while running:
+        time.sleep(0.1)
         running = [
             r[0]
             for r in conn.execute(
@@ -90,13 +90,11 @@ def snapshot_point(conn: psycopg.Connection[Any], say: Callable[[str], None]) ->
                 (running,),
             ).fetchall()
         ]
-        waited = time.monotonic() - started
-        if running and waited - said >= 30:
-            say(f"waiting for {len(running)} transactions that were running to end")
-            said = waited
-        if running:
-            time.sleep(0.1)
-    return SnapshotPoint(int(row[0]), str(row[1]))
+        if running and time.monotonic() - said >= 30:
+            say(f"waiting for {len(running)} transactions that were running to end "
+                f"({time.monotonic() - started:.0f}s so far)")  # fmt: skip
+            said = time.monotonic()
+    return SnapshotPoint(int(row[0]), row[1])
 
 
 COLUMNS_SQL = """

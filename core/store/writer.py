@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
@@ -297,7 +298,9 @@ class SnapshotWriter:
     the caller commits, with its own progress in the same transaction, and so releases the lock.
     """
 
-    def __init__(self, conn: Conn, store: Store, sync_id: uuid.UUID, version: int, at: str):
+    def __init__(
+        self, conn: Conn, store: Store, sync_id: uuid.UUID, version: int, at: datetime
+    ) -> None:
         self.conn = conn
         self.sync_id = sync_id
         self.version = version
