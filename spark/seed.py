@@ -35,6 +35,8 @@ from itertools import islice
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from psycopg import sql
+
 from core.config import PostgresSource, WeirConfig
 from core.pg import snapshot
 from core.pg.snapshot import records_of
@@ -199,15 +201,12 @@ def _jdbc_frame(
     frames = []
     for t, plan in enumerate(plans):
         text = ", ".join(
-            f"convert_to({_quote(n)}::text, 'UTF8') AS weir_c{i}"
+            f"convert_to({sql.Identifier(n).as_string(conn)}::text, 'UTF8') AS weir_c{i}"
             for i, n in enumerate(plan.rel.names)
         )
-        table = f"(SELECT {text}, * FROM {_quote(plan.rel.schema)}.{_quote(plan.rel.table)}) s"
-        predicates = [
-            plan.range_query(lo, hi).as_string(conn).partition(" WHERE ")[2] or "true"
-            for i, lo, hi in ranges
-            if i == t
-        ]
+        name = sql.Identifier(plan.rel.schema, plan.rel.table).as_string(conn)
+        table = f"(SELECT {text}, * FROM {name}) s"
+        predicates = [plan.range_where(lo, hi).as_string(conn) for i, lo, hi in ranges if i == t]
         frame = spark.read.jdbc(jdbc_url, table, predicates=predicates, properties=props)
         cols = [F.lit(t).cast("int").alias("t")]
         for i in range(width):
@@ -219,10 +218,6 @@ def _jdbc_frame(
     for f in frames[1:]:
         out = out.union(f)
     return out
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def run_seed(
@@ -247,8 +242,9 @@ def run_seed(
         counts: list[int] = []
         ranges: list[tuple[int, Any, Any]] = []
         for t, plan in enumerate(plans):
-            parts = partitions or max(2, -(-snapshot.count_rows(conn, plan) // ROWS_PER_PARTITION))
-            total, table_ranges = snapshot.key_ranges(conn, plan, parts)
+            total = snapshot.count_rows(conn, plan)
+            parts = partitions or max(2, -(-total // ROWS_PER_PARTITION))
+            table_ranges = snapshot.key_ranges(conn, plan, total, parts)
             counts.append(total)
             ranges += [(t, lo, hi) for lo, hi in table_ranges]
         point = snapshot.snapshot_point(conn, lambda m: log.info("seed: %s", m))

@@ -151,11 +151,14 @@ class TablePlan:
             sql.SQL(", ").join(sql.Identifier(self.rel.names[i]) for i in self.order)
         )
 
-    def range_query(self, lo: list[str] | None, hi: list[str] | None) -> sql.Composed:
-        """The rows with lo < keyset <= hi (an open end where None)."""
+    def range_where(self, lo: list[str] | None, hi: list[str] | None) -> sql.Composable:
+        """lo < keyset <= hi (an open end where None)."""
         conds = [self.after(op, k) for op, k in ((">", lo), ("<=", hi)) if k is not None]
-        where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
-        return self.select() + where
+        return sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
+
+    def range_query(self, lo: list[str] | None, hi: list[str] | None) -> sql.Composed:
+        """The rows with lo < keyset <= hi."""
+        return self.select() + sql.SQL(" WHERE {}").format(self.range_where(lo, hi))
 
     def page_query(self, last: list[str] | None, limit: int) -> sql.Composed:
         """The next ``limit`` rows after ``last`` in keyset order."""
@@ -201,10 +204,10 @@ def count_rows(conn: psycopg.Connection[Any], plan: TablePlan) -> int:
 
 
 def key_ranges(
-    conn: psycopg.Connection[Any], plan: TablePlan, parts: int
-) -> tuple[int, list[tuple[list[str] | None, list[str] | None]]]:
-    """(row count, ``parts`` keyset ranges of about equal row counts) covering the table."""
-    total = count_rows(conn, plan)
+    conn: psycopg.Connection[Any], plan: TablePlan, total: int, parts: int
+) -> list[tuple[list[str] | None, list[str] | None]]:
+    """``parts`` keyset ranges of about equal row counts covering the table of ``total`` rows
+    (``count_rows``); the last range is open, so rows added since are in it."""
     step = max(1, -(-total // max(1, parts)))
     cols = sql.SQL(", ").join(sql.Identifier(plan.rel.names[i]) for i in plan.order)
     texts = sql.SQL(", ").join(
@@ -222,7 +225,7 @@ def key_ranges(
     )
     bounds: list[list[str] | None] = [list(r) for r in conn.execute(query).fetchall()]
     edges = [None, *bounds, None]
-    return total, [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+    return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
 
 _ESCAPED = re.compile(rb"\\(.)")
