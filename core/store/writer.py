@@ -244,9 +244,18 @@ def _collapse(
     latest[key] = [ch.version, ch.idx, deleted, partial, record, record_json, ch.committed_at]
 
 
+# An accepted version replaces the stored one: it takes a new seq (the records stream's order).
+REPLACE_RECORD = """
+ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, record = excluded.record,
+    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
+"""
+
 # Inserts or replaces the latest version of each record, refusing any that is not newer than the
 # stored one, and numbers the accepted ones with consecutive seqs in batch order.
-UPSERT_RECORDS = """
+UPSERT_RECORDS = (
+    """
 WITH incoming AS (
     SELECT u.collection_id, u.record_id, u.version, u.version_idx, u.deleted, u.ord,
            u.upstream_updated_at,
@@ -265,11 +274,9 @@ INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, ver
 SELECT %s::uuid, collection_id, record_id, %s::int8 + row_number() OVER (ORDER BY ord),
        version, version_idx, deleted, record, upstream_updated_at
 FROM incoming
-ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
-    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
-    deleted = excluded.deleted, record = excluded.record,
-    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
+    + REPLACE_RECORD
+)
 
 # A truncate turns every live record of the collection older than it into a tombstone.
 TRUNCATE_RECORDS = """
@@ -347,7 +354,8 @@ class SnapshotWriter:
 # Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
 # The stored version is looked up row by row (LATERAL ... LIMIT 1, an index probe each): a hash
 # join would read every record of the source on every merge.
-MERGE_SNAPSHOT = """
+MERGE_SNAPSHOT = (
+    """
 INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
                             deleted, record, upstream_updated_at)
 SELECT %(sid)s, s.collection_id, s.record_id, %(base)s + row_number() OVER (),
@@ -359,8 +367,6 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) o ON true
 WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, -1)
-ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
-    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
-    deleted = excluded.deleted, record = excluded.record,
-    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
+    + REPLACE_RECORD
+)
