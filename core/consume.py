@@ -26,7 +26,6 @@ import contextlib
 import logging
 import struct
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +51,15 @@ MAX_WAIT_MS = 60_000
 INFO_TTL = 1.0  # seconds an info count is reused
 SWEEP_EVERY = 30.0  # seconds between sweeps of messages that used up max_deliver
 _TOKEN = struct.Struct(">qi")  # row id, delivery number
+# Queue rows by (id, delivery number; null: any), each found by a primary-key probe. With
+# ``id = ANY(...)`` or a join, the planner may read the consumer's whole queue for every ack
+# when the queue's statistics are stale (a fast-changing queue's often are). Params: ids,
+# delivery numbers, consumer.
+_ROWS = (
+    "ctid = ANY(ARRAY(SELECT q.ctid FROM unnest(%s::int8[], %s::int4[]) AS t(id, n),"
+    " LATERAL (SELECT ctid FROM {m} WHERE consumer = %s AND id = t.id"
+    " AND (t.n IS NULL OR deliver_count = t.n) LIMIT 1) q))"
+)
 # A queue's (visible, delivered and not acked) rows, over ``consumer_messages m``.
 QUEUE_COUNTS = (
     "count(m.id) FILTER (WHERE m.not_visible_until <= now()),"
@@ -135,6 +143,10 @@ class Consumers:
         self._receive = sql.SQL("SELECT * FROM {}.consumer_receive(%s, %s, %s, %s, %s)").format(
             sql.Identifier(store.schema)
         )
+        self._dead = sql.SQL(
+            "SELECT id, sync_id, seq, deliver_count, true FROM {} WHERE consumer = %s"
+            " AND deliver_count >= %s AND not_visible_until <= now() ORDER BY id LIMIT %s"
+        ).format(self._m)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -368,16 +380,11 @@ class Consumers:
 
     async def _receive_once(self, live: _Live, batch_size: int) -> list[Delivery]:
         cfg = live.cfg
+        params = (cfg.name, batch_size, cfg.max_ack_pending, cfg.ack_wait_ms, cfg.max_deliver)
         async with self.pool.connection() as conn:
-            rows = await (
-                await conn.execute(
-                    self._receive,
-                    (cfg.name, batch_size, cfg.max_ack_pending, cfg.ack_wait_ms, cfg.max_deliver),
-                )
-            ).fetchall()
+            rows, built = await self._queued(live, conn, self._receive, params)
             if not rows:
                 return []
-            built = await self._build(live, conn, rows)
             await self._bury(live, conn, rows, built)
         out = []
         for row_id, _, _, count, is_dead in rows:
@@ -387,36 +394,40 @@ class Consumers:
                 out.append(got)
         return out
 
-    async def _build(self, live: _Live, conn: Any, rows: list[Any]) -> dict[int, Delivery]:
-        """The stream messages of queue rows, by row id; superseded or pruned ones are absent."""
-        by_source: dict[str, dict[int, int]] = defaultdict(dict)
-        for row_id, sid, seq, *_ in rows:
-            by_source[str(sid)][seq] = row_id
+    async def _queued(
+        self, live: _Live, conn: Any, rows_sql: sql.Composable, params: tuple[Any, ...]
+    ) -> tuple[list[Any], dict[int, Delivery]]:
+        """Queue rows ``(id, sync_id, seq, deliver_count, dead)`` chosen by ``rows_sql``, and
+        their stream messages by row id (absent: superseded or pruned), in one statement.
+
+        Each stream row is found by an index probe (LATERAL ... LIMIT 1): with
+        ``seq = ANY(...)`` the planner may read every row of the source instead, when its
+        statistics are stale.
+        """
         events = live.cfg.stream == "events"
-        select = EVENTS_SELECT if events else RECORDS_SELECT
-        q = sql.SQL(select + " WHERE sync_id = %s AND seq = ANY(%s)").format(
-            table=self.store.table(live.cfg.stream)
-        )
+        q = sql.SQL(
+            "SELECT q.*, m.* FROM ({rows}) AS q(id, sync_id, seq, deliver_count, dead)"
+            " LEFT JOIN LATERAL (" + (EVENTS_SELECT if events else RECORDS_SELECT)
+            + " WHERE sync_id = q.sync_id AND seq = q.seq LIMIT 1) m ON true ORDER BY q.id"
+        ).format(rows=rows_sql, table=self.store.table(live.cfg.stream))  # fmt: skip
+        rows = []
         out: dict[int, Delivery] = {}
-        for sid, seqs in by_source.items():
-            reader = live.readers.get(sid)
-            if reader is None:  # a source no longer in the config file
+        for row_id, sid, seq, count, dead, *r in await (await conn.execute(q, params)).fetchall():
+            rows.append((row_id, sid, seq, count, dead))
+            reader = live.readers.get(str(sid))
+            if r[0] is None or reader is None:  # gone, or a source no longer in the config
                 continue
-            cur = await conn.execute(q, (sid, list(seqs)), binary=False)
-            for r in await cur.fetchall():
-                provider = reader.provider
-                if events:
-                    seq, _, rid, action, _, _, ts, record, changes, _ = r
-                    msg = reader.event(r)
-                    d = Delivery("", msg, record or "null", changes, action, rid,
-                                 action == "delete", provider, ts)  # fmt: skip
-                else:
-                    seq, _, rid, _, deleted, ts, record, _ = r
-                    msg = reader.record(r)
-                    action = "delete" if deleted else "upsert"
-                    d = Delivery("", msg, record, None, action, rid, deleted, provider, ts)
-                out[seqs[seq]] = d
-        return out
+            provider = reader.provider
+            if events:
+                _, _, rid, action, _, _, ts, record, changes, _ = r
+                out[row_id] = Delivery("", reader.event(r), record or "null", changes, action,
+                                       rid, action == "delete", provider, ts)  # fmt: skip
+            else:
+                _, _, rid, _, deleted, ts, record, _ = r
+                action = "delete" if deleted else "upsert"
+                out[row_id] = Delivery("", reader.record(r), record, None, action, rid, deleted,
+                                       provider, ts)  # fmt: skip
+        return rows, out
 
     async def _bury(
         self, live: _Live, conn: Any, rows: list[Any], built: dict[int, Delivery]
@@ -430,9 +441,10 @@ class Consumers:
             return
         async with conn.transaction():
             await self._fail(live, conn, dead)
+            ids = gone + [r[0] for r, _ in dead]
             await conn.execute(
-                sql.SQL("DELETE FROM {} WHERE consumer = %s AND id = ANY(%s)").format(self._m),
-                (live.cfg.name, gone + [r[0] for r, _ in dead]),
+                sql.SQL("DELETE FROM {m} WHERE " + _ROWS).format(m=self._m),
+                (ids, [None] * len(ids), live.cfg.name),
             )
 
     async def sweep(self) -> int:
@@ -444,18 +456,10 @@ class Consumers:
             if live.cfg.max_deliver <= 0:
                 continue
             async with self.pool.connection() as conn:
-                rows = await (
-                    await conn.execute(
-                        sql.SQL(
-                            "SELECT id, sync_id, seq, deliver_count, true FROM {}"
-                            " WHERE consumer = %s AND deliver_count >= %s"
-                            " AND not_visible_until <= now() ORDER BY id LIMIT %s"
-                        ).format(self._m),
-                        (live.cfg.name, live.cfg.max_deliver, MAX_BATCH),
-                    )
-                ).fetchall()
+                params = (live.cfg.name, live.cfg.max_deliver, MAX_BATCH)
+                rows, built = await self._queued(live, conn, self._dead, params)
                 if rows:
-                    await self._bury(live, conn, rows, await self._build(live, conn, rows))
+                    await self._bury(live, conn, rows, built)
                     moved += len(rows)
         return moved
 
@@ -485,21 +489,17 @@ class Consumers:
         """
         live = await self.get(name)
         ids, deliveries = decode_tokens(tokens, field_name)
-        match = (
-            "consumer = %s AND (id, deliver_count) IN"
-            " (SELECT * FROM unnest(%s::int8[], %s::int4[]))"
-        )
         q = (
-            sql.SQL("DELETE FROM {} WHERE " + match)
+            sql.SQL("DELETE FROM {m} WHERE " + _ROWS)
             if ack
             else sql.SQL(
-                "UPDATE {} SET not_visible_until = now() WHERE "
-                + match
+                "UPDATE {m} SET not_visible_until = now() WHERE "
+                + _ROWS
                 + " AND not_visible_until > now()"
             )
         )
         async with self.pool.connection() as conn:
-            cur = await conn.execute(q.format(self._m), (name, ids, deliveries))
+            cur = await conn.execute(q.format(m=self._m), (ids, deliveries, name))
         live.wake.set()
         return int(cur.rowcount)
 

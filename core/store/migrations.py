@@ -210,6 +210,53 @@ CREATE TABLE {s}.backfills (
 );
 """,
     ),
+    (
+        6,
+        "consumer_receive updates the rows it chose through their ctid",
+        """
+-- As in version 3, but the chosen rows are updated through their ctid: the join on id it
+-- replaces could read the consumer's whole queue on every receive when the queue's statistics
+-- were stale.
+CREATE OR REPLACE FUNCTION {s}.consumer_receive(p_consumer text, p_n integer, p_max_pending integer,
+                                                p_wait_ms integer, p_max_deliver integer)
+RETURNS TABLE (id bigint, sync_id uuid, seq bigint, deliver_count integer, dead boolean)
+LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    room integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('weir:consume:' || p_consumer, 0));
+    SELECT p_max_pending - count(*) INTO room FROM (
+        SELECT 1 FROM {s}.consumer_messages c
+        WHERE c.consumer = p_consumer AND c.not_visible_until > now() LIMIT p_max_pending) q;
+    RETURN QUERY
+    WITH cand AS (
+        SELECT m.ctid AS tid, m.id, m.sync_id, m.seq, m.deliver_count,
+               (p_max_deliver > 0 AND m.deliver_count >= p_max_deliver) AS dead
+        FROM {s}.consumer_messages m
+        WHERE m.consumer = p_consumer AND m.not_visible_until <= now()
+          AND (m.deliver_count > 0 OR room > 0)
+          AND NOT EXISTS (SELECT 1 FROM {s}.consumer_messages o WHERE o.consumer = p_consumer
+                          AND o.group_key = m.group_key AND o.id < m.id)
+        ORDER BY m.id LIMIT p_n
+    ), chosen AS (
+        SELECT cand.* FROM (
+            SELECT cand.*, row_number() OVER (
+                PARTITION BY cand.deliver_count = 0 AND NOT cand.dead ORDER BY cand.id) AS r
+            FROM cand) cand
+        WHERE cand.dead OR cand.deliver_count > 0 OR cand.r <= room
+    ), upd AS (
+        UPDATE {s}.consumer_messages m
+        SET deliver_count = m.deliver_count + 1,
+            not_visible_until = now() + make_interval(secs => p_wait_ms / 1000.0)
+        WHERE m.ctid = ANY(ARRAY(SELECT chosen.tid FROM chosen WHERE NOT chosen.dead))
+    )
+    SELECT chosen.id, chosen.sync_id, chosen.seq, chosen.deliver_count, chosen.dead
+    FROM chosen ORDER BY chosen.id;
+END
+$$;
+""",
+    ),
 ]
 
 
