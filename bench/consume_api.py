@@ -6,6 +6,10 @@ consumer's queue (filled as it drains, BUFFER rows at most) and the HTTP round t
 4 worker processes loops ``GET /v1/http-consumers/bench/next?batch_size=100`` and
 ``POST …/ack`` until every message was acknowledged. Target (DESIGN.md section 12): ≥ 10,000/s.
 
+The workers share the machine's cores with Weir and Postgres, so they are kept lean: one
+keep-alive ``http.client`` connection each and orjson. (httpx used twice their CPU time, which
+on 2 cores came out of Weir's share: 57 against 23 µs a message.)
+
     .venv/bin/python bench/consume_api.py [--messages 200000] [--profile]
 
 Prints one JSON line and appends it to bench/results/consume_api.jsonl; ``--profile`` also
@@ -15,6 +19,7 @@ writes bench/results/consume_api-profile.txt (py-spy self time of the weir proce
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import multiprocessing as mp
 import os
@@ -27,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import orjson
 import psycopg
 from common import new_db, py_spy, summarize
 
@@ -64,22 +69,27 @@ def postgres_pids() -> list[int]:
 
 
 def worker(base: str, total: int, acked: Any, counts: Any, cpu: Any, index: int) -> None:
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
-        while acked.value < total:
-            r = client.get(
-                "/v1/http-consumers/bench/next", params={"batch_size": BATCH, "wait_for": 500}
-            )
-            r.raise_for_status()
-            tokens = [m["ack_token"] for m in r.json()["data"]]
-            if not tokens:
-                continue
-            a = client.post("/v1/http-consumers/bench/ack", json={"ack_tokens": tokens})
-            a.raise_for_status()
-            n = a.json()["count"]
-            with acked.get_lock():
-                acked.value += n
-            counts[index] += n
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    receive = f"/v1/http-consumers/bench/next?batch_size={BATCH}&wait_for=500"
+
+    def call(method: str, path: str, body: bytes | None = None) -> Any:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{method} {path}: {r.status} {data[:200]!r}")
+        return orjson.loads(data)
+
+    while acked.value < total:
+        tokens = [m["ack_token"] for m in call("GET", receive)["data"]]
+        if not tokens:
+            continue
+        n = call("POST", "/v1/http-consumers/bench/ack", orjson.dumps({"ack_tokens": tokens}))
+        with acked.get_lock():
+            acked.value += n["count"]
+        counts[index] += n["count"]
     cpu[index] = sum(os.times()[:2])
 
 
@@ -144,6 +154,8 @@ def main() -> None:
         finally:
             weir.terminate()
             weir.wait(60)
+    if acked.value < n:
+        sys.exit(f"only {acked.value} of {n} messages were acknowledged; nothing recorded")
     rate = acked.value / elapsed
     result = {
         "bench": "consume_api",
@@ -153,6 +165,7 @@ def main() -> None:
         "messages": n,
         "workers": WORKERS,
         "batch_size": BATCH,
+        "client": "http.client",
         "acked": acked.value,
         "per_worker": list(counts),
         "seconds": round(elapsed, 2),
