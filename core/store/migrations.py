@@ -212,11 +212,12 @@ CREATE TABLE {s}.backfills (
     ),
     (
         6,
-        "consumer_receive updates the rows it chose through their ctid",
+        "consumer_receive updates the rows it chose through their ctid, without bitmap scans",
         """
--- As in version 3, but the chosen rows are updated through their ctid: the join on id it
--- replaces could read the consumer's whole queue on every receive when the queue's statistics
--- were stale.
+-- As in version 3, but with plans that stay bounded when the queue's statistics are stale (a
+-- new or fast-changing queue): the chosen rows are updated through their ctid (a join on id
+-- could read the whole queue), and no bitmap scans (the in-flight count's bitmap scan walked
+-- every dead index entry of the last ack_wait_ms on every call; index scans mark them dead).
 CREATE OR REPLACE FUNCTION {s}.consumer_receive(p_consumer text, p_n integer, p_max_pending integer,
                                                 p_wait_ms integer, p_max_deliver integer)
 RETURNS TABLE (id bigint, sync_id uuid, seq bigint, deliver_count integer, dead boolean)
