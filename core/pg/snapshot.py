@@ -19,7 +19,6 @@ The values go through the same converters as capture (core.pg.values), from the 
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,10 +34,6 @@ from core.config import PostgresSource
 from core.pg.relations import Relation, Relations, record_id_for, row_values
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.pg.values import SESSION_OPTIONS
-
-log = logging.getLogger("weir.snapshot")
-
-SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,29 @@ WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
 """
 
 
+SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
+
+# Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
+# The stored version is looked up row by row (LATERAL ... LIMIT 1, an index probe each): a hash
+# join would read every record of the source on every merge.
+MERGE_SNAPSHOT = (
+    """
+INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                            deleted, record, upstream_updated_at)
+SELECT %(sid)s, s.collection_id, s.record_id, %(base)s + row_number() OVER (),
+       %(version)s, %(idx)s, false, s.record, %(at)s
+FROM weir_snapshot_stage s
+LEFT JOIN LATERAL (
+    SELECT o.version, o.version_idx FROM {records} o
+    WHERE o.sync_id = %(sid)s AND o.collection_id = s.collection_id AND o.record_id = s.record_id
+    LIMIT 1
+) o ON true
+WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, %(idx)s)
+"""
+    + REPLACE_RECORD
+)
+
+
 class SnapshotWriter:
     """Writes rows read from a source table (seed job, backfill) into the records stream.
 
@@ -340,33 +363,11 @@ class SnapshotWriter:
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
         base = int(row[0])  # type: ignore[call-overload]
+        params = {"sid": self.sync_id, "base": base, "version": self.version,
+                  "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
         with self.conn.cursor() as cur:
-            cur.execute(
-                self._merge,
-                {"sid": self.sync_id, "base": base, "version": self.version, "at": self.at},
-            )
+            cur.execute(self._merge, params)
             accepted = cur.rowcount
         if accepted:
             self.conn.execute(self._advance, (base + accepted, self.sync_id))
         return accepted
-
-
-# Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
-# The stored version is looked up row by row (LATERAL ... LIMIT 1, an index probe each): a hash
-# join would read every record of the source on every merge.
-MERGE_SNAPSHOT = (
-    """
-INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
-                            deleted, record, upstream_updated_at)
-SELECT %(sid)s, s.collection_id, s.record_id, %(base)s + row_number() OVER (),
-       %(version)s, -1, false, s.record, %(at)s
-FROM weir_snapshot_stage s
-LEFT JOIN LATERAL (
-    SELECT o.version, o.version_idx FROM {records} o
-    WHERE o.sync_id = %(sid)s AND o.collection_id = s.collection_id AND o.record_id = s.record_id
-    LIMIT 1
-) o ON true
-WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, -1)
-"""
-    + REPLACE_RECORD
-)
