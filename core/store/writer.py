@@ -52,6 +52,24 @@ _dumps = orjson.dumps
 NOTIFY_CHANNEL = "weir_stream"
 
 
+def _lock_source(store: Store) -> sql.Composed:
+    """Locks a source's row and reads (events_seq, records_seq); params: sync_id. Every writer
+    of a source takes this lock, so seqs are given out gap-free and in commit order."""
+    return sql.SQL("SELECT events_seq, records_seq FROM {} WHERE sync_id = %s FOR UPDATE").format(
+        store.table("sources")
+    )
+
+
+def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
+    """Sets ``columns`` of a source's row (params: their values, then sync_id) and notifies its
+    readers: connectors LISTEN on NOTIFY_CHANNEL and hear it when the transaction commits."""
+    sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
+    return sql.SQL(
+        "WITH s AS (UPDATE {} SET {}, updated_at = now() WHERE sync_id = %s RETURNING sync_id)"
+        " SELECT pg_notify({}, sync_id::text) FROM s"
+    ).format(store.table("sources"), sets, sql.Literal(NOTIFY_CHANNEL))
+
+
 class SourceWriter:
     """The single writer of one source's streams, for as long as its connection lives.
 
@@ -69,21 +87,14 @@ class SourceWriter:
         self._open = False
         sources, events, records = (store.table(n) for n in ("sources", "events", "records"))
         self._sources = sources
-        self._lock_row = sql.SQL(
-            "SELECT events_seq, records_seq FROM {} WHERE sync_id = %s FOR UPDATE"
-        ).format(sources)
+        self._lock_row = _lock_source(store)
         self._copy_events = sql.SQL(
             "COPY {} (sync_id, seq, collection_id, record_id, action, commit_lsn, commit_idx,"
             " committed_at, record, changes) FROM STDIN"
         ).format(events)
         self._upsert = sql.SQL(UPSERT_RECORDS).format(records=records)
         self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
-        # Connectors LISTEN on this channel; the notification is sent when the batch commits.
-        self._checkpoint = sql.SQL(
-            "WITH s AS (UPDATE {} SET events_seq = %s, records_seq = %s, commit_lsn = %s,"
-            " end_lsn = %s, updated_at = now() WHERE sync_id = %s RETURNING sync_id)"
-            " SELECT pg_notify({}, sync_id::text) FROM s"
-        ).format(sources, sql.Literal(NOTIFY_CHANNEL))
+        self._checkpoint = _advance(store, ("events_seq", "records_seq", "commit_lsn", "end_lsn"))
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(
@@ -335,14 +346,9 @@ class SnapshotWriter:
         self.sync_id = sync_id
         self.version = version
         self.at = at
-        self._lock_row = sql.SQL("SELECT records_seq FROM {} WHERE sync_id = %s FOR UPDATE").format(
-            store.table("sources")
-        )
+        self._lock_row = _lock_source(store)
         self._merge = sql.SQL(MERGE_SNAPSHOT).format(records=store.table("records"))
-        self._advance = sql.SQL(
-            "WITH s AS (UPDATE {} SET records_seq = %s, updated_at = now() WHERE sync_id = %s"
-            " RETURNING sync_id) SELECT pg_notify({}, sync_id::text) FROM s"
-        ).format(store.table("sources"), sql.Literal(NOTIFY_CHANNEL))
+        self._advance = _advance(store, ("records_seq",))
         conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
             " (collection_id text, record_id text, record jsonb) ON COMMIT DELETE ROWS"
@@ -362,7 +368,7 @@ class SnapshotWriter:
         """Upsert the staged rows that are newer than the stored versions; returns how many."""
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
-        base = int(row[0])  # type: ignore[call-overload]
+        base = int(row[1])  # type: ignore[call-overload]
         params = {"sid": self.sync_id, "base": base, "version": self.version,
                   "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
         with self.conn.cursor() as cur:
