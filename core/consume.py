@@ -140,13 +140,30 @@ class Consumers:
         t = store.table
         self._m = t("consumer_messages")
         self._consumers = t("consumers")
-        self._receive = sql.SQL("SELECT * FROM {}.consumer_receive(%s, %s, %s, %s, %s)").format(
+        receive = sql.SQL("SELECT * FROM {}.consumer_receive(%s, %s, %s, %s, %s)").format(
             sql.Identifier(store.schema)
         )
-        self._dead = sql.SQL(
+        dead = sql.SQL(
             "SELECT id, sync_id, seq, deliver_count, true FROM {} WHERE consumer = %s"
             " AND deliver_count >= %s AND not_visible_until <= now() ORDER BY id LIMIT %s"
         ).format(self._m)
+        # By stream: queue rows (a receive, or the rows past max_deliver) with their messages.
+        self._receive = {s: self._with_messages(s, receive) for s in ("events", "records")}
+        self._dead = {s: self._with_messages(s, dead) for s in ("events", "records")}
+
+    def _with_messages(self, stream: str, rows: sql.Composable) -> sql.Composed:
+        """Queue rows ``(id, sync_id, seq, deliver_count, dead)`` chosen by ``rows``, each with
+        its stream row (nulls when superseded or pruned), in id order.
+
+        Each stream row is found by an index probe (LATERAL ... LIMIT 1): with
+        ``seq = ANY(...)`` the planner may read every row of the source instead, when its
+        statistics are stale.
+        """
+        return sql.SQL(
+            "SELECT q.*, m.* FROM ({rows}) AS q(id, sync_id, seq, deliver_count, dead)"
+            " LEFT JOIN LATERAL (" + (EVENTS_SELECT if stream == "events" else RECORDS_SELECT)
+            + " WHERE sync_id = q.sync_id AND seq = q.seq LIMIT 1) m ON true ORDER BY q.id"
+        ).format(rows=rows, table=self.store.table(stream))  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -382,7 +399,7 @@ class Consumers:
         cfg = live.cfg
         params = (cfg.name, batch_size, cfg.max_ack_pending, cfg.ack_wait_ms, cfg.max_deliver)
         async with self.pool.connection() as conn:
-            rows, built = await self._queued(live, conn, self._receive, params)
+            rows, built = await self._queued(live, conn, self._receive[cfg.stream], params)
             if not rows:
                 return []
             await self._bury(live, conn, rows, built)
@@ -395,21 +412,11 @@ class Consumers:
         return out
 
     async def _queued(
-        self, live: _Live, conn: Any, rows_sql: sql.Composable, params: tuple[Any, ...]
+        self, live: _Live, conn: Any, q: sql.Composed, params: tuple[Any, ...]
     ) -> tuple[list[Any], dict[int, Delivery]]:
-        """Queue rows ``(id, sync_id, seq, deliver_count, dead)`` chosen by ``rows_sql``, and
-        their stream messages by row id (absent: superseded or pruned), in one statement.
-
-        Each stream row is found by an index probe (LATERAL ... LIMIT 1): with
-        ``seq = ANY(...)`` the planner may read every row of the source instead, when its
-        statistics are stale.
-        """
+        """The queue rows of ``q`` (``_with_messages``), and their messages by row id (absent:
+        superseded or pruned)."""
         events = live.cfg.stream == "events"
-        q = sql.SQL(
-            "SELECT q.*, m.* FROM ({rows}) AS q(id, sync_id, seq, deliver_count, dead)"
-            " LEFT JOIN LATERAL (" + (EVENTS_SELECT if events else RECORDS_SELECT)
-            + " WHERE sync_id = q.sync_id AND seq = q.seq LIMIT 1) m ON true ORDER BY q.id"
-        ).format(rows=rows_sql, table=self.store.table(live.cfg.stream))  # fmt: skip
         rows = []
         out: dict[int, Delivery] = {}
         for row_id, sid, seq, count, dead, *r in await (await conn.execute(q, params)).fetchall():
@@ -457,7 +464,7 @@ class Consumers:
                 continue
             async with self.pool.connection() as conn:
                 params = (live.cfg.name, live.cfg.max_deliver, MAX_BATCH)
-                rows, built = await self._queued(live, conn, self._dead, params)
+                rows, built = await self._queued(live, conn, self._dead[live.cfg.stream], params)
                 if rows:
                     await self._bury(live, conn, rows, built)
                     moved += len(rows)
