@@ -70,13 +70,20 @@ def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
         raise SystemExit(2) from None
 
 
-def cmd_backfill(args: argparse.Namespace) -> int:
-    """Backfill tables of a source into its records stream, beside a running ``weir run``."""
+def source_problems() -> tuple[type[Exception], ...]:
+    """What a command reading a source database (backfill, seed) reports in one line, exit 1,
+    instead of a traceback: setup and schema problems, and errors from the database."""
     import psycopg
 
-    from core.backfill import Backfill, configured_tables
     from core.pg.relations import SourceSchemaError
     from core.pg.setup import SourceSetupError
+
+    return (SourceSetupError, SourceSchemaError, psycopg.Error)
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Backfill tables of a source into its records stream, beside a running ``weir run``."""
+    from core.backfill import Backfill, configured_tables
     from core.service import open_store
 
     cfg = load_or_exit(args.config)
@@ -97,7 +104,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             newer = result.rows_read - result.rows_written
             print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
                   f"({newer:,} were older than the stream's version)")  # fmt: skip
-    except (SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+    except source_problems() as e:
         print(f"weir backfill: {str(e).strip()}", file=sys.stderr)
         return 1
     return 0

@@ -331,19 +331,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
     """Run the job as asked on the command line; print one summary line per table."""
-    import psycopg
-
-    from core.cli import postgres_source_or_exit
-    from core.pg.relations import SourceSchemaError
-    from core.pg.setup import SourceSetupError
+    from core.cli import postgres_source_or_exit, source_problems
 
     src = postgres_source_or_exit(cfg, args.source)
+    problems: tuple[type[Exception], ...] = (SeedError, *source_problems())
     try:
         results = run_seed(
             cfg, src, args.table, master=args.master, jdbc_jar=args.jdbc_jar,
             partitions=args.partitions,
         )  # fmt: skip
-    except (SeedError, SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+    except problems as e:
         print(f"weir seed: {str(e).strip()}", file=sys.stderr)
         return 1
     for r in results:
