@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -161,14 +162,15 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
         os.environ["JAVA_HOME"] = home
     # Local workers run this interpreter, which has weir and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if master is None or master.startswith("local"):
+    local = master is None or master.startswith("local")
+    if local:  # loopback only
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName("weir-seed").config(
         "spark.ui.showConsoleProgress", "false"
     )
     if master:
         builder = builder.master(master)
-    if master is None or master.startswith("local"):
+    if local:
         builder = (
             builder.config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
@@ -230,8 +232,6 @@ def run_seed(
     partitions: int | None = None,
 ) -> list[SeedResult]:
     """Seed ``tables`` of ``source`` in one Spark job; returns a summary per table."""
-    import time
-
     from core.service import open_store
 
     store = open_store(cfg)
