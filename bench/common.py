@@ -12,13 +12,17 @@ import psycopg
 from core.embedded import EmbeddedPostgres
 
 
-def new_db(server: EmbeddedPostgres, name: str) -> str:
-    """A new database on the server holding an empty ``bench (id, v, name)`` table."""
+def new_db(
+    server: EmbeddedPostgres,
+    name: str,
+    ddl: str = "CREATE TABLE bench (id bigint PRIMARY KEY, v int NOT NULL, name text)",
+) -> str:
+    """A new database on the server holding one empty table (by default ``bench``)."""
     with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     url = server.url.rsplit("/", 1)[0] + "/" + name
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, v int NOT NULL, name text)")
+        conn.execute(ddl)
     return url
 
 

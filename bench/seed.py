@@ -25,27 +25,21 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import py_spy, summarize
+from common import new_db, py_spy, summarize
 
 from core.config import WeirConfig
 from core.embedded import EmbeddedPostgres
 from core.pg import snapshot
 from core.service import open_store
-from core.store.writer import SnapshotWriter
 
 RESULTS = Path(__file__).parent / "results"
 TABLE = "public.items"
 
 
 def make_table(server: EmbeddedPostgres, name: str, rows: int) -> WeirConfig:
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = server.url.rsplit("/", 1)[0] + "/" + name
+    url = new_db(server, name, "CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL,"
+                 " name text, at timestamptz, doc jsonb)")  # fmt: skip
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, name text,"
-            " at timestamptz, doc jsonb)"
-        )
         conn.execute(
             "INSERT INTO items SELECT i, i %% 1000, 'name-' || i, timestamptz '2026-11-22'"
             " + i * interval '1 second', jsonb_build_object('n', i, 'tag', 'x')"
@@ -63,29 +57,23 @@ def make_table(server: EmbeddedPostgres, name: str, rows: int) -> WeirConfig:
     return WeirConfig.model_validate({"sources": [spec], "connectors": []})
 
 
-def copy_loader(cfg: WeirConfig) -> float:
-    """The baseline: one process, one COPY of the whole table, the same writer. Seconds."""
+def copy_loader(cfg: WeirConfig, n: int) -> float:
+    """The baseline: the seed job's own read-and-write of one task, run for the whole table in
+    one process (one COPY, the same conversion and store writes), without Spark. Seconds."""
+    from spark.seed import _read_and_write, _Target
+
     src = cfg.postgres_source("app")
     store = open_store(cfg)
-    with snapshot.connect(src.url.get_secret_value()) as conn, store.connect() as sconn:
+    url = src.url.get_secret_value()
+    with snapshot.connect(url) as conn:
         snapshot.ensure_capture(conn, src)
         plan = snapshot.table_plan(conn, src, TABLE)
         point = snapshot.snapshot_point(conn, print)
-        start = time.perf_counter()
-        w = SnapshotWriter(sconn, store, src.sync_id, point.version, point.at)
-        batch: list[list[bytes | None]] = []
-        for row in snapshot.copy_rows(conn, plan.range_query(None, None)):
-            batch.append(row)
-            if len(batch) == 20_000:
-                w.stage(plan.rel.collection_id, snapshot.records_of(plan.rel, batch))
-                w.merge()
-                sconn.commit()
-                batch = []
-        if batch:
-            w.stage(plan.rel.collection_id, snapshot.records_of(plan.rel, batch))
-            w.merge()
-            sconn.commit()
-        return time.perf_counter() - start
+    target = _Target(store.url, store.schema, src.sync_id, point.version, point.at, [plan])
+    start = time.perf_counter()
+    [(_, rows, _)] = _read_and_write(url, target, [(0, None, None)])
+    assert rows == n, f"{rows} of {n} rows read"
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -100,7 +88,7 @@ def main() -> None:
     with EmbeddedPostgres() as pg:
         base_cfg = make_table(pg, "base", n)
         seed_cfg = make_table(pg, "seed", n)
-        loader_s = copy_loader(base_cfg)
+        loader_s = copy_loader(base_cfg, n)
         t0 = time.perf_counter()
         spark_session("local[2]", None)  # the JVM starts here; run_seed reuses the session
         start_s = time.perf_counter() - t0
