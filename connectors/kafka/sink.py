@@ -1,17 +1,16 @@
 """The Kafka sink: an idempotent producer (acks=all) whose delivery reports settle batches.
 
-librdkafka serves delivery reports from ``poll()``; a thread of the sink polls and hands each
-poll's reports to the event loop in one call. The broker's position (``mark``) is the last
-offset per partition that delivery reports showed, so that a restart reads the partitions
-back from there (DESIGN.md section 7.2).
+librdkafka serves delivery reports from ``poll()``, which the sink calls on the event loop. The
+broker's position (``mark``) is the last offset per partition that delivery reports showed, so
+that a restart reads the partitions back from there (DESIGN.md section 7.2).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ NOT_STORED = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
               KafkaError._UNKNOWN_PARTITION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
               KafkaError.TOPIC_EXCEPTION}  # fmt: skip
 librdkafka_log = logging.getLogger("weir.kafka.client")  # librdkafka's own log lines
+POLL_BUSY = 0.001  # seconds between polls for delivery reports while batches wait
+POLL_IDLE = 1.0  # and while none does
 READ_BACK_STALL = 30.0  # seconds without progress before a read-back gives up
 
 
@@ -84,9 +85,6 @@ class _Batch:
     reports: list[tuple[KafkaError | None, str, int, int] | None]  # by index in the batch
 
 
-_Report = tuple[_Batch, int, KafkaError | None, str, int, int]  # batch, index, error, where
-
-
 class KafkaSink:
     """One connector's producer (see core/sink.py for the contract)."""
 
@@ -95,12 +93,11 @@ class KafkaSink:
         self.settings = cfg.kafka
         self.topics = Template(cfg.topic, cfg.stream, r"[^A-Za-z0-9._-]")
         self._producer: Producer | None = None
-        self._poller: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._poller: asyncio.Task[None] | None = None
         self._mark: BrokerMark = {}
         self._broken: KafkaError | None = None
-        self._reports: list[_Report] = []  # delivery reports of the poller's current poll()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[_Batch] = set()  # batches waiting for delivery reports
+        self._waiting = asyncio.Event()  # set while there are any
 
     @property
     def producer(self) -> Producer:
@@ -109,13 +106,10 @@ class KafkaSink:
         return self._producer
 
     async def connect(self) -> None:
-        self._loop = asyncio.get_running_loop()
         conf = producer_config(self.settings, self.cfg.name) | {"error_cb": self._on_error}
         self._producer = Producer(conf)
         self.admin = AdminClient(client_config(self.settings, self.cfg.name))
-        self._poller = threading.Thread(target=self._poll, name=f"kafka-{self.cfg.name}",
-                                        daemon=True)  # fmt: skip
-        self._poller.start()
+        self._poller = asyncio.create_task(self._poll(), name=f"kafka-{self.cfg.name}")
         self._mark = await asyncio.to_thread(self._ends)
 
     def _on_error(self, err: KafkaError) -> None:
@@ -142,37 +136,45 @@ class KafkaSink:
         return {_key(tp.topic, tp.partition): f.result(timeout=15).offset - 1
                 for tp, f in offsets.items()}  # fmt: skip
 
-    def _poll(self) -> None:
-        """Serve delivery reports; each poll's reports reach the event loop in one call."""
-        reports = self._reports  # filled by _report, which poll() calls on this thread
-        producer, loop = self.producer, self._loop
-        assert loop is not None
-        while not self._stop.is_set():
-            producer.poll(0.05)
-            if reports:
-                batch = reports[:]
-                reports.clear()
-                loop.call_soon_threadsafe(self._deliver, batch)
+    async def _poll(self) -> None:
+        """Serve delivery reports on the event loop, so that a report needs no hand-off of the
+        GIL between threads: busy while batches wait for reports, once a second otherwise (for
+        librdkafka's errors and logs).
+        """
+        producer, waiting = self.producer, self._waiting
+        while True:
+            if producer.poll(0):
+                await asyncio.sleep(0)
+            elif waiting.is_set():
+                await asyncio.sleep(POLL_BUSY)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiting.wait(), POLL_IDLE)
 
     def _report(self, state: _Batch, i: int, err: KafkaError | None, msg: Any) -> None:
-        self._reports.append((state, i, err, msg.topic(), msg.partition(), msg.offset()))
+        if state.fut.done():  # the batch was given up (overdue, or the sink closed)
+            return
+        state.reports[i] = (err, msg.topic(), msg.partition(), msg.offset())
+        self._count_down(state)
 
-    def _deliver(self, reports: list[_Report]) -> None:
-        for state, i, err, topic, partition, offset in reports:
-            state.reports[i] = (err, topic, partition, offset)
-            self._count_down(state)
-
-    @staticmethod
-    def _count_down(state: _Batch) -> None:
+    def _count_down(self, state: _Batch) -> None:
         state.remaining -= 1
-        if state.remaining == 0 and not state.fut.done():
+        if state.remaining == 0:
             state.fut.set_result(None)
+            self._forget(state)
+
+    def _forget(self, state: _Batch) -> None:
+        self._pending.discard(state)
+        if not self._pending:
+            self._waiting.clear()
 
     async def write_batch(self, batch: Sequence[Message]) -> None:
         if self._broken is not None:
             raise ConnectionError(f"kafka producer failed: {self._broken.str()}")
         producer = self.producer
         state = _Batch(asyncio.get_running_loop().create_future(), len(batch), [None] * len(batch))
+        self._pending.add(state)
+        self._waiting.set()
         failed: dict[int, Exception] = {}
         records = self.cfg.stream == "records"
         topic_of = self.topics.render
@@ -188,17 +190,19 @@ class KafkaSink:
                     producer.produce(topic_of(m), m.payload, m.group.encode(),
                                      on_delivery=report, headers=headers)  # fmt: skip
                     break
-                except BufferError:  # the local queue is full: the poller drains it
-                    await asyncio.sleep(0.005)
+                except BufferError:  # the local queue is full: wait for reports to free it
+                    await asyncio.sleep(POLL_BUSY)
                 except KafkaException as e:
                     failed[i] = _refused(e.args[0])
                     self._count_down(state)
                     break
         timeout = self.settings.delivery_timeout.total_seconds() + 10
         try:
-            await asyncio.wait_for(asyncio.shield(state.fut), timeout)
+            await asyncio.wait_for(state.fut, timeout)
         except TimeoutError:
             raise ConnectionError(f"kafka delivery reports overdue after {timeout:.0f}s") from None
+        finally:
+            self._forget(state)
         in_doubt: list[KafkaError] = []
         mark = self._mark
         for i, rep in enumerate(state.reports):
@@ -264,9 +268,10 @@ class KafkaSink:
             consumer.close()
 
     async def close(self) -> None:
-        self._stop.set()
         if self._poller is not None:
-            await asyncio.to_thread(self._poller.join)
+            self._poller.cancel()
+        for state in self._pending:  # given up: flush() below serves their reports elsewhere
+            state.fut.cancel()
         if self._producer is not None:
             await asyncio.to_thread(self._producer.flush, 5.0)
 
