@@ -140,8 +140,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Sources (slot lag, last LSN) and connectors (cursor lag, rate, failed): two readings of
-    the store ``--interval`` seconds apart, the rate from the cursors' moves between them.
+    """Sources (slot lag, last LSN), connectors (cursor lag, rate, failed), consumer queues
+    and table backfills (rows read of the table's rows): two readings of the store
+    ``--interval`` seconds apart, the rate from the cursors' moves between them.
     """
     import time
 
@@ -159,6 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         sources = status.sources(cfg, store)
         cursors = status.cursors(store)
         queues = status.consumer_queues(store)
+        backfills = status.backfills(store)
     except psycopg.Error as e:
         print(f"weir status: cannot read the store: {str(e).strip()}", file=sys.stderr)
         return 1
@@ -183,6 +185,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         _table([("CONSUMER", "PENDING", "ACK PENDING")]
                + [(n, str(p), str(a)) for n, (p, a) in queues.items()])  # fmt: skip
+    if backfills:
+        print()
+        fills = [("BACKFILL", "SOURCE", "READ", "OF", "DONE", "WRITTEN", "STATE")]
+        for b in backfills:
+            done = f"{min(b.rows_read * 100 // b.rows_total, 99)}%" if b.rows_total else "-"
+            state = "finished" if b.finished else f"last page {b.idle_seconds:.0f}s ago"
+            fills.append((b.table, b.source, f"{b.rows_read:,}", f"{b.rows_total:,}",
+                         "100%" if b.finished else done, f"{b.rows_written:,}", state))  # fmt: skip
+        _table(fills)
     return 0
 
 

@@ -45,6 +45,17 @@ class CursorStatus:
     owner: str | None  # the instance running the connector; None for consumers or when none is
 
 
+@dataclass(frozen=True)
+class BackfillStatus:
+    source: str
+    table: str  # schema.table
+    rows_read: int
+    rows_total: int  # rows in the table when the backfill started
+    rows_written: int  # the others were older than a live change
+    finished: bool
+    idle_seconds: float  # since the backfill last wrote a page (or finished)
+
+
 def sources(cfg: WeirConfig, store: Store) -> list[SourceStatus]:
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(
@@ -119,6 +130,20 @@ def cursors(store: Store) -> list[CursorStatus]:
         rows: list[Any] = conn.execute(q).fetchall()
     return [CursorStatus(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), float(r[5]),
                          int(r[6]), r[7]) for r in rows]  # fmt: skip
+
+
+def backfills(store: Store) -> list[BackfillStatus]:
+    """Every table backfill of the store (``weir backfill`` and ``backfill:``), by source."""
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(
+            sql.SQL(
+                "SELECT s.name, b.collection_id, b.rows_read, b.rows_total, b.rows_written,"
+                " b.finished_at IS NOT NULL, extract(epoch FROM now() - b.updated_at)::float8"
+                " FROM {} b JOIN {} s USING (sync_id) ORDER BY s.name, b.collection_id"
+            ).format(store.table("backfills"), store.table("sources"))
+        ).fetchall()
+    return [BackfillStatus(str(r[0]), str(r[1]).replace(":", ".", 1), int(r[2]), int(r[3]),
+                           int(r[4]), bool(r[5]), float(r[6])) for r in rows]  # fmt: skip
 
 
 def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:

@@ -38,13 +38,22 @@ def _jdbc_jar() -> str:
     return str(jar)
 
 
-def _backfill_state(url: str) -> tuple[int, bool]:
+def _backfill_state(url: str) -> tuple[int, int, int, bool]:
+    """(rows read, rows written, rows when it started, finished) of the backfill of public.items."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "SELECT rows_read, finished_at IS NOT NULL FROM weir.backfills"
-            " WHERE collection_id = 'public:items'"
+            "SELECT rows_read, rows_written, rows_total, finished_at IS NOT NULL"
+            " FROM weir.backfills WHERE collection_id = 'public:items'"
         ).fetchone()
-    return (int(row[0]), bool(row[1])) if row else (0, False)
+    return (int(row[0]), int(row[1]), int(row[2]), bool(row[3])) if row else (0, 0, 0, False)
+
+
+def _status_of(config: Path, table: str) -> list[str]:
+    """The row of ``weir status``'s backfill table for ``table``."""
+    out = subprocess.run([*WEIR, "status", "--config", str(config), "--interval", "0.1"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return next(line.split() for line in out.stdout.splitlines() if line.startswith(table + " "))
 
 
 def test_snapshot_rows_are_encoded_as_capture_encodes_them(db_url: str) -> None:
@@ -156,13 +165,19 @@ def test_backfill_killed_and_resumed_under_concurrent_changes_equals_the_table(
             finally:
                 first.kill()
                 first.wait()
-            at_kill, finished = _backfill_state(db_url)
+            at_kill, _, total, finished = _backfill_state(db_url)
             assert not finished and at_kill < ROWS
+            assert ROWS - mutator.deletes <= total <= ROWS + mutator.inserts
+            row = _status_of(config, "public.items")  # where the stopped backfill stands
+            assert row[1:5] == ["app", f"{at_kill:,}", f"{total:,}", f"{at_kill * 100 // total}%"]
+            assert row[6:8] == ["last", "page"], row
             second = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert second.returncode == 0, second.stderr[-3000:]
         assert "backfill public.items: resuming at version" in second.stderr
-        rows_read, finished = _backfill_state(db_url)
+        rows_read, written, total, finished = _backfill_state(db_url)
         assert finished
+        done = [f"{rows_read:,}", f"{total:,}", "100%", f"{written:,}", "finished"]
+        assert _status_of(config, "public.items")[2:] == done
         assert ROWS - mutator.deletes <= rows_read <= ROWS + mutator.inserts  # none read twice
         assert mutator.updates and mutator.deletes and mutator.inserts
         wait_captured(db_url)
