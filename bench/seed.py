@@ -117,6 +117,7 @@ def main() -> None:
         "copy_loader_per_s": round(n / loader_s),
         "ratio_vs_loader": round(loader_s / result.seconds, 3),
         "target_per_s": 100_000,
+        "profiled": args.profile,  # py-spy slows the workers: not a rate to quote
     }
     line = json.dumps(out)
     print(line)
