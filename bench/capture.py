@@ -132,6 +132,7 @@ def main() -> None:
         "capture_per_s": round(n / weir_s),
         "ratio_vs_raw": round(raw_s / weir_s, 3),
         "target_ratio": 0.5,
+        "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
     line = json.dumps(result)
     print(line)

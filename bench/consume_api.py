@@ -172,6 +172,7 @@ def main() -> None:
         "received_and_acked_per_s": round(rate),
         "cpu_seconds": used,
         "targets": {"received_and_acked_per_s": 10000},
+        "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
     line = json.dumps(result)
     print(line)

@@ -185,6 +185,7 @@ def main() -> None:
         "ratio_to_ceiling": round(rate / raw, 3),
         "latency_at_5000_per_s_ms": {"p50": p(0.5), "p99": p(0.99), "samples": len(lat)},
         "targets": {"e2e_changes_per_s": 30000, "ratio_to_ceiling": 0.6, "p99_ms": 100},
+        "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
     line = json.dumps(result)
     print(line)
