@@ -1,0 +1,144 @@
+"""Weir's memory with a backlog of 1M changes: the peak RSS of `weir run` (DESIGN.md section 12:
+under 300 MB) while it captures the backlog and forwards it.
+
+The backlog is in the WAL before Weir starts (the slot is made first): half of it one
+transaction of 500k rows, half 500 transactions of 1,000. `weir run` then captures it into the
+store and forwards both streams to NATS JetStream (an events and a records connector, 1M
+messages each), while an HTTP pull consumer of the events stream that no worker reads fills its
+queue. The run ends when both JetStream streams hold 1M messages; RSS is sampled every 0.2 s
+and the kernel's high-water mark (VmHWM) read at the end.
+
+    .venv/bin/python bench/memory.py [--changes 1000000]
+
+Prints one JSON line and appends it to bench/results/memory.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import psycopg
+from common import new_db
+
+from core.config import WeirConfig
+from core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from core.service import prepare
+
+RESULTS = Path(__file__).parent / "results"
+TARGET_MB = 300
+STREAMS = {"MEM_EVENTS": "sequin-events.mem.>", "MEM_RECORDS": "sequin-records.mem.>"}
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident set (or, with VmHWM, its peak) from /proc, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+async def make_streams(url: str) -> None:
+    nc = await nats.connect(url)
+    for name, subject in STREAMS.items():
+        await nc.jetstream().add_stream(name=name, subjects=[subject])
+    await nc.close()
+
+
+async def counts(url: str) -> list[int]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        return [int((await js.stream_info(name)).state.messages) for name in STREAMS]
+    finally:
+        await nc.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    args = parser.parse_args()
+    n = args.changes
+    half = n // 2
+    workdir = Path(tempfile.mkdtemp(prefix="weir-bench-"))
+    with EmbeddedPostgres(settings={"max_wal_size": "4GB"}) as pg, EmbeddedNats() as ns:
+        url = new_db(pg, "mem")
+        nats_cfg = {"url": ns.url, "namespace": "mem"}
+        spec = {
+            "api": {"listen": f"127.0.0.1:{free_port()}", "tokens": ["bench-memory-token-0123"]},
+            "sources": [{"name": "mem", "kind": "postgres", "url": url,
+                         "tables": ["public.bench"], "max_batch": 20000}],
+            "connectors": [
+                {"name": "mem-events", "type": "nats", "stream": "events", "nats": nats_cfg},
+                {"name": "mem-records", "type": "nats", "stream": "records", "nats": nats_cfg},
+            ],
+            "consumers": [{"name": "idle", "stream": "events"}],
+        }  # fmt: skip
+        prepare(WeirConfig.model_validate(spec))  # the slot exists before the rows go in
+        asyncio.run(make_streams(ns.url))
+        insert = "INSERT INTO bench SELECT g, g, 'name-' || g FROM generate_series(%s, %s) g"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(insert, (1, half))
+            for first in range(half + 1, n + 1, 1000):
+                conn.execute(insert, (first, min(first + 999, n)))
+        config = workdir / "weir.yaml"
+        config.write_text(json.dumps(spec))
+        log = open(workdir / "weir.log", "ab")  # noqa: SIM115 - lives as long as the process
+        start = time.perf_counter()
+        weir = subprocess.Popen(
+            [sys.executable, "-m", "core.cli", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        samples: list[float] = []
+        try:
+            deadline = time.monotonic() + 900
+            next_count = time.monotonic()
+            done = [0, 0]
+            while time.monotonic() < deadline and weir.poll() is None:
+                samples.append(rss_mb(weir.pid))
+                if time.monotonic() >= next_count:
+                    done = asyncio.run(counts(ns.url))
+                    if min(done) >= n:
+                        break
+                    next_count = time.monotonic() + 1
+                time.sleep(0.2)
+            elapsed = time.perf_counter() - start
+            peak = rss_mb(weir.pid, "VmHWM") if weir.poll() is None else max(samples)
+            end = rss_mb(weir.pid) if weir.poll() is None else 0.0
+        finally:
+            weir.terminate()
+            weir.wait(60)
+    if min(done) < n:
+        sys.exit(f"weir forwarded {done} of {n} messages per stream; nothing recorded "
+                 f"(its log: {workdir / 'weir.log'})")  # fmt: skip
+    result = {
+        "bench": "memory",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "changes": n,
+        "messages_forwarded": sum(done),
+        "seconds": round(elapsed, 1),
+        "peak_rss_mb": round(peak),
+        "rss_at_end_mb": round(end),
+        "rss_p50_mb": round(sorted(samples)[len(samples) // 2]),
+        "target_peak_rss_mb": TARGET_MB,
+    }
+    line = json.dumps(result)
+    print(line)
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / "memory.jsonl").open("a") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
