@@ -198,11 +198,8 @@ class SourceWriter:
             cols[5].append(partial)
             cols[6].append(js if js is not None else _dumps(rec).decode())
             cols[7].append(ts)
-        names = ("collection_ids", "record_ids", "versions", "idxs", "deleted", "partial",
-                 "records", "updated_ats")  # fmt: skip
-        params = dict(zip(names, cols, strict=True))
-        cur.execute(self._upsert, params | {"sid": self.sync_id, "base": self.records_seq})
-        self.records_seq += _count(cur)
+        cur.execute(self._upsert, (*cols, self.sync_id, self.sync_id, self.records_seq))
+        self.records_seq += cur.rowcount
 
     def _truncate_collection(self, cur: Any, ch: Change) -> None:
         cur.execute(
@@ -235,12 +232,6 @@ class SourceWriter:
             self.conn.rollback()
 
 
-def _count(cur: Any) -> int:
-    """The count REPLACE_OR_ADD yields."""
-    row = cur.fetchone()
-    return int(row[0])
-
-
 def _collapse(
     latest: dict[tuple[str, str], list[Any]],
     ch: Change,
@@ -264,65 +255,38 @@ def _collapse(
     latest[key] = [ch.version, ch.idx, deleted, partial, record, record_json, ch.committed_at]
 
 
-# The accepted versions (``accepted``: the CTE before this, with their new seqs and whether a
-# version of the record is ``stored``) are added, or replace the stored ones. Every writer of a
-# source holds its lock (_lock_source), so the lookup that found the stored versions also says
-# which records exist: those new go in by a plain insert, ~30% cheaper than a speculative one
-# (measured: 103 against 142 ms for 20k rows), and only the stored ones by ON CONFLICT, whose
-# update reaches the stored row through the index probe it makes anyway (an UPDATE ... FROM
-# took 30% longer). Yields how many were accepted.
-REPLACE_OR_ADD = """
-, added AS (
-    INSERT INTO {records} (sync_id, collection_id, record_id, seq, version, version_idx,
-                           deleted, record, upstream_updated_at)
-    SELECT %(sid)s, collection_id, record_id, seq, version, version_idx, deleted, record,
-           upstream_updated_at
-    FROM accepted WHERE NOT stored
-    RETURNING 1
-), replaced AS (
-    INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
-                                deleted, record, upstream_updated_at)
-    SELECT %(sid)s, collection_id, record_id, seq, version, version_idx, deleted, record,
-           upstream_updated_at
-    FROM accepted WHERE stored
-    ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
-        seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
-        deleted = excluded.deleted, record = excluded.record,
-        upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM replaced)
+# An accepted version replaces the stored one: it takes a new seq (the records stream's order).
+REPLACE_RECORD = """
+ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, record = excluded.record,
+    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
 
 # Inserts or replaces the latest version of each record, refusing any that is not newer than the
-# stored one, and numbers the accepted ones with consecutive seqs in batch order. The stored
-# version is looked up record by record (LATERAL ... LIMIT 1, an index probe each), whatever the
-# store's size: with the statistics of a growing store, a join was planned as a hash join over
-# every record of the source (EXPLAIN: 60k rows hashed for a batch of 2,000). Measured against
-# that join and ON CONFLICT for every row, on a source of 100k records: inserts 16.2 -> 13.2 us
-# a record, updates 18.0 -> 19.0 us.
+# stored one, and numbers the accepted ones with consecutive seqs in batch order.
 UPSERT_RECORDS = (
     """
-WITH accepted AS (
-    SELECT u.collection_id, u.record_id, u.version, u.version_idx, u.deleted,
-           u.upstream_updated_at, r.found IS NOT NULL AS stored,
-           %(base)s::int8 + row_number() OVER (ORDER BY u.ord) AS seq,
+WITH incoming AS (
+    SELECT u.collection_id, u.record_id, u.version, u.version_idx, u.deleted, u.ord,
+           u.upstream_updated_at,
            CASE WHEN u.partial AND r.record IS NOT NULL THEN r.record || u.record
                 ELSE u.record END AS record
-    FROM unnest(%(collection_ids)b::text[], %(record_ids)b::text[], %(versions)b::int8[],
-                %(idxs)b::int4[], %(deleted)b::bool[], %(partial)b::bool[],
-                %(records)b::text[]::jsonb[], %(updated_ats)b::text[]::timestamptz[])
-         WITH ORDINALITY AS u(collection_id, record_id, version, version_idx, deleted, partial,
-                              record, upstream_updated_at, ord)
-    LEFT JOIN LATERAL (
-        SELECT true AS found, r.version, r.version_idx, r.record FROM {records} r
-        WHERE r.sync_id = %(sid)s AND r.collection_id = u.collection_id
-          AND r.record_id = u.record_id
-        LIMIT 1
-    ) r ON true
-    WHERE r.found IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
-)"""
-    + REPLACE_OR_ADD
+    FROM unnest(%b::text[], %b::text[], %b::int8[], %b::int4[], %b::bool[], %b::bool[],
+                %b::text[]::jsonb[], %b::text[]::timestamptz[]) WITH ORDINALITY
+         AS u(collection_id, record_id, version, version_idx, deleted, partial, record,
+              upstream_updated_at, ord)
+    LEFT JOIN {records} r
+           ON r.sync_id = %s AND r.collection_id = u.collection_id AND r.record_id = u.record_id
+    WHERE r.record_id IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
+)
+INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                            deleted, record, upstream_updated_at)
+SELECT %s::uuid, collection_id, record_id, %s::int8 + row_number() OVER (ORDER BY ord),
+       version, version_idx, deleted, record, upstream_updated_at
+FROM incoming
+"""
+    + REPLACE_RECORD
 )
 
 # A truncate turns every live record of the collection older than it into a tombstone.
@@ -346,14 +310,17 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 
 # Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
 # The stored version is looked up row by row (LATERAL ... LIMIT 1, an index probe each): a hash
-# join would read every record of the source on every merge.
+# join would read every record of the source on every merge. Every writer of a source holds its
+# lock (_lock_source), so that lookup also says which records exist: those new (a seed's rows,
+# mostly) go in by a plain insert, ~30% cheaper than a speculative one (EXPLAIN: 103 against
+# 142 ms for 20k rows), and only the stored ones through ON CONFLICT. Yields how many were
+# accepted. (Capture's upsert keeps one INSERT ... ON CONFLICT: there, this split made updates
+# ~10% slower, for inserts ~15% quicker.)
 MERGE_SNAPSHOT = (
     """
 WITH accepted AS (
     SELECT s.collection_id, s.record_id, s.record, o.version IS NOT NULL AS stored,
-           %(base)s::int8 + row_number() OVER () AS seq, %(version)s::int8 AS version,
-           %(idx)s::int4 AS version_idx, false AS deleted,
-           %(at)s::timestamptz AS upstream_updated_at
+           %(base)s::int8 + row_number() OVER () AS seq
     FROM weir_snapshot_stage s
     LEFT JOIN LATERAL (
         SELECT o.version, o.version_idx FROM {records} o
@@ -362,8 +329,22 @@ WITH accepted AS (
         LIMIT 1
     ) o ON true
     WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, %(idx)s)
-)"""
-    + REPLACE_OR_ADD
+), added AS (
+    INSERT INTO {records} (sync_id, collection_id, record_id, seq, version, version_idx,
+                           deleted, record, upstream_updated_at)
+    SELECT %(sid)s, collection_id, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
+    FROM accepted WHERE NOT stored
+    RETURNING 1
+), replaced AS (
+    INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                                deleted, record, upstream_updated_at)
+    SELECT %(sid)s, collection_id, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
+    FROM accepted WHERE stored"""
+    + REPLACE_RECORD
+    + """    RETURNING 1
+)
+SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM replaced)
+"""
 )
 
 
@@ -411,7 +392,9 @@ class SnapshotWriter:
                   "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
         with self.conn.cursor() as cur:
             cur.execute(self._merge, params)
-            accepted = _count(cur)
+            counted = cur.fetchone()
+            assert counted is not None
+            accepted: int = int(counted[0])  # type: ignore[call-overload]
         if accepted:
             self.conn.execute(self._advance, (base + accepted, self.sync_id))
         return accepted
