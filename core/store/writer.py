@@ -315,7 +315,7 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 # mostly) go in by a plain insert, ~30% cheaper than a speculative one (EXPLAIN: 103 against
 # 142 ms for 20k rows), and only the stored ones through ON CONFLICT. Yields how many were
 # accepted. (Capture's upsert keeps one INSERT ... ON CONFLICT: there, this split made updates
-# ~10% slower, for inserts ~15% quicker.)
+# ~10% slower, for inserts ~13% quicker.)
 MERGE_SNAPSHOT = (
     """
 WITH accepted AS (
