@@ -18,9 +18,9 @@ import selectors
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
+from common import record
 
 from core.config import PostgresSource
 from core.embedded import EmbeddedPostgres
@@ -28,8 +28,6 @@ from core.pg.capture import PostgresCapture
 from core.pg.pgoutput import XLOG_HEADER, start_replication
 from core.pg.values import SESSION_OPTIONS
 from core.store import Store
-
-RESULTS = Path(__file__).parent / "results" / "capture.jsonl"
 
 
 def make_backlog(url: str, n: int) -> None:
@@ -134,11 +132,7 @@ def main() -> None:
         "target_ratio": 0.5,
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
-    line = json.dumps(result)
-    print(line)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as f:
-        f.write(line + "\n")
+    record(result)
 
 
 if __name__ == "__main__":

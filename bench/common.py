@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from core.embedded import EmbeddedPostgres
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def new_db(
@@ -51,3 +55,12 @@ def summarize(path: Path, what: str = "the weir process", top: int = 25) -> str:
     lines = [f"py-spy self time of {what}, {total} samples"]
     lines += [f"{100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
     return "\n".join(lines) + "\n"
+
+
+def record(result: dict[str, Any]) -> None:
+    """Print a bench's result as one JSON line and append it to results/<bench>.jsonl."""
+    line = json.dumps(result)
+    print(line)
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / f"{result['bench']}.jsonl").open("a") as f:
+        f.write(line + "\n")

@@ -34,13 +34,12 @@ from typing import Any
 
 import orjson
 import psycopg
-from common import new_db, py_spy, summarize
+from common import RESULTS, new_db, py_spy, record, summarize
 
 from core.config import WeirConfig
 from core.embedded import EmbeddedPostgres, free_port
 from core.service import prepare
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token-0123456789"
 WORKERS = 4
 BATCH = 100
@@ -174,11 +173,7 @@ def main() -> None:
         "targets": {"received_and_acked_per_s": 10000},
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
-    line = json.dumps(result)
-    print(line)
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "consume_api.jsonl", "a") as f:
-        f.write(line + "\n")
+    record(result)
     if args.profile:
         (RESULTS / "consume_api-profile.txt").write_text(summarize(workdir / "profile.txt"))
 

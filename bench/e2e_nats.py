@@ -32,11 +32,10 @@ from pathlib import Path
 import nats
 import orjson
 import psycopg
-from common import new_db, py_spy, summarize
+from common import RESULTS, new_db, py_spy, record, summarize
 
 from core.embedded import EmbeddedNats, EmbeddedPostgres
 
-RESULTS = Path(__file__).parent / "results"
 PAYLOAD = 520  # bytes: about what one of the bench table's events weighs
 
 
@@ -187,11 +186,7 @@ def main() -> None:
         "targets": {"e2e_changes_per_s": 30000, "ratio_to_ceiling": 0.6, "p99_ms": 100},
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
-    line = json.dumps(result)
-    print(line)
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "e2e_nats.jsonl", "a") as f:
-        f.write(line + "\n")
+    record(result)
     if summary is not None:
         (RESULTS / "e2e_nats-profile.txt").write_text(summary)
 

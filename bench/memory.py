@@ -29,13 +29,12 @@ from pathlib import Path
 
 import nats
 import psycopg
-from common import new_db
+from common import new_db, record
 
 from core.config import WeirConfig
 from core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from core.service import prepare
 
-RESULTS = Path(__file__).parent / "results"
 TARGET_MB = 300
 STREAMS = {"MEM_EVENTS": "sequin-events.mem.>", "MEM_RECORDS": "sequin-records.mem.>"}
 
@@ -133,11 +132,7 @@ def main() -> None:
         "rss_p50_mb": round(sorted(samples)[len(samples) // 2]),
         "target_peak_rss_mb": TARGET_MB,
     }
-    line = json.dumps(result)
-    print(line)
-    RESULTS.mkdir(exist_ok=True)
-    with (RESULTS / "memory.jsonl").open("a") as f:
-        f.write(line + "\n")
+    record(result)
 
 
 if __name__ == "__main__":

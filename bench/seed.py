@@ -13,7 +13,6 @@ workers with py-spy into bench/results/seed-profile.txt.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -25,14 +24,13 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import new_db, py_spy, summarize
+from common import RESULTS, new_db, py_spy, record, summarize
 
 from core.config import WeirConfig
 from core.embedded import EmbeddedPostgres
 from core.pg import snapshot
 from core.service import open_store
 
-RESULTS = Path(__file__).parent / "results"
 TABLE = "public.items"
 
 
@@ -119,11 +117,7 @@ def main() -> None:
         "target_per_s": 100_000,
         "profiled": args.profile,  # py-spy slows the workers: not a rate to quote
     }
-    line = json.dumps(out)
-    print(line)
-    RESULTS.mkdir(exist_ok=True)
-    with (RESULTS / "seed.jsonl").open("a") as f:
-        f.write(line + "\n")
+    record(out)
 
 
 if __name__ == "__main__":

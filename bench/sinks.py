@@ -16,27 +16,23 @@ appends it to bench/results/sinks.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import boto3
 import psycopg
-from common import new_db
+from common import new_db, record
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.config import WeirConfig
 from core.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
 from core.service import prepare, serve
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def run_for(cfg: WeirConfig, done: Any, timeout: float = 900) -> float:
@@ -160,11 +156,7 @@ def main() -> int:
         raw = raw_sqs(client, sqs.queue_url("raw-bench.fifo"), args.sqs_n, size)
         result["sqs"] = {"n": args.sqs_n, "weir_per_s": round(weir), "raw_per_s": round(raw),
                          "ratio": round(weir / raw, 3), "bytes": size}  # fmt: skip
-    line = json.dumps(result)
-    print(line)
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "sinks.jsonl", "a") as out:
-        out.write(line + "\n")
+    record(result)
     return 0
 
 
