@@ -85,7 +85,10 @@ def main() -> None:
         }  # fmt: skip
         prepare(WeirConfig.model_validate(spec))  # the slot exists before the rows go in
         asyncio.run(make_streams(ns.url))
-        insert = "INSERT INTO bench SELECT g, g, 'name-' || g FROM generate_series(%s, %s) g"
+        insert = (
+            "INSERT INTO bench SELECT g, g, 'name-' || g"
+            " FROM generate_series(%s::bigint, %s::bigint) g"
+        )
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(insert, (1, half))
             for first in range(half + 1, n + 1, 1000):
