@@ -7,7 +7,7 @@ the Spark seed job and the connectors all call these.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:")
@@ -40,13 +40,15 @@ def key_text(value: Any) -> str:
     return str(value)
 
 
-def record_id_of(key_values: Iterable[Any]) -> str:
+def record_id_of(key_values: Sequence[Any]) -> str:
     """The record id from the key column values, already in subject-token form.
 
     One key column: its encoded text (``42``, ``0b6c…``). Several: the encoded values joined
     with ``,``. Because the record id is the token, ``metadata.record_id`` and the subject's
     record token are always the same string.
     """
+    if len(key_values) == 1:  # the common case, without a list to join (~0.15 us a row)
+        return encode_token(key_text(key_values[0]))
     return ",".join([encode_token(key_text(v)) for v in key_values])
 
 

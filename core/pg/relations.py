@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from core.ids import collection_id_of, encode_token, key_text, record_id_of
+from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog
 from core.store.writer import Change
@@ -120,10 +120,8 @@ def key_values(rel: Relation, values: Tuple) -> dict[str, Any]:
 
 def record_id_for(rel: Relation, rec: dict[str, Any]) -> str:
     """The record id of a row of ``rel`` from its converted values."""
-    names, key = rel.names, rel.key
-    if len(key) == 1:  # record_id_of's answer for one column, without its lists: 3x quicker
-        return encode_token(key_text(rec.get(names[key[0]])))
-    return record_id_of([rec.get(names[i]) for i in key])
+    names = rel.names
+    return record_id_of([rec.get(names[i]) for i in rel.key])
 
 
 def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) -> Change:
