@@ -163,31 +163,35 @@ class KafkaHarness:
         connector["kafka"]["max_message_bytes"] = nbytes
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
-        tps = [TopicPartition(t, p, 0) for t in self.topics[connector["name"]]
-               for p in range(3)]  # fmt: skip
-        consumer = Consumer({"bootstrap.servers": self.server.bootstrap, "group.id": "harness",
-                             "enable.partition.eof": True})  # fmt: skip
-        out: list[Delivered] = []
-        try:
-            consumer.assign(tps)
-            left = {(tp.topic, tp.partition) for tp in tps}
-            deadline = time.monotonic() + 30
-            while left and time.monotonic() < deadline:
-                for msg in consumer.consume(1000, timeout=0.1):
-                    if (err := msg.error()) is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            raise KafkaException(err)
-                        left.discard((msg.topic(), msg.partition()))
-                        continue
-                    headers = dict(msg.headers() or [])
-                    out.append(Delivered(headers["idempotency_key"].decode(),
-                                         orjson.loads(msg.value())))  # fmt: skip
-            assert not left, f"partitions never reached their end: {left}"
-        finally:
-            consumer.close()
-        return out
+        conf = {"bootstrap.servers": self.server.bootstrap}
+        return read_kafka(conf, self.topics[connector["name"]], 3)
 
     consume = read
+
+
+def read_kafka(conf: dict[str, Any], topics: list[str], partitions: int) -> list[Delivered]:
+    """Every message of the topics' partitions, from the start to the end, with client ``conf``."""
+    tps = [TopicPartition(t, p, 0) for t in topics for p in range(partitions)]
+    consumer = Consumer(conf | {"group.id": "harness", "enable.partition.eof": True})
+    out: list[Delivered] = []
+    try:
+        consumer.assign(tps)
+        left = {(tp.topic, tp.partition) for tp in tps}
+        deadline = time.monotonic() + 30
+        while left and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.1):
+                if (err := msg.error()) is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(err)
+                    left.discard((msg.topic(), msg.partition()))
+                    continue
+                headers = dict(msg.headers() or [])
+                out.append(Delivered(headers["idempotency_key"].decode(),
+                                     orjson.loads(msg.value())))  # fmt: skip
+        assert not left, f"partitions never reached their end: {left}"
+    finally:
+        consumer.close()
+    return out
 
 
 class SqsHarness:

@@ -14,14 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
-from confluent_kafka import Consumer, TopicPartition
 
 from connectors.kafka.config import KafkaSettings
 from connectors.kafka.sink import client_config
 from core.embedded import EmbeddedKafka
+from tests.helpers.brokers import read_kafka
 from tests.helpers.capture import wait_for
 from tests.helpers.kafka_front import KafkaFront, Pki, make_pki
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
@@ -62,23 +61,10 @@ def setup_topics(tmp_path: Path, c: dict[str, Any]) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def read_all(c: dict[str, Any], expect: int) -> list[dict[str, Any]]:
+def read_all(c: dict[str, Any]) -> list[dict[str, Any]]:
     """Every message of the connector's topic, read with the connector's own credentials."""
     conf = client_config(KafkaSettings.model_validate(c["kafka"]), "check")
-    consumer = Consumer(conf | {"group.id": "check", "enable.partition.eof": True})
-    out: list[dict[str, Any]] = []
-    try:
-        consumer.assign([TopicPartition(c["kafka"]["topic"], p, 0) for p in range(2)])
-        wait_for(lambda: out.extend(_values(consumer)) or len(out) >= expect, timeout=60,
-                 what=f"{expect} messages")  # fmt: skip
-    finally:
-        consumer.close()
-    return out
-
-
-def _values(consumer: Consumer) -> list[dict[str, Any]]:
-    msgs = consumer.consume(100, timeout=0.2)
-    return [orjson.loads(m.value()) for m in msgs if m.error() is None]
+    return [d.payload for d in read_kafka(conf, [c["kafka"]["topic"]], 2)]
 
 
 CASES = {
@@ -116,7 +102,7 @@ def test_kafka_connector_delivers_through_sasl_and_tls(
         with serving(weir_config(table, [c])):
             insert_t(table, range(1, 6))
             wait_for(lambda: cursor_of(table, "secure")[0] == 5, timeout=60, what="5 delivered")
-        got = read_all(c, 5)
+        got = read_all(c)
     assert sorted(m["record"]["id"] for m in got) == [1, 2, 3, 4, 5]
     assert front.refused == []
 
@@ -158,4 +144,4 @@ def test_refused_connection_says_why_and_loses_nothing(
         )
         with serving(weir_config(table, [fixed])):
             wait_for(lambda: cursor_of(table, "secure")[0] == 5, timeout=60, what="5 delivered")
-        assert sorted(m["record"]["id"] for m in read_all(fixed, 5)) == [1, 2, 3, 4, 5]
+        assert sorted(m["record"]["id"] for m in read_all(fixed)) == [1, 2, 3, 4, 5]
