@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from core.embedded import EmbeddedNats
-from core.service import prepare
+from core.service import open_store, prepare
+from core.store.writer import SNAPSHOT_IDX, Change, SnapshotWriter, SourceWriter
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, wait_for
 from tests.helpers.load import WeirProcess
@@ -95,6 +97,45 @@ def test_snapshot_rows_are_encoded_as_capture_encodes_them(db_url: str) -> None:
     assert set(stored) == set(captured)
     for key, record in captured.items():
         assert stored[key] == (record, -1), key  # the backfill's version won, same values
+
+
+def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) -> None:
+    """Snapshot rows at version 40 go in by a plain insert until one meets a stored record;
+    that batch and the later ones are checked row by row. Either way a stored version newer
+    than the snapshot wins, an older one is replaced, and seqs are given out gap-free."""
+    cfg = weir_config(db_url, [])
+    store, sid, at = open_store(cfg), cfg.sources[0].sync_id, datetime.now(UTC)
+    with store.connect() as conn:
+        live = SourceWriter(conn, store, sid)
+        live.write([Change("insert", "public:t", rid, {"v": "live"}, None, False, None, version,
+                           0, at.isoformat()) for rid, version in (("newer", 50), ("older", 30))])
+        live.commit(50, 50)  # fmt: skip
+        w = SnapshotWriter(conn, store, sid, 40, at)
+
+        def merge(*ids: str) -> int:
+            w.stage("public:t", [(rid, '{"v": "snapshot"}') for rid in ids])
+            accepted = w.merge()
+            conn.commit()
+            return accepted
+
+        assert merge("a1", "a2") == 2
+        assert merge("a3", "newer", "older") == 2  # the insert fails: checked row by row
+        assert merge("a4") == 1
+        records = {
+            rid: (seq, version, idx, rec["v"])
+            for rid, seq, version, idx, rec in conn.execute(
+                "SELECT record_id, seq, version, version_idx, record FROM weir.records"
+            )
+        }
+        (records_seq,) = conn.execute("SELECT records_seq FROM weir.sources").fetchone() or ()
+    assert records.pop("newer") == (1, 50, 0, "live")
+    snapshot = (40, SNAPSHOT_IDX, "snapshot")
+    assert {rid: r[1:] for rid, r in records.items()} == dict.fromkeys(
+        ["a1", "a2", "a3", "older", "a4"], snapshot
+    )
+    assert [records[rid][0] for rid in ("a1", "a2")] == [3, 4]
+    assert {records["a3"][0], records["older"][0]} == {5, 6}
+    assert records["a4"][0] == records_seq == 7
 
 
 def test_seed_job_under_concurrent_changes_equals_the_table(
