@@ -328,13 +328,10 @@ INSERT INTO {{records}} AS r (sync_id, collection_id, record_id, seq, version, v
 SELECT %(sid)s, collection_id, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
 FROM accepted WHERE {which}
 """
-INSERT_SNAPSHOT = (
-    """
+INSERT_SNAPSHOT = """
 WITH accepted AS (
     SELECT collection_id, record_id, record, %(base)s::int8 + ord AS seq FROM weir_snapshot_stage
-)"""
-    + _INSERT_ACCEPTED.format(which="true")
-)
+)""" + _INSERT_ACCEPTED.format(which="true")
 MERGE_SNAPSHOT = (
     """
 WITH accepted AS (

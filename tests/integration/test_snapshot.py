@@ -107,9 +107,13 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
     store, sid, at = open_store(cfg), cfg.sources[0].sync_id, datetime.now(UTC)
     with store.connect() as conn:
         live = SourceWriter(conn, store, sid)
-        live.write([Change("insert", "public:t", rid, {"v": "live"}, None, False, None, version,
-                           0, at.isoformat()) for rid, version in (("newer", 50), ("older", 30))])
-        live.commit(50, 50)  # fmt: skip
+        live.write(
+            [
+                Change("insert", "public:t", rid, {"v": "live"}, None, False, None, lsn, 0, str(at))
+                for rid, lsn in (("newer", 50), ("older", 30))
+            ]
+        )
+        live.commit(50, 50)
         w = SnapshotWriter(conn, store, sid, 40, at)
 
         def merge(*ids: str) -> int:
