@@ -48,7 +48,10 @@ def record_id_of(key_values: Sequence[Any]) -> str:
     record token are always the same string.
     """
     if len(key_values) == 1:  # the common case, without a list to join (~0.15 us a row)
-        return encode_token(key_text(key_values[0]))
+        value = key_values[0]
+        if type(value) is int:  # digits and "-": nothing to escape (~0.3 us a row)
+            return str(value)
+        return encode_token(key_text(value))
     return ",".join([encode_token(key_text(v)) for v in key_values])
 
 

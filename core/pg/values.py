@@ -55,6 +55,8 @@ def to_bytea(b: bytes) -> str:
 
 def _iso_datetime(s: str, suffix: str) -> str:
     """``2026-11-22 10:00:00.12`` -> ``2026-11-22T10:00:00.120000`` + suffix."""
+    if len(s) == 19 and s[10] == " ":  # whole seconds, years 1-9999 AD: the common case
+        return f"{s[:10]}T{s[11:]}.000000{suffix}"
     if s.endswith(" BC") or s[0] in "-i":  # BC dates and +-infinity stay as Postgres prints them
         return s
     day, _, time = s.partition(" ")

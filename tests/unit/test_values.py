@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +21,20 @@ def test_scalars() -> None:
     assert v.to_timestamptz(b"infinity") == "infinity"
     assert v.to_timestamp(b"0044-03-15 12:00:00 BC") == "0044-03-15 12:00:00 BC"
     assert v.to_timestamp(b"12026-01-01 00:00:00.000001") == "12026-01-01T00:00:00.000001"
+
+
+@given(st.datetimes(), st.booleans())
+def test_timestamps_read_as_iso_8601_with_microseconds(at: datetime, with_zone: bool) -> None:
+    """Whatever Postgres prints (it drops trailing zeros of the fraction, and the fraction
+    when it is zero), a timestamp reads as ``YYYY-MM-DDTHH:MM:SS.ffffff`` (UTC: ``Z``)."""
+    day = f"{at.year:04d}-{at.month:02d}-{at.day:02d}"
+    fraction = f"{at.microsecond:06d}"
+    printed = f"{day} {at:%H:%M:%S}" + ("." + fraction.rstrip("0") if at.microsecond else "")
+    expected = f"{day}T{at:%H:%M:%S}.{fraction}"
+    if with_zone:
+        assert v.to_timestamptz((printed + "+00").encode()) == expected + "Z"
+    else:
+        assert v.to_timestamp(printed.encode()) == expected
 
 
 def test_catalog_resolves_domains_and_arrays() -> None:
