@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from core.config import PostgresSource
 from core.pg.relations import Relation, Relations, record_id_for, row_values
@@ -243,10 +244,43 @@ def split_copy_line(line: bytes) -> list[bytes | None]:
 
 
 def copy_rows(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[list[bytes | None]]:
-    """The rows of ``query`` as its columns' text, streamed by COPY."""
+    """The rows of ``query`` as its columns' text, streamed by COPY.
+
+    Rows that libpq already holds are taken from it directly (``pgconn.get_copy_data``):
+    psycopg's ``Copy.read`` costs ~1 us more a row, about a tenth of a seed's Python work.
+    psycopg waits for the socket when libpq holds none.
+    """
     with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as copy:
-        for data in copy:
-            yield split_copy_line(bytes(data))
+        pgconn = conn.pgconn
+        while True:
+            n, view = pgconn.get_copy_data(1)
+            if n > 0:
+                data = bytes(view)
+            elif n == 0:  # none held: psycopg waits for one, or for the end and its result
+                data = bytes(copy.read())
+                if not data:
+                    return
+            else:  # the end, seen here: take the COPY's result as psycopg would
+                _end_copy_out(pgconn, conn.info.encoding)
+                return
+            yield split_copy_line(data)
+
+
+def _end_copy_out(pgconn: pq.abc.PGconn, encoding: str) -> None:
+    """Take the results of a COPY TO whose end libpq has seen, waiting in ``select``, and
+    raise the server's error if it sent one."""
+    error = None
+    while True:
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            error = error or psycopg.errors.error_from_result(result, encoding)
+    if error:
+        raise error
 
 
 _dumps = orjson.dumps

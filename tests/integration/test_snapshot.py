@@ -11,8 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from core.embedded import EmbeddedNats
+from core.pg import snapshot
+from core.pg.snapshot import copy_rows
 from core.service import open_store, prepare
 from core.store.writer import SNAPSHOT_IDX, Change, SnapshotWriter, SourceWriter
 from tests.helpers.brokers import NatsHarness
@@ -97,6 +100,20 @@ def test_snapshot_rows_are_encoded_as_capture_encodes_them(db_url: str) -> None:
     assert set(stored) == set(captured)
     for key, record in captured.items():
         assert stored[key] == (record, -1), key  # the backfill's version won, same values
+
+
+def test_copy_rows_reads_every_row_and_raises_the_servers_error(db_url: str) -> None:
+    """Rows come from libpq directly or through psycopg's wait; either way all of them, in
+    order, an error in the middle of a COPY is raised, and the connection goes on."""
+    with snapshot.connect(db_url) as conn:
+        for _ in range(3):
+            rows = list(copy_rows(conn, sql.SQL("SELECT i, repeat(E'\\t', i % 50)"
+                                                " FROM generate_series(1, 20000) i")))  # fmt: skip
+            assert rows == [[str(i).encode(), b"\t" * (i % 50)] for i in range(1, 20001)]
+        failing = sql.SQL("SELECT 1 / (15000 - i) FROM generate_series(1, 20000) i")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            list(copy_rows(conn, failing))
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) -> None:
