@@ -177,9 +177,9 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
             .config("spark.ui.enabled", "false")
         )
         if not jdbc_jar:
-            # Without JDBC the rows never cross the JVM: it only schedules tasks, and its C2
-            # compiler cost ~1.5 s of CPU per 1M-row seed on the same 2 cores (C1 only: ~40%
-            # less JVM CPU, same run).
+            # Without JDBC the rows never cross the JVM: it only schedules tasks, yet its C2
+            # compiler took ~1.1 s of CPU in a 1M-row seed, from the cores the workers and
+            # Postgres use. C1 only: 1.0-1.6 s less JVM CPU (alternating runs).
             builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
     if jdbc_jar:
         builder = builder.config("spark.jars", jdbc_jar)

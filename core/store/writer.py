@@ -375,7 +375,7 @@ class SnapshotWriter:
         self.sync_id = sync_id
         self.version = version
         self.at = at
-        self._staged = 0
+        self._staged = 0  # rows staged in this transaction, numbered from 1 (``ord``)
         self._all_new = True  # no staged row has met a stored record yet: INSERT_SNAPSHOT
         self._lock_row = _lock_source(store)
         records = store.table("records")
@@ -390,22 +390,26 @@ class SnapshotWriter:
     def stage(self, collection_id: str, rows: Iterable[tuple[str, str]]) -> int:
         """Stage (record id, record JSON) rows; returns how many."""
         n = self._staged
-        with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:
-            write_row = copy.write_row
-            for record_id, record_json in rows:
-                n += 1
-                write_row((collection_id, record_id, record_json, n))
+        try:
+            with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as c:
+                write_row = c.write_row
+                for record_id, record_json in rows:
+                    n += 1
+                    write_row((collection_id, record_id, record_json, n))
+        except BaseException:
+            self._staged = 0  # the transaction fails: the caller rolls back every staged row
+            raise
         staged, self._staged = n - self._staged, n
         return staged
 
     def merge(self) -> int:
         """Upsert the staged rows that are newer than the stored versions; returns how many."""
+        self._staged = 0  # the stage empties when this transaction ends, whatever happens
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
         base = int(row[1])  # type: ignore[call-overload]
         params = {"sid": self.sync_id, "base": base, "version": self.version,
                   "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
-        self._staged = 0
         accepted = self._insert_all(params) if self._all_new else None
         if accepted is None:
             with self.conn.cursor() as cur:

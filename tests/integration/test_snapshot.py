@@ -140,8 +140,13 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
             return accepted
 
         assert merge("a1", "a2") == 2
-        assert merge("a3", "newer", "older") == 2  # the insert fails: checked row by row
-        assert merge("a4") == 1
+        w.stage("public:t", [("lost", "{}")])
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            w.stage("public:t", [("bad", "{not json")])
+        conn.rollback()
+        assert merge("a3") == 1  # numbered from 1 again: no gap in seqs
+        assert merge("a4", "newer", "older") == 2  # the insert fails: checked row by row
+        assert merge("a5") == 1
         records = {
             rid: (seq, version, idx, rec["v"])
             for rid, seq, version, idx, rec in conn.execute(
@@ -152,11 +157,11 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
     assert records.pop("newer") == (1, 50, 0, "live")
     snapshot = (40, SNAPSHOT_IDX, "snapshot")
     assert {rid: r[1:] for rid, r in records.items()} == dict.fromkeys(
-        ["a1", "a2", "a3", "older", "a4"], snapshot
+        ["a1", "a2", "a3", "a4", "older", "a5"], snapshot
     )
-    assert [records[rid][0] for rid in ("a1", "a2")] == [3, 4]
-    assert {records["a3"][0], records["older"][0]} == {5, 6}
-    assert records["a4"][0] == records_seq == 7
+    assert [records[rid][0] for rid in ("a1", "a2", "a3")] == [3, 4, 5]
+    assert {records["a4"][0], records["older"][0]} == {6, 7}
+    assert records["a5"][0] == records_seq == 8
 
 
 def test_seed_job_under_concurrent_changes_equals_the_table(
