@@ -165,8 +165,8 @@ class ConsumerConfig(Model):
     stream: Literal["records", "events"] = "events"
     sources: list[str] | None = Field(None, description="source names; default all")
     ack_wait_ms: int = Field(30_000, ge=100, le=12 * 3600 * 1000, description="visibility timeout")
-    max_deliver: int = Field(
-        -1, ge=-1, description="deliveries before the failed list; -1: no limit"
+    max_deliver: int = Field(  # le: the store's integer
+        -1, ge=-1, le=2**31 - 1, description="deliveries before the failed list; -1: no limit"
     )
     deliver_policy: Literal["all", "new"] = "all"
     max_ack_pending: int = Field(10_000, ge=1, le=1_000_000)

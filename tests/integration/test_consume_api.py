@@ -196,6 +196,8 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
             (client.post("/v1/http-consumers", json=W), 409, "exists"),
             (client.post("/v1/http-consumers", json={"name": "y", "sources": ["nope"]}), 422,
              "no source named nope"),
+            (client.post("/v1/http-consumers", json={"name": "z", "max_deliver": 2**31}), 422,
+             "max_deliver"),  # more than the store's integer: every receive failed with a 500
             (client.get("/v1/http-consumers/nope/next"), 404, "nope"),
             (client.get("/v1/http-consumers/w/next?batch_size=0"), 422, "batch_size"),
             (client.post("/v1/http-consumers/w/ack", json={"ack_tokens": ["!!"]}), 400,

@@ -129,6 +129,9 @@ def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
         "characters",
         "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, max_deliver: 0}]\n": "3: "
         "consumers[0].max_deliver: Value error, must be -1 (no limit) or at least 1",
+        "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, max_deliver: 2147483648}]\n": (
+            "3: consumers[0].max_deliver: Input should be less than or equal to 2147483647"
+        ),
         "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, sources: [nope]}]\n": "1: "
         "(top): Value error, consumer 'w': no source named nope",
     }
