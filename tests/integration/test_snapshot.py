@@ -155,9 +155,9 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
         }
         (records_seq,) = conn.execute("SELECT records_seq FROM weir.sources").fetchone() or ()
     assert records.pop("newer") == (1, 50, 0, "live")
-    snapshot = (40, SNAPSHOT_IDX, "snapshot")
+    from_snapshot = (40, SNAPSHOT_IDX, "snapshot")
     assert {rid: r[1:] for rid, r in records.items()} == dict.fromkeys(
-        ["a1", "a2", "a3", "a4", "older", "a5"], snapshot
+        ["a1", "a2", "a3", "a4", "older", "a5"], from_snapshot
     )
     assert [records[rid][0] for rid in ("a1", "a2", "a3")] == [3, 4, 5]
     assert {records["a4"][0], records["older"][0]} == {6, 7}
