@@ -89,10 +89,15 @@ def _write(
             rel = target.plans[t].rel
             it = iter(rows)
             n = accepted = 0
-            while staged := w.stage(rel.collection_id, records_of(rel, islice(it, MERGE_ROWS))):
-                accepted += w.merge()
+            while True:
+                staged, written = w.write(
+                    rel.collection_id, records_of(rel, islice(it, MERGE_ROWS))
+                )
+                if not staged:
+                    break
                 conn.commit()
                 n += staged
+                accepted += written
             yield t, n, accepted
 
 

@@ -312,7 +312,7 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 # Every writer of a source holds its lock (_lock_source), so no record appears while a merge
 # runs, and a merge is one of two statements:
 # - INSERT_SNAPSHOT, while no staged row has met a stored record: a plain insert of them all,
-#   numbered by their order in the stage. A stored record makes it fail (records_pkey) and
+#   numbered by their order in the chunk. A stored record makes it fail (records_pkey) and
 #   roll back, and the writer turns to MERGE_SNAPSHOT. A seed's rows are nearly all new, and
 #   the insert's own uniqueness check is the only lookup: it costs ~35% less than the merge.
 # - MERGE_SNAPSHOT looks up each row's stored version (LATERAL ... LIMIT 1, an index probe each:
@@ -361,10 +361,10 @@ SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM replaced)
 class SnapshotWriter:
     """Writes rows read from a source table (seed job, backfill) into the records stream.
 
-    Rows are staged by COPY into a temporary table with no lock held, so several writers
-    (Spark partitions) stage in parallel. ``merge`` then takes the source row's lock, the one
-    every writer of the source takes (which keeps seqs gap-free and in commit order), and
-    upserts the staged rows whose version is newer than the stored one. It does not commit:
+    ``write`` stages a chunk of rows by COPY into a temporary table with no lock held, so
+    several writers (Spark partitions) stage in parallel. It then takes the source row's lock,
+    the one every writer of the source takes (which keeps seqs gap-free and in commit order),
+    and upserts the staged rows whose version is newer than the stored one. It does not commit:
     the caller commits, with its own progress in the same transaction, and so releases the lock.
     """
 
@@ -375,7 +375,6 @@ class SnapshotWriter:
         self.sync_id = sync_id
         self.version = version
         self.at = at
-        self._staged = 0  # rows staged in this transaction, numbered from 1 (``ord``)
         self._all_new = True  # no staged row has met a stored record yet: INSERT_SNAPSHOT
         self._lock_row = _lock_source(store)
         records = store.table("records")
@@ -387,24 +386,18 @@ class SnapshotWriter:
             " (collection_id text, record_id text, record jsonb, ord int8) ON COMMIT DELETE ROWS"
         )
 
-    def stage(self, collection_id: str, rows: Iterable[tuple[str, str]]) -> int:
-        """Stage (record id, record JSON) rows; returns how many."""
-        n = self._staged
-        try:
-            with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as c:
-                write_row = c.write_row
-                for record_id, record_json in rows:
-                    n += 1
-                    write_row((collection_id, record_id, record_json, n))
-        except BaseException:
-            self._staged = 0  # the transaction fails: the caller rolls back every staged row
-            raise
-        staged, self._staged = n - self._staged, n
-        return staged
+    def write(self, collection_id: str, rows: Iterable[tuple[str, str]]) -> tuple[int, int]:
+        """Stage (record id, record JSON) rows and merge them; returns (staged, accepted)."""
+        n = 0
+        with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:
+            write_row = copy.write_row
+            for record_id, record_json in rows:
+                n += 1
+                write_row((collection_id, record_id, record_json, n))
+        return n, self._merge_staged() if n else 0
 
-    def merge(self) -> int:
+    def _merge_staged(self) -> int:
         """Upsert the staged rows that are newer than the stored versions; returns how many."""
-        self._staged = 0  # the stage empties when this transaction ends, whatever happens
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
         base = int(row[1])  # type: ignore[call-overload]

@@ -134,15 +134,15 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
         w = SnapshotWriter(conn, store, sid, 40, at)
 
         def merge(*ids: str) -> int:
-            w.stage("public:t", [(rid, '{"v": "snapshot"}') for rid in ids])
-            accepted = w.merge()
+            staged, accepted = w.write("public:t", [(rid, '{"v": "snapshot"}') for rid in ids])
             conn.commit()
+            assert staged == len(ids)
             return accepted
 
         assert merge("a1", "a2") == 2
-        w.stage("public:t", [("lost", "{}")])
+        w.write("public:t", [("lost", "{}")])
         with pytest.raises(psycopg.errors.InvalidTextRepresentation):
-            w.stage("public:t", [("bad", "{not json")])
+            w.write("public:t", [("bad", "{not json")])
         conn.rollback()
         assert merge("a3") == 1  # numbered from 1 again: no gap in seqs
         assert merge("a4", "newer", "older") == 2  # the insert fails: checked row by row
