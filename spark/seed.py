@@ -6,12 +6,13 @@
 Each table is split into key ranges of about equal size (``core.pg.snapshot.key_ranges``), one
 Spark partition each, and all tables' partitions run in one job. Without a jar, a task reads
 its range with ``COPY ... TO STDOUT`` and writes it in the same Python process (the rows never
-cross the JVM). With a JDBC driver jar, Spark reads each range through JDBC and ``mapInArrow``
-writes it. Both read every column as its text, the text pgoutput sends, turn it into records
-with capture's converters and ids (``core``), and write through ``SnapshotWriter``: staged by
-COPY, merged with the version guard. Every row carries the version taken by
-``snapshot_point`` before any read, so a live change committed after it always wins, and a
-retried task writes nothing twice (same version: not newer).
+cross the JVM): when every column's type allows it, the source server renders the records
+itself and the task passes its lines on untouched (``snapshot.read_records``). With a JDBC
+driver jar, Spark reads each range through JDBC and ``mapInArrow`` writes it. Either way the
+records are those of capture's converters and ids (``core``), and are written through
+``SnapshotWriter``: staged by COPY, merged with the version guard. Every row carries the
+version taken by ``snapshot_point`` before any read, so a live change committed after it
+always wins, and a retried task writes nothing twice (same version: not newer).
 
 Executors need the ``weir`` package (``core``) importable: local mode has it; on a cluster,
 install it on the workers or ship it with ``--py-files``.
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -40,7 +41,6 @@ from psycopg import sql
 
 from core.config import PostgresSource, WeirConfig
 from core.pg import snapshot
-from core.pg.snapshot import records_of
 from core.pg.values import SESSION_OPTIONS
 from core.progress import Progress
 from core.store import Store
@@ -78,21 +78,20 @@ class _Target:
 
 
 def _write(
-    target: _Target, parts: Iterable[tuple[int, Iterable[Sequence[bytes | None]]]]
+    target: _Target, parts: Iterable[tuple[int, Iterable[bytes]]]
 ) -> Iterator[tuple[int, int, int]]:
-    """Rows of tables (``(table index, rows as column text)``) into the records stream, staged
-    and merged every ``MERGE_ROWS``; yields (table index, rows, rows written) per part."""
+    """Records of tables (``(table index, snapshot.records_of lines)``) into the records
+    stream, staged and merged every ``MERGE_ROWS``; yields (table index, rows, rows written)
+    per part."""
     store = Store(target.store_url, target.store_schema)
     with store.connect() as conn:
         w = SnapshotWriter(conn, store, target.sync_id, target.version, target.at)
         for t, rows in parts:
-            rel = target.plans[t].rel
+            collection_id = target.plans[t].rel.collection_id
             it = iter(rows)
             n = accepted = 0
             while True:
-                staged, written = w.write(
-                    rel.collection_id, records_of(rel, islice(it, MERGE_ROWS))
-                )
+                staged, written = w.write(collection_id, islice(it, MERGE_ROWS))
                 if not staged:
                     break
                 conn.commit()
@@ -108,8 +107,7 @@ def _read_and_write(
     with snapshot.connect(url) as conn:
         yield from _write(
             target,
-            ((t, snapshot.copy_rows(conn, target.plans[t].range_query(lo, hi)))
-             for t, lo, hi in ranges),
+            ((t, snapshot.read_records(conn, target.plans[t], lo, hi)) for t, lo, hi in ranges),
         )  # fmt: skip
 
 
@@ -117,12 +115,13 @@ def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
     """A task of the JDBC path (``mapInArrow``): batches of ``t`` and text columns written."""
     import pyarrow as pa
 
-    def parts() -> Iterator[tuple[int, Iterable[Sequence[bytes | None]]]]:
+    def parts() -> Iterator[tuple[int, Iterable[bytes]]]:
         for b in batches:
             if b.num_rows:
                 t = b.column(0)[0].as_py()  # a partition is one key range of one table
-                cols = b.columns[1 : 1 + len(target.plans[t].rel.names)]
-                yield t, zip(*[c.to_pylist() for c in cols], strict=True)
+                rel = target.plans[t].rel
+                cols = b.columns[1 : 1 + len(rel.names)]
+                yield t, snapshot.records_of(rel, zip(*[c.to_pylist() for c in cols], strict=True))
 
     schema = pa.schema([("t", pa.int32()), ("rows", pa.int64()), ("written", pa.int64())])
     for t, n, accepted in _write(target, parts()):

@@ -34,7 +34,7 @@ from psycopg import pq, sql
 from core.config import PostgresSource
 from core.pg.relations import Relation, Relations, record_id_for, row_values
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
-from core.pg.values import SESSION_OPTIONS
+from core.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def connect(url: str) -> psycopg.Connection[Any]:
         autocommit=True,
         options=SESSION_OPTIONS,
         application_name="weir-snapshot",
+        client_encoding="UTF8",  # the bytes read pass on to the store as they are
     )
 
 
@@ -121,6 +122,9 @@ class TablePlan:
     rel: Relation
     types: tuple[str, ...]  # SQL type of each column, to cast keyset values back
     order: tuple[int, ...]  # keyset columns: the sort column (if any), then the key columns
+    # Per column, the SQL that renders its JSON value (TypeCatalog.json_sql), when the source
+    # server can render every value and the record id; else None and Python converts the text.
+    rendered: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -156,6 +160,31 @@ class TablePlan:
         """The rows with lo < keyset <= hi."""
         return self.select() + sql.SQL(" WHERE {}").format(self.range_where(lo, hi))
 
+    def records_query(self, lo: list[str] | None, hi: list[str] | None) -> sql.Composed | None:
+        """The rows with lo < keyset <= hi as (record id, record JSON) rendered by the source
+        server, as capture's converters and ``record_id_of`` make them; None if it cannot."""
+        if self.rendered is None:
+            return None
+        names = [sql.Identifier(n) for n in self.rel.names]
+        values = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(sql.SQL(expr).format(c=name), name)
+            for expr, name in zip(self.rendered, names, strict=True)
+        )
+        keys = [sql.SQL("weir_row.{}::text").format(names[i]) for i in self.rel.key]
+        record_id = (
+            keys[0]
+            if len(keys) == 1
+            else sql.SQL("concat_ws(',', {})").format(sql.SQL(", ").join(keys))
+        )
+        return sql.SQL(
+            "SELECT {}, row_to_json(weir_row.*) FROM (SELECT {} FROM {} WHERE {}) weir_row"
+        ).format(
+            record_id,
+            values,
+            sql.Identifier(self.rel.schema, self.rel.table),
+            self.range_where(lo, hi),
+        )
+
     def page_query(self, last: list[str] | None, limit: int) -> sql.Composed:
         """The next ``limit`` rows after ``last`` in keyset order."""
         return self.range_query(last, None) + self.ordered() + sql.SQL(f" LIMIT {int(limit)}")
@@ -189,7 +218,19 @@ def table_plan(
                 "(keyset pagination skips null values)"
             )
         order = [i, *(k for k in order if k != i)]
-    return TablePlan(rel, tuple(r[4] for r in rows), tuple(order))
+    rendered = tuple(relations.types.json_sql(r[3]) for r in rows)
+    # A record id the server can print: NOT NULL key columns whose text is their subject token
+    # (integers, uuids: digits, hex and "-"), joined by "," as record_id_of joins them.
+    keyed = all(rows[i][5] and relations.types.resolve(rows[i][3]) in _ID_TYPES for i in rel.key)
+    return TablePlan(
+        rel,
+        tuple(r[4] for r in rows),
+        tuple(order),
+        rendered if keyed and None not in rendered else None,  # type: ignore[arg-type]
+    )
+
+
+_ID_TYPES = {INT2, INT4, INT8, OID, UUID}
 
 
 def count_rows(conn: psycopg.Connection[Any], plan: TablePlan) -> int:
@@ -244,7 +285,12 @@ def split_copy_line(line: bytes) -> list[bytes | None]:
 
 
 def copy_rows(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[list[bytes | None]]:
-    """The rows of ``query`` as its columns' text, streamed by COPY.
+    """The rows of ``query`` as its columns' text, streamed by COPY."""
+    return map(split_copy_line, copy_lines(conn, query))
+
+
+def copy_lines(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[bytes]:
+    """The rows of ``query`` as lines of ``COPY ... TO STDOUT`` (text format), streamed.
 
     Rows that libpq already holds are taken from it directly (``pgconn.get_copy_data``):
     psycopg's ``Copy.read`` costs ~1 us more a row, about a tenth of a seed's Python work.
@@ -263,7 +309,7 @@ def copy_rows(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[li
             else:  # the end, seen here: take the COPY's result as psycopg would
                 _end_copy_out(pgconn, conn.info.encoding)
                 return
-            yield split_copy_line(data)
+            yield data
 
 
 def _end_copy_out(pgconn: pq.abc.PGconn, encoding: str) -> None:
@@ -286,8 +332,23 @@ def _end_copy_out(pgconn: pq.abc.PGconn, encoding: str) -> None:
 _dumps = orjson.dumps
 
 
-def records_of(rel: Relation, rows: Iterable[Sequence[bytes | None]]) -> Iterator[tuple[str, str]]:
-    """(record id, record JSON) of each row: the values an insert of it would carry."""
+def records_of(rel: Relation, rows: Iterable[Sequence[bytes | None]]) -> Iterator[bytes]:
+    """Each row's ``record id <tab> record JSON`` line in COPY's text format (what
+    ``SnapshotWriter.write`` takes), with the values an insert of the row would carry."""
     for values in rows:
         rec, _ = row_values(rel, values)
-        yield record_id_for(rel, rec), _dumps(rec).decode()
+        record_id = record_id_for(rel, rec).encode()  # subject-token characters only
+        yield b"%b\t%b\n" % (record_id, _dumps(rec).replace(b"\\", b"\\\\"))
+
+
+def read_records(
+    conn: psycopg.Connection[Any], plan: TablePlan, lo: list[str] | None, hi: list[str] | None
+) -> Iterator[bytes]:
+    """The rows with lo < keyset <= hi as ``records_of`` lines: rendered by the source server
+    when the plan allows it, else converted here from their text. Rendered lines pass through
+    untouched: a one-process load of 1M rows spent ~1.2 us of Python CPU a row instead of ~10,
+    and ~2 us more in the source server."""
+    query = plan.records_query(lo, hi)
+    if query is not None:
+        return copy_lines(conn, query)
+    return records_of(plan.rel, copy_rows(conn, plan.range_query(lo, hi)))

@@ -157,6 +157,29 @@ FROM pg_type t
 """
 
 
+# The same values rendered as JSON by the source server itself, for reading whole tables
+# (``core.pg.snapshot``): an SQL expression over the column ``{c}`` per type. A built-in type
+# missing here is converted in Python: floats (the server prints 1 where Python prints 1.0).
+# Timestamps: years 1-9999 as _iso_datetime writes them, the others (BC, +-infinity) as text.
+_ISO_SQL = (
+    "CASE WHEN {c} >= '0001-01-01' AND {c} < 'infinity' "
+    "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
+)
+_SQL_BY_OID: dict[int, str] = {
+    BOOL: "{c}",
+    BYTEA: "translate(encode({c}, 'base64'), E'\\n', '')",  # base64 without its line breaks
+    INT8: "{c}",
+    INT2: "{c}",
+    INT4: "{c}",
+    OID: "{c}::int8",  # to_json prints an oid as a string
+    JSON: "{c}",
+    JSONB: "{c}",
+    TIMESTAMP: _ISO_SQL % "",
+    TIMESTAMPTZ: _ISO_SQL % '"Z"',
+}
+TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
+
+
 class TypeCatalog:
     """Knows how to turn any column type of one database into JSON values.
 
@@ -183,15 +206,27 @@ class TypeCatalog:
             conv = self._cache[oid] = self._build(oid, depth=0)
         return conv
 
-    def _build(self, oid: int, depth: int) -> Converter:
-        if oid in _BY_OID:
-            return _BY_OID[oid]
+    def json_sql(self, oid: int) -> str | None:
+        """The SQL that renders a column of this type as its converter's JSON value (``{c}``
+        is the column), or None when only the converter can (floats, arrays)."""
+        t = self.resolve(oid)
+        if isinstance(t, PgType):
+            return None
+        return _SQL_BY_OID.get(t) if t in _BY_OID else TEXT_SQL
+
+    def resolve(self, oid: int, depth: int = 0) -> int | PgType:
+        """What a column of this type converts as: a type oid with domains looked through, or
+        the array type."""
         t = self.types.get(oid)
-        if t is None or depth > 10:
-            return to_text  # unknown: keep the text rather than guess
+        if oid in _BY_OID or t is None or depth > 10:
+            return oid
         if t.typtype == "d" and t.base:
-            return self._build(t.base, depth + 1)
-        if t.is_array:
+            return self.resolve(t.base, depth + 1)
+        return t if t.is_array else oid
+
+    def _build(self, oid: int, depth: int) -> Converter:
+        t = self.resolve(oid, depth)
+        if isinstance(t, PgType):
             element = self._build(t.element, depth + 1)
             delimiter = t.delimiter
 
@@ -199,4 +234,5 @@ class TypeCatalog:
                 return parse_array(b.decode(), element, delimiter)
 
             return to_array
-        return to_text  # numeric, uuid, text, enums, dates, times, intervals, ranges, ...
+        # numeric, uuid, text, enums, dates, times, intervals, ranges, unknown types: the text
+        return _BY_OID.get(t, to_text)

@@ -22,7 +22,10 @@ class Store:
     schema: str = "weir"
 
     def connect(self, *, autocommit: bool = False) -> Conn:
-        return psycopg.connect(self.url, autocommit=autocommit, application_name="weir")
+        # UTF-8 whatever the database's encoding: SnapshotWriter passes rows on as bytes.
+        return psycopg.connect(
+            self.url, autocommit=autocommit, application_name="weir", client_encoding="UTF8"
+        )
 
     def table(self, name: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))

@@ -325,22 +325,22 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 _INSERT_ACCEPTED = """
 INSERT INTO {{records}} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
                             deleted, record, upstream_updated_at)
-SELECT %(sid)s, collection_id, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
+SELECT %(sid)s, %(collection)s, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
 FROM accepted WHERE {which}
 """
 INSERT_SNAPSHOT = """
 WITH accepted AS (
-    SELECT collection_id, record_id, record, %(base)s::int8 + ord AS seq FROM weir_snapshot_stage
+    SELECT record_id, record, %(base)s::int8 + ord AS seq FROM weir_snapshot_stage
 )""" + _INSERT_ACCEPTED.format(which="true")
 MERGE_SNAPSHOT = (
     """
 WITH accepted AS (
-    SELECT s.collection_id, s.record_id, s.record, o.version IS NOT NULL AS stored,
+    SELECT s.record_id, s.record, o.version IS NOT NULL AS stored,
            %(base)s::int8 + row_number() OVER () AS seq
     FROM weir_snapshot_stage s
     LEFT JOIN LATERAL (
         SELECT o.version, o.version_idx FROM {records} o
-        WHERE o.sync_id = %(sid)s AND o.collection_id = s.collection_id
+        WHERE o.sync_id = %(sid)s AND o.collection_id = %(collection)s
           AND o.record_id = s.record_id
         LIMIT 1
     ) o ON true
@@ -383,26 +383,35 @@ class SnapshotWriter:
         self._advance = _advance(store, ("records_seq",))
         conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
-            " (collection_id text, record_id text, record jsonb, ord int8) ON COMMIT DELETE ROWS"
+            " (ord int8, record_id text, record jsonb) ON COMMIT DELETE ROWS"
         )
 
-    def write(self, collection_id: str, rows: Iterable[tuple[str, str]]) -> tuple[int, int]:
-        """Stage (record id, record JSON) rows and merge them; returns (staged, accepted)."""
+    def write(self, collection_id: str, rows: Iterable[bytes]) -> tuple[int, int]:
+        """Stage rows of one collection and merge them; returns (staged, accepted).
+
+        A row is ``record id <tab> record JSON <newline>`` in COPY's text format, UTF-8
+        (``core.pg.snapshot.records_of``, or the source server's own COPY of such rows).
+        """
         n = 0
         with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:
-            write_row = copy.write_row
-            for record_id, record_json in rows:
+            block: list[bytes] = []
+            for row in rows:
                 n += 1
-                write_row((collection_id, record_id, record_json, n))
-        return n, self._merge_staged() if n else 0
+                block.append(b"%d\t%b" % (n, row))
+                if len(block) == 1000:  # a write per row costs 0.6-1.6 us a row more
+                    copy.write(b"".join(block))
+                    block.clear()
+            if block:
+                copy.write(b"".join(block))
+        return n, self._merge_staged(collection_id) if n else 0
 
-    def _merge_staged(self) -> int:
+    def _merge_staged(self, collection_id: str) -> int:
         """Upsert the staged rows that are newer than the stored versions; returns how many."""
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
         base = int(row[1])  # type: ignore[call-overload]
-        params = {"sid": self.sync_id, "base": base, "version": self.version,
-                  "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
+        params = {"sid": self.sync_id, "collection": collection_id, "base": base,
+                  "version": self.version, "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
         accepted = self._insert_all(params) if self._all_new else None
         if accepted is None:
             with self.conn.cursor() as cur:
