@@ -81,6 +81,14 @@ def checkpoint(server: EmbeddedPostgres) -> None:
         conn.execute("CHECKPOINT")
 
 
+def drop(server: EmbeddedPostgres, name: str) -> None:
+    """Remove a measured run's database and slot: the next run pays neither for the autovacuum
+    of its 2M new records nor for the WAL its slot holds (64.6k against 81-83k records/s)."""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (f"{name}_slot",))
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
 def main() -> None:
     from spark.seed import run_seed, spark_session
 
@@ -95,6 +103,7 @@ def main() -> None:
         seed_cfg = make_table(pg, "seed", n)
         checkpoint(pg)
         loader_s = copy_loader(base_cfg, n)
+        drop(pg, "base")
         checkpoint(pg)
         t0 = time.perf_counter()
         spark_session("local[2]", None)  # the JVM starts here; run_seed reuses the session
