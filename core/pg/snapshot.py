@@ -221,16 +221,14 @@ def table_plan(
     rendered = tuple(relations.types.json_sql(r[3]) for r in rows)
     # A record id the server can print: NOT NULL key columns whose text is their subject token
     # (integers, uuids: digits, hex and "-"), joined by "," as record_id_of joins them.
-    keyed = all(rows[i][5] and relations.types.resolve(rows[i][3]) in _ID_TYPES for i in rel.key)
+    id_types = {INT2, INT4, INT8, OID, UUID}
+    keyed = all(rows[i][5] and relations.types.resolve(rows[i][3]) in id_types for i in rel.key)
     return TablePlan(
         rel,
         tuple(r[4] for r in rows),
         tuple(order),
         rendered if keyed and None not in rendered else None,  # type: ignore[arg-type]
     )
-
-
-_ID_TYPES = {INT2, INT4, INT8, OID, UUID}
 
 
 def count_rows(conn: psycopg.Connection[Any], plan: TablePlan) -> int:
@@ -293,7 +291,7 @@ def copy_lines(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[b
     """The rows of ``query`` as lines of ``COPY ... TO STDOUT`` (text format), streamed.
 
     Rows that libpq already holds are taken from it directly (``pgconn.get_copy_data``):
-    psycopg's ``Copy.read`` costs ~1 us more a row, about a tenth of a seed's Python work.
+    psycopg's ``Copy.read`` costs ~1 us more a row, about what a seed's task spends a row.
     psycopg waits for the socket when libpq holds none.
     """
     with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as copy:

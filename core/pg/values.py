@@ -177,7 +177,7 @@ _SQL_BY_OID: dict[int, str] = {
     TIMESTAMP: _ISO_SQL % "",
     TIMESTAMPTZ: _ISO_SQL % '"Z"',
 }
-TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
+_TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
 
 
 class TypeCatalog:
@@ -212,7 +212,7 @@ class TypeCatalog:
         t = self.resolve(oid)
         if isinstance(t, PgType):
             return None
-        return _SQL_BY_OID.get(t) if t in _BY_OID else TEXT_SQL
+        return _SQL_BY_OID.get(t) if t in _BY_OID else _TEXT_SQL
 
     def resolve(self, oid: int, depth: int = 0) -> int | PgType:
         """What a column of this type converts as: a type oid with domains looked through, or
