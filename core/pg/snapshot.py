@@ -124,7 +124,7 @@ class TablePlan:
     order: tuple[int, ...]  # keyset columns: the sort column (if any), then the key columns
     # Per column, the SQL that renders its JSON value (TypeCatalog.json_sql), when the source
     # server can render every value and the record id; else None and Python converts the text.
-    rendered: tuple[str, ...] | None = None
+    rendered: tuple[str, ...] | None
 
     @property
     def name(self) -> str:
@@ -218,7 +218,7 @@ def table_plan(
                 "(keyset pagination skips null values)"
             )
         order = [i, *(k for k in order if k != i)]
-    rendered = tuple(relations.types.json_sql(r[3]) for r in rows)
+    exprs = [e for e in (relations.types.json_sql(r[3]) for r in rows) if e is not None]
     # A record id the server can print: NOT NULL key columns whose text is their subject token
     # (integers, uuids: digits, hex and "-"), joined by "," as record_id_of joins them.
     id_types = {INT2, INT4, INT8, OID, UUID}
@@ -227,7 +227,7 @@ def table_plan(
         rel,
         tuple(r[4] for r in rows),
         tuple(order),
-        rendered if keyed and None not in rendered else None,  # type: ignore[arg-type]
+        tuple(exprs) if keyed and len(exprs) == len(rows) else None,
     )
 
 

@@ -160,7 +160,7 @@ FROM pg_type t
 # The same values rendered as JSON by the source server itself, for reading whole tables
 # (``core.pg.snapshot``): an SQL expression over the column ``{c}`` per type. A built-in type
 # missing here is converted in Python: floats (the server prints 1 where Python prints 1.0).
-# Timestamps: years 1-9999 as _iso_datetime writes them, the others (BC, +-infinity) as text.
+# Timestamps: AD ones as _iso_datetime writes them, BC and +-infinity as text, as it keeps them.
 _ISO_SQL = (
     "CASE WHEN {c} >= '0001-01-01' AND {c} < 'infinity' "
     "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
