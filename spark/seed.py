@@ -35,17 +35,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from psycopg import sql
 
-from core.config import PostgresSource, WeirConfig
 from core.pg import snapshot
 from core.pg.values import SESSION_OPTIONS
 from core.progress import Progress
 from core.store import Store
 from core.store.writer import SnapshotWriter
+
+if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
+    from core.config import PostgresSource, WeirConfig
 
 log = logging.getLogger("weir.seed")
 

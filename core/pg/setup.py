@@ -6,12 +6,14 @@ Every problem a user can fix is a :class:`SourceSetupError` with one line saying
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
-from core.config import PostgresSource
+if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
+    from core.config import PostgresSource
+
 
 log = logging.getLogger("weir.source")
 

@@ -25,16 +25,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
 from psycopg import pq, sql
 
-from core.config import PostgresSource
 from core.pg.relations import Relation, Relations, record_id_for, row_values
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
+
+if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
+    from core.config import PostgresSource
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
-from core.config import HttpSource, PostgresSource
 from core.store.migrations import migrate
+
+if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
+    from core.config import HttpSource, PostgresSource
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
