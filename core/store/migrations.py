@@ -264,8 +264,8 @@ $$;
         """
 -- The key led with sync_id and collection_id, the same for every record of a table, so each step
 -- of an index search compared three columns to place one record id; led by the record id, most
--- steps compare one. A seed of 2M rows ran 1.02-1.20x faster (8 alternating pairs, median
--- 1.15x), its merges being mostly this index's inserts. Every lookup gives all three columns.
+-- steps compare one. A seed of 2M rows ran 1.02-1.42x faster (11 alternating pairs, median
+-- 1.17x), its merges being mostly this index's inserts. Every lookup gives all three columns.
 -- Rebuilding the index holds the records table while it runs: 1.4 s for 2M records on the
 -- development machine.
 ALTER TABLE {s}.records DROP CONSTRAINT records_pkey,
