@@ -182,7 +182,10 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
         os.environ["JAVA_HOME"] = home
     # Local workers run this interpreter, which has weir and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    local = master is None or master.startswith("local")
+    # Under spark-submit (whose JVM is up already) the master and its network are spark-submit's
+    # unless --master names a local one: loopback here would cut a cluster's executors off.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    local = master.startswith("local") if master else not submitted
     if local:  # loopback only
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName("weir-seed").config(

@@ -3,6 +3,7 @@ the stream must end up equal to the table, and the same as capture would have ma
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from core.pg import snapshot
 from core.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
 from core.service import open_store, prepare
 from core.store.writer import SNAPSHOT_IDX, Change, SnapshotWriter, SourceWriter
+from spark.seed import java_home
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for
 from tests.helpers.load import WeirProcess
@@ -36,6 +38,7 @@ from tests.helpers.weir import serving, weir_config
 
 ROWS = 200_000
 WEIR = [sys.executable, "-m", "core.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _jdbc_jar() -> str:
@@ -287,6 +290,27 @@ def test_seed_job_through_jdbc(db_url: str, tmp_path: Path) -> None:
             " AND record_id = '7'"
         ).fetchone()
     assert row == ({"id": 7, "v": 0, "note": "tab\t \\ é"},)
+    assert_stream_equals_table(db_url)
+
+
+def test_seed_job_under_spark_submit(db_url: str, tmp_path: Path) -> None:
+    """``spark-submit spark/seed.py`` takes the same arguments as ``weir seed``, and the master
+    and network settings are spark-submit's (loopback here, as tests bind only to it)."""
+    create_items(db_url, 5000)
+    config = write_config(tmp_path / "weir.yaml", db_url)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env["JAVA_HOME"] = java_home() or env.get("JAVA_HOME", "")
+    loopback = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1",
+                "spark.ui.enabled=false"]  # fmt: skip
+    seed = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         *(a for c in loopback for a in ("--conf", c)),
+         str(ROOT / "spark" / "seed.py"), "--config", str(config), "--source", "app",
+         "--table", "public.items", "--partitions", "3"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert seed.returncode == 0, seed.stderr[-3000:]
+    assert "public.items: 5,000 rows read in 3 partitions, 5,000 written" in seed.stdout
     assert_stream_equals_table(db_url)
 
 
