@@ -290,7 +290,7 @@ FROM incoming
 )
 
 # A truncate turns every live record of the collection older than it into a tombstone. It reads
-# all of the source's records (records_seq), as the key leads with the record id (migration 7).
+# every record of the source, as the key leads with the record id (migration 7).
 TRUNCATE_RECORDS = """
 WITH doomed AS (
     SELECT record_id, row_number() OVER (ORDER BY seq) AS n

@@ -294,12 +294,14 @@ def test_seed_job_through_jdbc(db_url: str, tmp_path: Path) -> None:
 
 
 def test_seed_job_under_spark_submit(db_url: str, tmp_path: Path) -> None:
-    """``spark-submit spark/seed.py`` takes the same arguments as ``weir seed``, and the master
-    and network settings are spark-submit's (loopback here, as tests bind only to it)."""
+    """``spark-submit spark/seed.py`` takes the same arguments as ``weir seed``; spark-submit
+    is given the master and the network settings (loopback: tests bind only to it)."""
     create_items(db_url, 5000)
     config = write_config(tmp_path / "weir.yaml", db_url)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env["JAVA_HOME"] = java_home() or env.get("JAVA_HOME", "")
+    home = java_home()
+    if home:
+        env["JAVA_HOME"] = home
     loopback = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1",
                 "spark.ui.enabled=false"]  # fmt: skip
     seed = subprocess.run(
