@@ -53,6 +53,12 @@ log = logging.getLogger("weir.seed")
 
 MERGE_ROWS = 20_000  # rows staged before each merge (one hold of the source's lock)
 ROWS_PER_PARTITION = 100_000  # default partition size
+# A local master's driver: on loopback only, and no web UI.
+LOOPBACK_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+}
 
 
 class SeedError(RuntimeError):
@@ -194,11 +200,8 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
     if master:
         builder = builder.master(master)
     if local:
-        builder = (
-            builder.config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-        )
+        for key, value in LOOPBACK_CONF.items():
+            builder = builder.config(key, value)
         if not jdbc_jar:
             # Without JDBC the rows never cross the JVM: it only schedules tasks, yet its C2
             # compiler took ~1.1 s of CPU in a 1M-row seed, from the cores the workers and

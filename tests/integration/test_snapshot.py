@@ -22,7 +22,7 @@ from core.pg import snapshot
 from core.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
 from core.service import open_store, prepare
 from core.store.writer import SNAPSHOT_IDX, Change, SnapshotWriter, SourceWriter
-from spark.seed import java_home
+from spark.seed import LOOPBACK_CONF, java_home
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for
 from tests.helpers.load import WeirProcess
@@ -302,11 +302,9 @@ def test_seed_job_under_spark_submit(db_url: str, tmp_path: Path) -> None:
     home = java_home()
     if home:
         env["JAVA_HOME"] = home
-    loopback = ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1",
-                "spark.ui.enabled=false"]  # fmt: skip
     seed = subprocess.run(
         [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-         *(a for c in loopback for a in ("--conf", c)),
+         *(a for k, v in LOOPBACK_CONF.items() for a in ("--conf", f"{k}={v}")),
          str(ROOT / "spark" / "seed.py"), "--config", str(config), "--source", "app",
          "--table", "public.items", "--partitions", "3"],
         capture_output=True, text=True, timeout=600, env=env,
