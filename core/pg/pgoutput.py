@@ -48,8 +48,10 @@ class ProtocolError(ValueError):
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
+    """A name: UTF-8, or (a database in another encoding) bytes kept as surrogates, which
+    ``core.pg.relations`` decodes in the database's encoding."""
     end = buf.index(0, pos)
-    return buf[pos:end].decode(), end + 1
+    return buf[pos:end].decode(errors="surrogateescape"), end + 1
 
 
 def decode_tuple(buf: bytes, pos: int) -> tuple[Tuple, int]:

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg
 from psycopg import pq, sql
 
-from core.pg.relations import Relation, Relations, record_id_for, row_values
+from core.pg.relations import Relation, Relations, SourceSchemaError, record_id_for, row_values
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
-from core.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
+from core.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID, dumps
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config import PostgresSource
@@ -215,6 +214,8 @@ def table_plan(
     cols = [(1 if r[6] else 0, r[2], r[3], -1) for r in rows]
     relations = Relations(conn, {name: src.key_columns[name]} if name in src.key_columns else {})
     rel = relations.add(("R", relid, schema, table, replident, cols))
+    if rel.problem is not None:
+        raise SourceSchemaError(rel.problem)
     order = list(rel.key)
     if sort_column is not None:
         names = [r[2] for r in rows]
@@ -232,11 +233,15 @@ def table_plan(
     # (integers, uuids: digits, hex and "-"), joined by "," as record_id_of joins them.
     id_types = {INT2, INT4, INT8, OID, UUID}
     keyed = all(rows[i][5] and relations.types.resolve(rows[i][3]) in id_types for i in rel.key)
+    # The server renders records in UTF-8 only from a UTF-8 database (a SQL_ASCII one may hold
+    # any bytes; Python reads them losslessly).
+    encoding = conn.execute("SHOW server_encoding").fetchone()
+    utf8 = encoding is not None and encoding[0] == "UTF8"
     return TablePlan(
         rel,
         tuple(r[4] for r in rows),
         tuple(order),
-        tuple(exprs) if keyed and len(exprs) == len(rows) else None,
+        tuple(exprs) if keyed and utf8 and len(exprs) == len(rows) else None,
     )
 
 
@@ -336,16 +341,16 @@ def _end_copy_out(pgconn: pq.abc.PGconn, encoding: str) -> None:
         raise error
 
 
-_dumps = orjson.dumps
-
-
 def records_of(rel: Relation, rows: Iterable[Sequence[bytes | None]]) -> Iterator[bytes]:
     """Each row's ``record id <tab> record JSON`` line in COPY's text format (what
     ``SnapshotWriter.write`` takes), with the values an insert of the row would carry."""
     for values in rows:
         rec, _ = row_values(rel, values)
         record_id = record_id_for(rel, rec).encode()  # subject-token characters only
-        yield b"%b\t%b\n" % (record_id, _dumps(rec).replace(b"\\", b"\\\\"))
+        js = dumps(rec).replace(b"\\", b"\\\\")
+        if b"\n" in js or b"\r" in js or b"\t" in js:  # json columns keep their own layout
+            js = js.replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\t", b"\\t")
+        yield b"%b\t%b\n" % (record_id, js)
 
 
 def read_records(

@@ -1,5 +1,17 @@
 """Column text (as pgoutput sends it) to JSON values, by PostgreSQL type (DESIGN.md section 4).
 
+The one place that decides how a Postgres value becomes JSON, for capture, backfill and the seed
+job alike. Its promise: every value comes through, losslessly, and none can stop capture.
+
+- json/jsonb pass through as their own text (:class:`RawJson`), so numbers keep every digit.
+  JSON that parsers refuse (``\\u0000``, numbers beyond the range of a double, nesting deeper
+  than 1024) arrives as a string holding the Postgres text instead.
+- A value whose text a converter cannot read (a type we did not foresee, an odd spelling)
+  arrives as its Postgres text: ``core.pg.relations.row_values`` falls back to :func:`to_text`.
+- Text is read in the database's own encoding (:func:`text_decoder`); bytes that encoding has no
+  character for (a ``SQL_ASCII`` database holds any) read as Latin-1, one character per byte,
+  so they can be recovered.
+
 The replication session runs with ``TimeZone=UTC``, ``DateStyle=ISO``, ``bytea_output=hex``,
 ``extra_float_digits=3`` and ``IntervalStyle=iso_8601`` so that the text is predictable.
 A converter is chosen once per column when a Relation message arrives; the hot path only calls it.
@@ -8,9 +20,12 @@ A converter is chosen once per column when a Relation message arrives; the hot p
 from __future__ import annotations
 
 import base64
+import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -30,8 +45,29 @@ JSON, JSONB, FLOAT4, FLOAT8, NUMERIC = 114, 3802, 700, 701, 1700
 TIMESTAMP, TIMESTAMPTZ, UUID = 1114, 1184, 2950
 
 
+class RawJson(bytes):
+    """The text of a json/jsonb value that every JSON parser reads as it is: written into
+    payloads untouched (:func:`dumps`), so its numbers keep every digit."""
+
+    __slots__ = ()
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawJson):
+        return orjson.Fragment(bytes(value))
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def dumps(record: Any) -> bytes:
+    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
+    return orjson.dumps(record, default=_fragment)
+
+
 def to_text(b: bytes) -> str:
-    return b.decode()
+    try:
+        return b.decode()
+    except UnicodeDecodeError:  # only a SQL_ASCII database holds such bytes: keep each byte
+        return b.decode("latin-1")
 
 
 def to_bool(b: bytes) -> bool:
@@ -44,8 +80,51 @@ def to_float(b: bytes) -> float | str:
     return v if math.isfinite(v) else b.decode()
 
 
-def to_json(b: bytes) -> Any:
-    return orjson.loads(b)
+def to_json(b: bytes) -> RawJson | str:
+    """json/jsonb: its own text when JSON parsers read it as it is, else the text as a string.
+
+    orjson is the judge (it refuses numbers beyond a double's range, lone surrogates and
+    nesting deeper than 1024); ``\\u0000`` is refused too, as the store's jsonb cannot hold it.
+    """
+    try:
+        parsed = orjson.loads(b)
+    except orjson.JSONDecodeError:
+        return to_text(b)
+    if b"\\u0000" in b and _has_nul(parsed):
+        return to_text(b)
+    if _SCALE_RISK.search(b) and not _fits_numeric(b):
+        return to_text(b)
+    return RawJson(b)
+
+
+# A number the store's jsonb cannot hold although orjson reads it (as 0.0): more than 16383
+# digits after the point (json text can have them, jsonb text cannot).
+_SCALE_RISK = re.compile(rb"[eE]-|\d{16384}")
+MAX_SCALE = 16383
+
+
+def _scale(literal: str) -> Decimal:
+    if -Decimal(literal).as_tuple().exponent > MAX_SCALE:  # type: ignore[operator]
+        raise ValueError(literal)
+    return Decimal(0)
+
+
+def _fits_numeric(b: bytes) -> bool:
+    try:
+        json.loads(b, parse_float=_scale)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _has_nul(v: Any) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any("\x00" in k or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
 
 
 def to_bytea(b: bytes) -> str:
@@ -111,7 +190,7 @@ def parse_array(text: str, element: Converter, delimiter: str = ",") -> Any:
                 start = pos
                 while pos < n and text[pos] != delimiter and text[pos] != "}":
                     pos += 1
-                raw = text[start:pos].strip()
+                raw = text[start:pos]  # unquoted: nothing around it (non-ASCII spaces are its own)
                 items.append(None if raw == "NULL" else element(raw.encode()))
             if text[pos] == delimiter:
                 pos += 1
@@ -165,6 +244,18 @@ _ISO_SQL = (
     "CASE WHEN {c} >= '0001-01-01' AND {c} < 'infinity' "
     "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
 )
+# jsonb as to_json keeps it: itself, unless it holds a number beyond a double's range (at or
+# above 2**1024 - 2**970 in size, which rounds to infinity) or nests deeper than 1024, then its
+# text. (A jsonb cannot hold the other things to_json refuses; json can, so json columns are
+# converted in Python.) Braces are doubled for sql.SQL.format.
+_DOUBLE_OVERFLOW = 2**1024 - 2**970
+_JSONB_SQL = (
+    'CASE WHEN jsonb_path_exists({c}, \'strict $.** ? (@.type() == "number"'
+    f" && (@ >= {_DOUBLE_OVERFLOW} || @ <= -{_DOUBLE_OVERFLOW}))')"
+    " OR jsonb_path_exists({c}, 'strict $.**{{1024 to last}}"
+    ' ? (@.type() == "array" || @.type() == "object")\')'
+    " THEN to_jsonb({c}::text) ELSE {c} END"
+)
 _SQL_BY_OID: dict[int, str] = {
     BOOL: "{c}",
     BYTEA: "translate(encode({c}, 'base64'), E'\\n', '')",  # base64 without its line breaks
@@ -172,12 +263,43 @@ _SQL_BY_OID: dict[int, str] = {
     INT2: "{c}",
     INT4: "{c}",
     OID: "{c}::int8",  # to_json prints an oid as a string
-    JSON: "{c}",
-    JSONB: "{c}",
+    JSONB: _JSONB_SQL,
     TIMESTAMP: _ISO_SQL % "",
     TIMESTAMPTZ: _ISO_SQL % '"Z"',
 }
 _TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
+
+
+# PostgreSQL server encodings and the Python codecs that read them (DESIGN.md section 4): a
+# database not in UTF-8 is read in its own encoding and decoded here, as the server cannot
+# convert every byte a single-byte database holds (WIN1252's 0x81, anything in SQL_ASCII).
+CODECS = {
+    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "LATIN2": "iso8859_2",
+    "LATIN3": "iso8859_3", "LATIN4": "iso8859_4", "LATIN5": "iso8859_9", "LATIN6": "iso8859_10",
+    "LATIN7": "iso8859_13", "LATIN8": "iso8859_14", "LATIN9": "iso8859_15",
+    "LATIN10": "iso8859_16", "ISO_8859_5": "iso8859_5", "ISO_8859_6": "iso8859_6",
+    "ISO_8859_7": "iso8859_7", "ISO_8859_8": "iso8859_8", "KOI8R": "koi8_r", "KOI8U": "koi8_u",
+    "WIN866": "cp866", "WIN874": "cp874", "WIN1250": "cp1250", "WIN1251": "cp1251",
+    "WIN1252": "cp1252", "WIN1253": "cp1253", "WIN1254": "cp1254", "WIN1255": "cp1255",
+    "WIN1256": "cp1256", "WIN1257": "cp1257", "WIN1258": "cp1258", "EUC_JP": "euc_jp",
+    "EUC_JIS_2004": "euc_jis_2004", "EUC_KR": "euc_kr", "EUC_CN": "gb2312",
+}  # fmt: skip
+
+
+def text_decoder(encoding: str) -> Converter:
+    """How to read text a server in ``encoding`` sends unconverted: its codec, and Latin-1 for
+    bytes the codec has no character for (one character per byte, so nothing is lost)."""
+    codec = CODECS.get(encoding.upper(), "utf-8")
+    if codec == "utf-8":
+        return to_text
+
+    def decode(b: bytes) -> str:
+        try:
+            return b.decode(codec)
+        except UnicodeDecodeError:
+            return b.decode("latin-1")
+
+    return decode
 
 
 class TypeCatalog:
@@ -185,11 +307,13 @@ class TypeCatalog:
 
     Loaded from ``pg_type`` by the capture process; ``refresh`` is called with a fresh row set
     when a Relation message names a type that is not known yet (a type created after start).
+    ``encoding`` is the encoding the server sends text in (its own, or UTF-8 after converting).
     """
 
-    def __init__(self, rows: list[tuple[Any, ...]] | None = None) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]] | None = None, encoding: str = "UTF8") -> None:
         self.types: dict[int, PgType] = {}
         self._cache: dict[int, Converter] = {}
+        self.text = text_decoder(encoding)
         if rows:
             self.refresh(rows)
 
@@ -203,7 +327,7 @@ class TypeCatalog:
     def converter(self, oid: int) -> Converter:
         conv = self._cache.get(oid)
         if conv is None:
-            conv = self._cache[oid] = self._build(oid, depth=0)
+            conv = self._cache[oid] = self._build(oid, self.text)
         return conv
 
     def json_sql(self, oid: int) -> str | None:
@@ -214,25 +338,32 @@ class TypeCatalog:
             return None
         return _SQL_BY_OID.get(t) if t in _BY_OID else _TEXT_SQL
 
-    def resolve(self, oid: int, depth: int = 0) -> int | PgType:
+    def resolve(self, oid: int) -> int | PgType:
         """What a column of this type converts as: a type oid with domains looked through, or
         the array type."""
-        t = self.types.get(oid)
-        if oid in _BY_OID or t is None or depth > 10:
-            return oid
-        if t.typtype == "d" and t.base:
-            return self.resolve(t.base, depth + 1)
-        return t if t.is_array else oid
+        for _ in range(1000):  # domains cannot form a cycle; this only bounds a broken catalog
+            t = self.types.get(oid)
+            if oid in _BY_OID or t is None or not (t.typtype == "d" and t.base):
+                return t if t is not None and t.is_array and oid not in _BY_OID else oid
+            oid = t.base
+        return oid
 
-    def _build(self, oid: int, depth: int) -> Converter:
-        t = self.resolve(oid, depth)
+    def _build(self, oid: int, text: Converter) -> Converter:
+        """The converter of a type whose values ``text`` decodes (array elements arrive
+        decoded already, so theirs is UTF-8)."""
+        t = self.resolve(oid)
         if isinstance(t, PgType):
-            element = self._build(t.element, depth + 1)
+            element = self._build(t.element, to_text)
             delimiter = t.delimiter
 
             def to_array(b: bytes) -> Any:
-                return parse_array(b.decode(), element, delimiter)
+                return parse_array(text(b), element, delimiter)
 
             return to_array
         # numeric, uuid, text, enums, dates, times, intervals, ranges, unknown types: the text
-        return _BY_OID.get(t, to_text)
+        conv = _BY_OID.get(t, to_text)
+        if text is to_text or conv not in (to_text, to_json):
+            return conv  # UTF-8, or a type whose text is ASCII
+        if conv is to_text:
+            return text
+        return lambda b: to_json(text(b).encode())
