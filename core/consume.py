@@ -34,6 +34,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from core.config import ConsumerConfig, UnknownSourceError, WeirConfig
+from core.envelope import RECORD_TOKEN_SQL
 from core.filters import selection
 from core.sink import Message
 from core.store import Store
@@ -207,7 +208,7 @@ class Consumers:
 
     async def _start_serving(self, cfg: ConsumerConfig) -> _Live:
         where = selection(
-            [cfg.filters.collection_id], None, [], record_ids=[cfg.filters.resource_id]
+            [cfg.filters.collection_id], None, [], [cfg.filters.resource_id], cfg.stream
         )
         readers = {}
         for src in self.cfg.sources_of(cfg):
@@ -551,12 +552,14 @@ class Consumers:
 
 
 def _group_sql(cfg: ConsumerConfig) -> sql.Composable:
-    """The group key of a stream row: its record, or the values of ``group_columns``."""
+    """The group key of a stream row: its record, or the values of ``group_columns``; its last
+    part short, as record_token makes it, so that it fits the queue's index."""
     if cfg.group_columns is None:
-        return sql.SQL("sync_id::text || '.' || collection_id || '.' || coalesce(record_id, '')")
-    values = sql.SQL(", ").join(
-        sql.SQL("record -> {}").format(sql.Literal(c)) for c in cfg.group_columns
-    )
-    return sql.SQL(
-        "sync_id::text || '.' || collection_id || '.' || jsonb_build_array({})::text"
-    ).format(values)
+        last: sql.Composable = sql.SQL("coalesce(record_id, '')")
+    else:
+        values = sql.SQL(", ").join(
+            sql.SQL("record -> {}").format(sql.Literal(c)) for c in cfg.group_columns
+        )
+        last = sql.SQL("jsonb_build_array({})::text").format(values)
+    token = sql.SQL(RECORD_TOKEN_SQL).format(c=last)
+    return sql.SQL("sync_id::text || '.' || collection_id || '.' || {}").format(token)

@@ -5,11 +5,12 @@ Built from store rows when a message leaves Weir; every connector and the demo u
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
 
-from core.ids import encode_token
+from core.ids import encode_token, schema_table_of
 
 _dumps = orjson.dumps
 
@@ -22,9 +23,30 @@ def collection_prefix(sync_id: str, provider: str, collection_id: str) -> str:
     return f"{sync_id}.{encode_token(provider)}.{encode_token(collection_id)}."
 
 
+MAX_RECORD_TOKEN = 256  # bytes of a record id in subjects and store keys before it is hashed
+
+
+def record_token(record_id: str | None) -> str:
+    """A record id as the last token of its group key: itself (``_`` for none, as for
+    truncates), or ``~`` and the SHA-256 hex of it when longer than 256 bytes, so subjects stay
+    far below NATS's control-line limit and store keys below an index entry's."""
+    if record_id is None:
+        return "_"
+    if len(record_id) <= MAX_RECORD_TOKEN:  # record ids are ASCII: characters are bytes
+        return record_id
+    return "~" + hashlib.sha256(record_id.encode()).hexdigest()
+
+
+# record_token in SQL, over a text column or expression {c} (the records stream's key).
+RECORD_TOKEN_SQL = (
+    f"CASE WHEN octet_length({{c}}) <= {MAX_RECORD_TOKEN} THEN {{c}}"
+    " ELSE '~' || encode(sha256(convert_to({c}, 'UTF8')), 'hex') END"
+)
+
+
 def group_key(sync_id: str, provider: str, collection_id: str, record_id: str | None) -> str:
-    """``{sync_id}.{provider}.{collection}.{record_id}``: the unit of per-record order."""
-    return collection_prefix(sync_id, provider, collection_id) + (record_id or "_")
+    """``{sync_id}.{provider}.{collection}.{record token}``: the unit of per-record order."""
+    return collection_prefix(sync_id, provider, collection_id) + record_token(record_id)
 
 
 def subject_prefix(stream: str, namespace: str) -> str:
@@ -55,7 +77,7 @@ def _metadata(
         "record_id": record_id,
     }
     if provider == "postgres":
-        schema, _, table = collection_id.partition(":")
+        schema, table = schema_table_of(collection_id)
         metadata |= {"table_schema": schema, "table_name": table, "commit_timestamp": ts,
                      "commit_lsn": lsn}  # fmt: skip
     metadata["upstream_updated_at"] = ts
@@ -111,8 +133,16 @@ def record_payload(
 
 
 def event_key(sync_id: str, commit_lsn: int, commit_idx: int) -> str:
+    """An events-stream message's idempotency key: unique per change of its source."""
     return f"{sync_id}:{commit_lsn}:{commit_idx}"
 
 
-def record_key(sync_id: str, collection_id: str, record_id: str, version: int) -> str:
-    return f"{sync_id}:{collection_id}:{record_id}:{version}"
+def record_key(group: str, version: int) -> str:
+    """A records-stream message's idempotency key: built from the group key, whose tokens hold
+    no ``.`` of their own, so two records never share one whatever their ids."""
+    return f"{group}:{version}"
+
+
+def key_prefixes(sync_id: str) -> tuple[str, str]:
+    """What every idempotency key of a source's messages starts with (events, records)."""
+    return f"{sync_id}:", f"{sync_id}."

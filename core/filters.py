@@ -28,16 +28,19 @@ def selection(
     actions: Sequence[Action] | None,
     filters: Sequence[Filter],
     record_ids: Sequence[str] = ("*",),
+    stream: str = "events",
 ) -> tuple[sql.Composable, list[Any]]:
-    """A SQL condition (``TRUE`` when nothing filters) on a row of events or records, and its
+    """A SQL condition (``TRUE`` when nothing filters) on a row of ``stream``, and its
     parameters. ``collections`` and ``record_ids`` are ``*`` patterns. Column filters apply
     to the ``record`` JSON: a missing field is null.
     """
     parts: list[sql.Composable] = []
     params: list[Any] = []
-    for column, patterns in (("collection_id", collections), ("record_id", record_ids)):
+    # The records stream keeps a long record id whole beside its key (core/envelope.py).
+    record_id = "coalesce(full_record_id, record_id)" if stream == "records" else "record_id"
+    for column, patterns in (("collection_id", collections), (record_id, record_ids)):
         if "*" not in patterns:
-            parts.append(sql.SQL("{} LIKE ANY(%s)").format(sql.Identifier(column)))
+            parts.append(sql.SQL(column + " LIKE ANY(%s)"))
             params.append([like_pattern(p) for p in patterns])
     if actions is not None:
         parts.append(sql.SQL("action = ANY(%s)"))

@@ -31,30 +31,48 @@ def encode_token(value: str) -> str:
     return "".join([_ESCAPES[b] for b in value.encode()])
 
 
-def key_text(value: Any) -> str:
-    """How one key column value reads in a record id (booleans as Postgres prints them)."""
+NULL_TOKEN = "%NULL"  # a NULL key value: never the same as any text (whose % is encoded)
+
+
+def key_token(value: Any) -> str:
+    """One key column value as a token (booleans as Postgres prints them, json as its text)."""
+    if value is None:
+        return NULL_TOKEN
     if value is True:
         return "t"
     if value is False:
         return "f"
-    return str(value)
+    if isinstance(value, bytes):  # json/jsonb text (core.pg.values.RawJson)
+        return encode_token(value.decode())
+    return encode_token(str(value))
 
 
 def record_id_of(key_values: Sequence[Any]) -> str:
     """The record id from the key column values, already in subject-token form.
 
-    One key column: its encoded text (``42``, ``0b6c…``). Several: the encoded values joined
-    with ``,``. Because the record id is the token, ``metadata.record_id`` and the subject's
-    record token are always the same string.
+    One key column: its encoded text (``42``, ``0b6c…``; NULL is ``%NULL``). Several: the
+    encoded values joined with ``,``. Subjects use it as their record token, hashed when long
+    (core/envelope.py); ``metadata.record_id`` always holds it whole.
     """
     if len(key_values) == 1:  # the common case, without a list to join (~0.15 us a row)
         value = key_values[0]
         if type(value) is int:  # digits and "-": nothing to escape (~0.3 us a row)
             return str(value)
-        return encode_token(key_text(value))
-    return ",".join([encode_token(key_text(v)) for v in key_values])
+        return key_token(value)
+    return ",".join([key_token(v) for v in key_values])
 
 
 def collection_id_of(schema: str, table: str) -> str:
-    """``public.users`` -> ``public:users``."""
+    """``public.users`` -> ``public:users``. A ``:`` or ``%`` in the schema's name is written
+    ``%3A`` or ``%25``, so that ``"a:b".c`` and ``a."b:c"`` are two collections."""
+    if ":" in schema or "%" in schema:
+        schema = schema.replace("%", "%25").replace(":", "%3A")
     return f"{schema}:{table}"
+
+
+def schema_table_of(collection_id: str) -> tuple[str, str]:
+    """The (schema, table) of a Postgres collection id: ``collection_id_of`` undone."""
+    schema, _, table = collection_id.partition(":")
+    if "%" in schema:
+        schema = schema.replace("%3A", ":").replace("%25", "%")
+    return schema, table

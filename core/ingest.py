@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from core.config import HttpSource, WeirConfig
 from core.consume import ApiError
+from core.envelope import record_token
 from core.ids import encode_token
 from core.metrics import Metrics
 from core.store import Conn, Store
@@ -117,13 +118,15 @@ class Ingest:
         assert row is not None, "source not registered"
         batch_no = int(row[0]) + 1  # type: ignore[call-overload]
         keyed = [(r.collection_id, encode_token(r.record_id), r) for r in records]
+        tokens = [record_token(i) for _, i, _ in keyed]  # the records stream's key
         rows: list[Any] = conn.execute(
             sql.SQL(
-                "SELECT r.collection_id, r.record_id, r.version, r.deleted, r.record"
+                "SELECT r.collection_id, coalesce(r.full_record_id, r.record_id), r.version,"
+                " r.deleted, r.record"
                 " FROM {} r JOIN unnest(%s::text[], %s::text[]) k(c, i)"
                 " ON r.sync_id = %s AND r.collection_id = k.c AND r.record_id = k.i"
             ).format(self.store.table("records")),
-            ([c for c, _, _ in keyed], [i for _, i, _ in keyed], src.sync_id),
+            ([c for c, _, _ in keyed], tokens, src.sync_id),
         ).fetchall()
         current: dict[tuple[str, str], tuple[int, bool, dict[str, Any]]] = {
             (c, i): (v, d, rec) for c, i, v, d, rec in rows
@@ -150,7 +153,7 @@ class Ingest:
             iso = ts.astimezone(UTC).isoformat()
             idx = len(changes)
             changes.append(
-                Change(action, coll, rid, record, diff, False, None, version, idx, iso, batch_no)
+                Change(action, coll, rid, record, diff, (), None, version, idx, iso, batch_no)
             )
             current[(coll, rid)] = (version, rec.deleted, record)
         if changes:

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.kafka.config import KafkaConnector, KafkaSettings
+from core.envelope import key_prefixes
 from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 from core.templates import Template
 
@@ -272,7 +273,8 @@ class KafkaSink:
         return dict(self._mark)
 
     async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
-        return await asyncio.to_thread(self._read_back, mark, tuple(f"{s}:" for s in sync_ids))
+        prefixes = tuple(p for s in sync_ids for p in key_prefixes(s))
+        return await asyncio.to_thread(self._read_back, mark, prefixes)
 
     def _read_back(self, mark: BrokerMark, prefixes: tuple[str, ...]) -> set[str]:
         """Idempotency keys of these sources' messages after ``mark``, up to each partition's

@@ -23,6 +23,7 @@ from core.envelope import (
     event_payload,
     record_key,
     record_payload,
+    record_token,
 )
 from core.models import SeqStart, TimeStart
 from core.sink import BrokerMark, Message
@@ -37,8 +38,8 @@ EVENTS_SELECT = (
     + ISO.format("committed_at")
     + ", record::text, changes::text, extract(epoch FROM committed_at)::float8 FROM {table}"
 )
-RECORDS_SELECT = (
-    "SELECT seq, collection_id, record_id, version, deleted, "
+RECORDS_SELECT = (  # a long record id is kept whole beside its key (record_token)
+    "SELECT seq, collection_id, coalesce(full_record_id, record_id), version, deleted, "
     + ISO.format("upstream_updated_at")
     + ", record::text,"
     " extract(epoch FROM coalesce(upstream_updated_at, updated_at))::float8 FROM {table}"
@@ -198,17 +199,18 @@ class StreamReader:
         payload = event_payload(
             sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
         )
-        group = self._prefix(coll) + (rid or "_")
+        group = self._prefix(coll) + record_token(rid)
         return Message(sid, seq, coll, action, group, key, payload, at)
 
     def record(self, row: tuple[Any, ...]) -> Message:
         seq, coll, rid, version, deleted, ts, record, at = row
         sid = self.sync_id
-        key = record_key(sid, coll, rid, version)
+        group = self._prefix(coll) + record_token(rid)
+        key = record_key(group, version)
         payload = record_payload(
             sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
         )
-        return Message(sid, seq, coll, None, self._prefix(coll) + rid, key, payload, at)
+        return Message(sid, seq, coll, None, group, key, payload, at)
 
 
 class Notifier:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ _ns = itertools.count()
 class Delivered:
     key: str  # the idempotency key the broker got with the message
     payload: dict[str, Any]
+    raw: bytes = b""  # the payload's bytes, where the harness has them
 
     @property
     def group(self) -> tuple[str, str, str | None]:
@@ -105,9 +107,15 @@ class NatsHarness:
         asyncio.run(ensure_streams(cfg))
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
+        """Each message with its ``Nats-Msg-Id``'s idempotency key: the id is the connector's
+        namespace, ``:``, then the key (JetStream deduplicates per stream, across namespaces).
+        """
         key = "records_stream" if connector["stream"] == "records" else "events_stream"
         stream = connector["nats"][key]["name"]
-        return asyncio.run(_read_stream(self.server.url, stream, self.auth))
+        namespace = connector["nats"].get("namespace", "default") + ":"
+        got = asyncio.run(_read_stream(self.server.url, stream, self.auth))
+        assert all(d.key.startswith(namespace) for d in got), "a Nats-Msg-Id without namespace"
+        return [Delivered(d.key[len(namespace) :], d.payload, d.raw) for d in got]
 
     consume = read
 
@@ -186,8 +194,9 @@ def read_kafka(conf: dict[str, Any], topics: list[str], partitions: int) -> list
                     left.discard((msg.topic(), msg.partition()))
                     continue
                 headers = dict(msg.headers() or [])
-                out.append(Delivered(headers["idempotency_key"].decode(),
-                                     orjson.loads(msg.value())))  # fmt: skip
+                value = msg.value()
+                out.append(Delivered(headers["idempotency_key"].decode(), json.loads(value),
+                                     value))  # fmt: skip
         assert not left, f"partitions never reached their end: {left}"
     finally:
         consumer.close()
@@ -353,7 +362,7 @@ async def _read_stream(url: str, stream: str, auth: dict[str, str]) -> list[Deli
         while True:
             msg = await sub.next_msg(timeout=5)
             key = (msg.headers or {}).get("Nats-Msg-Id", "")
-            out.append(Delivered(key, orjson.loads(msg.data)))
+            out.append(Delivered(key, json.loads(msg.data), msg.data))
             if msg.metadata.num_pending == 0:
                 break
         await sub.unsubscribe()

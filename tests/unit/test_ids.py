@@ -10,7 +10,7 @@ from urllib.parse import unquote_to_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.ids import encode_token, key_text, record_id_of, sync_id_for
+from core.ids import NULL_TOKEN, encode_token, key_token, record_id_of, sync_id_for
 
 TOKEN = re.compile(r"^(?:[A-Za-z0-9_\-:]|%[0-9A-F]{2})+$")
 
@@ -45,5 +45,21 @@ def test_sync_id_is_stable() -> None:
 @given(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text()))
 def test_one_column_ids_follow_the_rule_of_every_id(value: Any) -> None:
     """The shortcuts for one key column (no join; an int as it prints) give the rule's answer:
-    the value's text as a token."""
-    assert record_id_of([value]) == encode_token(key_text(value))
+    the value's token."""
+    assert record_id_of([value]) == key_token(value)
+
+
+_KEY_VALUE = st.one_of(st.none(), st.text(), st.sampled_from(["None", "NULL", "%NULL", ""]))
+
+
+@given(st.lists(_KEY_VALUE, min_size=1, max_size=3), st.lists(_KEY_VALUE, min_size=1, max_size=3))
+def test_different_keys_never_share_a_record_id(a: list[str | None], b: list[str | None]) -> None:
+    """NULL, the empty text and texts that spell them ('None', '%NULL') are all different ids."""
+    if len(a) == len(b) and a != b:
+        assert record_id_of(a) != record_id_of(b)
+
+
+def test_null_key_values_are_written_null() -> None:
+    assert record_id_of([None]) == NULL_TOKEN == "%NULL"
+    assert record_id_of(["None"]) == "None"
+    assert record_id_of([None, "x"]) == "%NULL,x"
