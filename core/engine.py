@@ -8,6 +8,10 @@ Rules it keeps, for every sink alike:
   the failed list), and with it is saved where the broker was (``Sink.mark``), so that after
   a restart the messages the broker took since are read back and not sent again;
 - a failing message blocks only its group; after ``max_attempts`` it goes to the failed list;
+- a message can never hold the connector in a reconnect loop: the messages of a batch whose
+  connection was lost (or whose acks never came) are suspects, sent alone once it is back; a
+  suspect that loses the connection alone ``max_attempts`` times (3 by default) is charged
+  with it and goes to the failed list;
 - bounded: at most ``max_pending`` messages read ahead and ``max_in_flight`` batches out.
 """
 
@@ -26,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.config import HttpSource, PostgresSource
+from core.envelope import key_prefixes
 from core.filters import selection
 from core.metrics import Metrics
 from core.models import ConnectorBase
@@ -40,6 +45,7 @@ SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
 POLL = 1.0  # seconds between store polls when no notification arrives
 SAVE_EVERY = 0.1  # seconds between cursor saves
 MAX_MARKS = 64
+STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
 
 
 class Lane:
@@ -110,11 +116,37 @@ class Forwarder:
         self.kick = asyncio.Event()  # something to do: a batch finished, a source committed
         self.notified = False
         self.state = "starting"
+        self.detail = ""
+        # Idempotency keys of messages in a batch whose connection was lost: each is sent
+        # alone until it is acknowledged; the value counts the connections it lost alone, and
+        # keeps the last error.
+        self.suspects: dict[str, tuple[int, str]] = {}
+
+    def lost_connection(self, batch: Sequence[Message], error: BaseException) -> None:
+        """A batch's connection was lost (or its acks never came): its messages are suspects;
+        a suspect sent alone is charged with the loss."""
+        if len(batch) == 1 and batch[0].key in self.suspects:
+            strikes, _ = self.suspects[batch[0].key]
+            self.suspects[batch[0].key] = (strikes + 1, f"{type(error).__name__}: {error}")
+        else:
+            for m in batch:
+                self.suspects.setdefault(m.key, (0, ""))
+
+    def charged(self, msg: Message) -> FatalError | None:
+        """The failure a suspect is charged with, once it lost the connection alone too often."""
+        strikes, error = self.suspects.get(msg.key, (0, ""))
+        if strikes < (self.cfg.retry.max_attempts or STRIKES):
+            return None
+        return FatalError(
+            f"the broker dropped the connection (or never answered) each of the {strikes} "
+            f"times this message was sent alone; last: {error}"
+        )
 
     def set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:
             self.state = state
             log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
+        self.detail = detail
 
     def _on_commit(self) -> None:
         self.notified = True
@@ -166,6 +198,7 @@ class _Session:
         self.sent = 0  # messages in flight
         self.delivered = 0
         self.failing = False
+        self.probing = False  # a suspect is out alone (Forwarder.suspects)
         m, name = fw.metrics, fw.name
         self.count_failed = m.failed.labels(name).inc
         self.count_retried = m.retried.labels(name).inc
@@ -232,8 +265,8 @@ class _Session:
                 since[stream] = min(pos, since.get(stream, pos))
         keys = await self.sink.read_back(since, [lane.reader.sync_id for lane in self.lanes])
         for lane in self.lanes:
-            prefix = lane.reader.sync_id + ":"
-            lane.skip = {k for k in keys if k.startswith(prefix)}
+            prefixes = key_prefixes(lane.reader.sync_id)
+            lane.skip = {k for k in keys if k.startswith(prefixes)}
         if keys:
             log.info("connector %s: the broker already has %d messages sent before the restart;"
                      " they are not sent again", self.fw.name, len(keys))  # fmt: skip
@@ -296,17 +329,31 @@ class _Session:
 
     def _dispatch(self) -> None:
         batch_cfg = self.cfg.batch
-        while self.ready and len(self.in_flight) < self.cfg.max_in_flight:
+        suspects = self.fw.suspects
+        while self.ready and len(self.in_flight) < self.cfg.max_in_flight and not self.probing:
             batch: list[tuple[Lane, Message]] = []
             size = 0
             while self.ready and len(batch) < batch_cfg.max_messages:
                 lane, msg = self.ready[0]
                 if batch and size + len(msg.payload) > batch_cfg.max_bytes:
                     break
+                if suspects and msg.key in suspects:  # a suspect goes alone, nothing beside it
+                    if batch or self.in_flight:
+                        break
+                    self.probing = True
                 self.ready.popleft()
                 msg.attempts += 1
                 size += len(msg.payload)
                 batch.append((lane, msg))
+                if self.probing:
+                    break
+            if not batch:
+                return
+            if self.probing and (charge := self.fw.charged(batch[0][1])) is not None:
+                self.probing = False
+                self.done.append((batch, BatchError({0: charge})))
+                self.fw.kick.set()
+                continue
             mark = self.sink.mark()
             top: dict[int, tuple[Lane, int]] = {}
             for lane, msg in batch:
@@ -330,16 +377,21 @@ class _Session:
 
     async def _settle(self) -> None:
         """Account for finished batches: acks settle, failures back off or go to the list."""
+        suspects = self.fw.suspects
         while self.done:
             batch, exc = self.done.popleft()
+            self.probing = False
             failed: dict[int, BaseException] = {}
             if isinstance(exc, BatchError):
                 failed = dict(exc.failed)
             elif exc is not None:  # the connection is in doubt: a new session reads back
+                self.fw.lost_connection([m for _, m in batch], exc)
                 raise exc
             committed = []
             for i, (lane, msg) in enumerate(batch):
                 err = failed.get(i)
+                if suspects:
+                    suspects.pop(msg.key, None)  # the broker answered for it
                 if err is None:
                     committed.append(msg.committed)
                     self._settled(lane, msg)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import ssl
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,9 @@ from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableErro
 log = logging.getLogger("weir.nats")
 
 MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
+MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does not say)
+HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
+_DENIED = re.compile(r'Permissions Violation for Publish to "?([^"\s]+)')
 
 
 def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
@@ -66,10 +70,13 @@ class NatsSink:
         self.records = cfg.stream == "records"
         self._nc: Client | None = None
         self._inbox = ""
-        self._acks: dict[str, asyncio.Future[tuple[str, int]]] = {}
+        self._acks: dict[str, tuple[asyncio.Future[tuple[str, int]], str]] = {}  # and subject
         self._ids = itertools.count()
         self._mark: BrokerMark = {}
         self._closing = False
+        # JetStream deduplicates per stream, and connectors of other namespaces may publish the
+        # same change into one stream (DESIGN.md section 5): the namespace is part of the id.
+        self._msg_id = f"{self.settings.namespace}:"
 
     @property
     def nc(self) -> Client:
@@ -80,6 +87,8 @@ class NatsSink:
     async def connect(self) -> None:
         async def on_error(e: Exception) -> None:
             log.debug("connector %s: nats: %s", self.cfg.name, e)
+            if denied := _DENIED.search(str(e)):  # the server refused a subject: no ack comes
+                self._refuse(denied.group(1), f"NATS refused the subject: {e}")
 
         async def on_disconnect() -> None:
             if self._closing:
@@ -100,8 +109,14 @@ class NatsSink:
         for info in await self.nc.jetstream().streams_info():
             self._mark[info.config.name or ""] = info.state.last_seq
 
+    def _refuse(self, subject: str, reason: str) -> None:
+        for token, (fut, subj) in list(self._acks.items()):
+            if subj == subject and not fut.done():
+                del self._acks[token]
+                fut.set_exception(FatalError(reason))
+
     async def _on_ack(self, msg: Msg) -> None:
-        fut = self._acks.pop(msg.subject[len(self._inbox) :], None)
+        fut, _ = self._acks.pop(msg.subject[len(self._inbox) :], (None, ""))
         if fut is None or fut.done():
             return
         if msg.headers and msg.headers.get("Status") == "503":
@@ -132,22 +147,20 @@ class NatsSink:
         failed: dict[int, Exception] = {}
         publish = nc.publish
         for i, m in enumerate(batch):
-            if len(m.payload) > limit:
-                failed[i] = FatalError(
-                    f"message of {len(m.payload)} bytes is over the server's max_payload ({limit})"
-                )
+            subject, msg_id = self.subject(m), self._msg_id + m.key
+            refusal = self._refusal(subject, msg_id, m.payload, limit)
+            if refusal is not None:
+                failed[i] = refusal
                 futs.append(None)
                 continue
             token = str(next(self._ids))
             fut: asyncio.Future[tuple[str, int]] = loop.create_future()
-            self._acks[token] = fut
+            self._acks[token] = (fut, subject)
             tokens.append(token)
             futs.append(fut)
             try:
-                await publish(
-                    self.subject(m), m.payload, reply=self._inbox + token,
-                    headers={"Nats-Msg-Id": m.key},
-                )  # fmt: skip
+                await publish(subject, m.payload, reply=self._inbox + token,
+                              headers={"Nats-Msg-Id": msg_id})  # fmt: skip
             except Exception:
                 self._forget(tokens)
                 raise  # connection closed, or its buffer full while reconnecting
@@ -170,6 +183,22 @@ class NatsSink:
                     mark[stream] = seq
         if failed:
             raise BatchError(failed)
+
+    def _refusal(self, subject: str, msg_id: str, payload: bytes, limit: int) -> FatalError | None:
+        """Why the server would refuse this message (and close the connection for it), with
+        its subject and headers counted; None when it fits."""
+        size = len(payload) + HEADERS + len(msg_id)
+        if size > limit:
+            return FatalError(
+                f"message of {size} bytes with its headers is over the server's max_payload "
+                f"({limit})"
+            )
+        if len(subject) + len(self._inbox) + 48 > MAX_CONTROL_LINE:
+            return FatalError(
+                f"subject of {len(subject)} bytes is too long for the server's control line "
+                f"({MAX_CONTROL_LINE} bytes): {subject[:80]}..."
+            )
+        return None
 
     def _forget(self, tokens: list[str]) -> None:
         """Stop waiting for the acks of an abandoned batch."""
@@ -218,8 +247,9 @@ class NatsSink:
                     msg = await sub.next_msg(timeout=2.0)
                 except nats.errors.TimeoutError:
                     return  # nothing (more) matches the filter
-                if msg.headers and (key := msg.headers.get("Nats-Msg-Id")):
-                    keys.add(key)
+                key = msg.headers.get("Nats-Msg-Id", "") if msg.headers else ""
+                if key.startswith(self._msg_id):
+                    keys.add(key[len(self._msg_id) :])
                 meta = msg.metadata
                 if meta.num_pending == 0 or meta.sequence.stream >= last:
                     return
