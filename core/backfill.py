@@ -18,7 +18,8 @@ from psycopg import sql
 
 from core.config import BackfillConfig, PostgresSource
 from core.pg import snapshot
-from core.pg.setup import SourceSetupError, tables_of
+from core.pg.relations import SourceSchemaError
+from core.pg.setup import SourceSetupError, capturable_tables
 from core.progress import Progress
 from core.store import Conn, Store
 from core.store.writer import SnapshotWriter
@@ -36,6 +37,7 @@ class _State:  # a row of the backfills table
     rows_read: int
     rows_written: int
     finished: bool
+    started_at: datetime
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Backfill:
         t = store.table("backfills")
         self._load = sql.SQL(
             "SELECT keyset, version, snapshot_at, last_key, rows_total, rows_read, rows_written,"
-            " finished_at IS NOT NULL"
+            " finished_at IS NOT NULL, started_at"
             " FROM {} WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
         self._start = sql.SQL(
@@ -93,11 +95,17 @@ class Backfill:
         row = conn.execute(self._load, (self.src.sync_id, collection_id)).fetchone()
         return None if row is None else _State(*row)  # type: ignore[arg-type]
 
-    def run(self, stop: threading.Event, *, new: str = "if-none") -> BackfillResult:
+    def run(
+        self, stop: threading.Event, *, new: str = "if-none", since: datetime | None = None
+    ) -> BackfillResult:
         """Resume the table's unfinished backfill, or start a new one: ``new`` is ``if-none``
         (``backfill:`` in ``weir run``: each table once), ``if-finished`` (``weir backfill``)
-        or ``always`` (``weir backfill --restart``). Returns when the table is done or ``stop``
-        is set."""
+        or ``always`` (``weir backfill --restart``); and when the backfill there is older than
+        ``since`` (a request). Returns when the table is done or ``stop`` is set.
+
+        When it is done, the records of the table that are older than its snapshot and were
+        not read (rows deleted while nothing captured them) become tombstones.
+        """
         sid = self.src.sync_id
         with (
             snapshot.connect(self.src.url.get_secret_value()) as conn,
@@ -113,7 +121,12 @@ class Backfill:
                     f"backfill of {self.table} was started paging by {st.keyset}, now by "
                     f"{keyset}: go back to the first, or start again (weir backfill --restart)"
                 )
-            if st is None or new == "always" or (st.finished and new == "if-finished"):
+            if (
+                st is None
+                or new == "always"
+                or (st.finished and new == "if-finished")
+                or (since is not None and st.started_at < since)
+            ):
                 point = snapshot.snapshot_point(conn, lambda m: log.info("%s: %s", self.table, m))
                 total = snapshot.count_rows(conn, plan)
                 store_conn.execute(
@@ -135,9 +148,11 @@ class Backfill:
             while not stop.is_set():
                 rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
                 if not rows:
+                    gone = writer.sweep(rel.collection_id)
                     store_conn.execute(self._finish, (sid, rel.collection_id))
                     store_conn.commit()
-                    progress.finish(f"{read:,} rows read, {written:,} written")
+                    swept = f", {gone:,} gone from the table" if gone else ""
+                    progress.finish(f"{read:,} rows read, {written:,} written{swept}")
                     return BackfillResult(self.table, read, written, True)
                 _, accepted = writer.write(rel.collection_id, snapshot.records_of(rel, rows))
                 last = plan.key_of(rows[-1])
@@ -154,7 +169,7 @@ def configured_tables(src: PostgresSource) -> list[str]:
     if src.backfill is not None and src.backfill.tables:
         return list(src.backfill.tables)
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        return [f"{s}.{t}" for s, t in tables_of(conn, src)]
+        return [f"{s}.{t}" for s, t in capturable_tables(conn, src)]
 
 
 def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:
@@ -164,3 +179,35 @@ def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> 
         if stop.is_set():
             return
         Backfill(src, store, table).run(stop)
+
+
+def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> None:
+    """The backfills capture asked for (core/pg/capture.py): each table's request is done when
+    a backfill started after it finishes. A table that is gone ends its request with an error
+    in the log."""
+    requests = store.table("backfill_requests")
+    with store.connect(autocommit=True) as conn:
+        rows: list[tuple[str, str, datetime]] = conn.execute(  # type: ignore[assignment]
+            sql.SQL(
+                "SELECT schema_name, table_name, requested_at FROM {} WHERE sync_id = %s"
+                " ORDER BY requested_at"
+            ).format(requests),
+            (src.sync_id,),
+        ).fetchall()
+        for schema, table, requested_at in rows:
+            if stop.is_set():
+                return
+            name = f"{schema}.{table}"
+            try:
+                finished = Backfill(src, store, name).run(stop, since=requested_at).finished
+            except (SourceSetupError, SourceSchemaError) as e:
+                log.error("backfill of %s asked for by capture: %s; not retried", name, e)
+                finished = True
+            if finished:
+                conn.execute(
+                    sql.SQL(
+                        "DELETE FROM {} WHERE sync_id = %s AND schema_name = %s"
+                        " AND table_name = %s AND requested_at = %s"
+                    ).format(requests),
+                    (src.sync_id, schema, table, requested_at),
+                )

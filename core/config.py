@@ -88,6 +88,11 @@ class PostgresSource(SourceBase):
     schemas: list[str] = []
     key_columns: dict[str, list[str]] = {}
     create_publication: bool = True
+    on_slot_loss: Literal["stop", "backfill"] = Field(
+        "stop",
+        description="when the slot was dropped, invalidated or moved by another program: stop "
+        "with an error naming the lost changes, or go on and backfill every table",
+    )
     heartbeat_interval: Duration = timedelta(seconds=30)
     status_interval: Duration = timedelta(seconds=10)
     max_batch: int = Field(5000, ge=1, le=100_000)

@@ -84,8 +84,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
             works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
-            if src.backfill is not None:
-                works[f"backfill:{src.name}"] = _BackfillWork(src, store)
+            works[f"backfill:{src.name}"] = _BackfillWork(src, store)
     for c in cfg.connectors:
         works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
     leases = Leases(store)
@@ -128,6 +127,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
 LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
 RETRY_BACKFILL = 5.0  # seconds before a backfill that lost a connection resumes
+BACKFILL_POLL = 2.0  # seconds between looks for backfills capture asked for
 
 
 class _Work(Protocol):
@@ -201,8 +201,9 @@ class _SourceWork(_ThreadWork):
 
 
 class _BackfillWork(_ThreadWork):
-    """A source's ``backfill:`` tables, each once, beside its capture; resumed after a restart
-    or a takeover by another instance."""
+    """A source's backfills beside its capture: its ``backfill:`` tables, each once, and the
+    tables capture asks for (after a lost slot, or a table that joined late); resumed after a
+    restart or a takeover by another instance."""
 
     what = "backfill of source"
 
@@ -210,24 +211,23 @@ class _BackfillWork(_ThreadWork):
         super().__init__(src.name)
         self.src = src
         self.store = store
-        self._done = False
-
-    @property
-    def running(self) -> bool:
-        return self._done or super().running  # done: there is nothing left to start
 
     def body(self, stop: threading.Event) -> None:
-        from core.backfill import run_configured
+        from core.backfill import run_configured, run_requested
 
+        configured = self.src.backfill is None
         while not stop.is_set():
             try:
-                run_configured(self.src, self.store, stop)
-                self._done = not stop.is_set()
-                return
+                if not configured:
+                    run_configured(self.src, self.store, stop)
+                    configured = not stop.is_set()
+                run_requested(self.src, self.store, stop)
+                wait = BACKFILL_POLL
             except psycopg.OperationalError as e:  # a connection lost: resume at the last page
                 log.warning("backfill of source %s: %s; resuming in %gs", self.src.name,
                             str(e).strip(), RETRY_BACKFILL)  # fmt: skip
-                stop.wait(RETRY_BACKFILL)
+                wait = RETRY_BACKFILL
+            stop.wait(wait)
 
 
 class _ConnectorLoop:

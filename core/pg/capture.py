@@ -1,9 +1,10 @@
 """Change capture from one Postgres source into the stream store.
 
-One replication session: START_REPLICATION with pgoutput, decode every message, gather whole
-transactions, and commit them with the LSN checkpoint in one store transaction; only then
-confirm the flush LSN to Postgres. A transaction at or below the stored checkpoint is skipped,
-so a change is stored exactly once even when Postgres sends it again after a crash.
+One replication session: hold the slot against the store's checkpoint (core/pg/slot.py),
+START_REPLICATION with pgoutput, decode every message, gather whole transactions, and commit
+them with the LSN checkpoint in one store transaction; only then confirm the flush LSN to
+Postgres. A transaction at or below the stored checkpoint is skipped, so a change is stored
+exactly once even when Postgres sends it again after a crash.
 
 Batches go to the store on a thread of their own (``_StoreThread``; one thread and one FIFO, so
 they commit in order), and decoding the next batch overlaps the store's work on this one.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import psycopg
 
 from core.config import PostgresSource
@@ -38,29 +40,43 @@ from core.pg.pgoutput import (
     start_replication,
 )
 from core.pg.relations import Relations, SourceSchemaError, change_of
-from core.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.pg.setup import (
+    BACKFILL_PREFIX,
+    SlotBusyError,
+    SourceSetupError,
+    capturable_tables,
+    prepare,
+)
+from core.pg.slot import check_slot
 from core.pg.values import SESSION_OPTIONS
 from core.store import Store
-from core.store.writer import Change, SourceWriter, WriterBusyError
+from core.store.writer import Change, SourceWriter, UnstorableChange, WriterBusyError
 
 log = logging.getLogger("weir.source")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError)
+FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError, UnstorableChange)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
+ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
+BACKFILL_REASON = "the table joined the publication with rows already in it"
+REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
+
+
+class CaptureError(SourceSchemaError):
+    """A change could not be read; the message names the table and LSN."""
 
 
 class _StoreThread:
-    """Writes the capture's batches into the store on a thread, in the order given.
+    """Does the capture's store work on a thread, in the order given.
 
-    ``submit`` hands over changes, with the (commit_lsn, end_lsn) checkpoint to commit them
-    with, or None for a chunk of a long transaction. On this thread ``on_stored(n)`` runs after
-    each write and ``on_commit(end_lsn)`` after each commit. A store error is raised in the
-    capture thread at its next call. At most ``DEPTH`` batches wait, so memory stays bounded.
+    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))`` and ``("advance",
+    end_lsn)``. On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)``
+    after each commit or advance. A store error is raised in the capture thread at its next
+    call. At most ``DEPTH`` items wait, so memory stays bounded.
     """
 
-    DEPTH = 2
+    DEPTH = 4
 
     def __init__(
         self,
@@ -71,9 +87,7 @@ class _StoreThread:
         self.writer = writer
         self.on_stored = on_stored
         self.on_commit = on_commit
-        self.queue: queue.Queue[tuple[list[Change], tuple[int, int] | None] | None] = queue.Queue(
-            self.DEPTH
-        )
+        self.queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(self.DEPTH)
         self.error: BaseException | None = None
         self.submitted = 0  # written by the capture thread only
         self.done = 0  # written by the store thread only
@@ -83,13 +97,24 @@ class _StoreThread:
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None and not self.abandon:
-            changes, committed = item
+            kind, arg = item
             try:
-                self.writer.write(changes)
-                self.on_stored(len(changes))
-                if committed is not None:
-                    self.writer.commit(*committed)
-                    self.on_commit(committed[1])
+                if kind == "write":
+                    try:
+                        self.writer.write(arg)
+                    except psycopg.Error as e:  # a value it cannot hold: retrying cannot help
+                        if (e.sqlstate or "")[:2] not in REFUSED:
+                            raise
+                        raise UnstorableChange.refused(arg, e) from e
+                    self.on_stored(len(arg))
+                elif kind == "commit":
+                    self.writer.commit(*arg)
+                    self.on_commit(arg[1])
+                elif kind == "backfill":  # committed with what comes next
+                    self.writer.request_backfills([arg], BACKFILL_REASON)
+                else:
+                    self.writer.advance(arg)
+                    self.on_commit(arg)
             except BaseException as e:
                 self.error = e
                 return
@@ -99,7 +124,7 @@ class _StoreThread:
         if self.error is not None:
             raise self.error
 
-    def _put(self, item: tuple[list[Change], tuple[int, int] | None] | None) -> None:
+    def _put(self, item: tuple[str, Any] | None) -> None:
         while True:
             self._check()
             try:
@@ -108,9 +133,9 @@ class _StoreThread:
             except queue.Full:
                 continue
 
-    def submit(self, changes: list[Change], committed: tuple[int, int] | None) -> None:
+    def submit(self, kind: str, arg: Any) -> None:
         self.submitted += 1
-        self._put((changes, committed))
+        self._put((kind, arg))
 
     def idle(self) -> bool:
         """Everything submitted is in the store."""
@@ -124,7 +149,7 @@ class _StoreThread:
         self._check()
 
     def abort(self) -> None:
-        """Stop after the batch in hand; what is not committed is dropped (sent again later)."""
+        """Stop after the item in hand; what is not committed is dropped (sent again later)."""
         self.abandon = True
         while True:
             try:
@@ -159,6 +184,7 @@ class PostgresCapture:
         self.sent_lsn = 0  # confirmed to Postgres
         self.stored_changes = 0
         self.state = "starting"
+        self.detail = ""  # why, when reconnecting or failed
 
     # -- supervision --------------------------------------------------------------------------
 
@@ -168,12 +194,12 @@ class PostgresCapture:
             try:
                 self.session(stop)
                 return
-            except FATAL:
-                self.state = "failed"
+            except FATAL as e:
+                self.state, self.detail = "failed", str(e)
                 raise
             except (psycopg.OperationalError, SlotBusyError) as e:
-                self.state = "reconnecting"
                 first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.state, self.detail = "reconnecting", first_line
                 log.warning(
                     "source %s: %s; reconnecting in %.1fs",
                     self.src.name,
@@ -187,38 +213,60 @@ class PostgresCapture:
     # -- one replication session --------------------------------------------------------------
 
     def session(self, stop: threading.Event) -> None:
+        """Steps, in order: 1. own the source's writer lock; 2. check the tables and complete
+        the publication; 3. hold the slot against the checkpoint (and tell the store where
+        capture starts, with any backfill a lost slot or a late table calls for); 4. stream.
+        """
         src = self.src
         url = src.url.get_secret_value()
         with (
-            psycopg.connect(url, autocommit=True, application_name="weir-catalog") as catalog,
+            psycopg.connect(url, autocommit=True, application_name="weir-catalog",
+                            options=SESSION_OPTIONS) as catalog,
             self.store.connect() as store_conn,
-        ):
+        ):  # fmt: skip
             writer = SourceWriter(store_conn, self.store, src.sync_id)
-            writer.lock(src.name)  # first: one capture per source, whatever the slot says
-            prepare(catalog, src)
-            commit_lsn, end_lsn = writer.checkpoint()
-            relations = Relations(catalog, src.key_columns)
+            # Step 1: one capture per source, whatever the slot says.
+            writer.lock(src.name)
+            # Step 2
+            prepare(catalog, src, slot=False)
+            # Step 3
+            start = self._hold_slot(catalog, writer)
+            # Step 4. Text comes in the database's own encoding, unconverted: the server cannot
+            # convert every byte a database may hold (core/pg/values.py decodes it).
+            row = catalog.execute("SHOW server_encoding").fetchone()
+            encoding = str(row[0]) if row else "UTF8"
+            relations = Relations(catalog, src.key_columns, encoding)
             # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.
             repl = psycopg.connect(
                 url,
                 autocommit=True,
                 replication="database",
                 options=SESSION_OPTIONS,
+                client_encoding=encoding,
                 application_name=f"weir:{src.name}",
             )
             try:
-                self._start(repl, end_lsn)
-                log.info(
-                    "source %s: streaming from slot %s at %s",
-                    src.name,
-                    src.slot,
-                    lsn_to_str(max(end_lsn, self.flushed_lsn)),
-                )
-                self.state = "streaming"
-                self._stream(repl, catalog, writer, relations, commit_lsn, stop)
+                self._start(repl, start)
+                log.info("source %s: streaming from slot %s at %s", src.name, src.slot,
+                         lsn_to_str(start))  # fmt: skip
+                self.state, self.detail = "streaming", ""
+                _Stream(self, repl, catalog, writer, relations, stop).run()
             finally:
                 writer.rollback()
                 repl.close()
+
+    def _hold_slot(self, catalog: psycopg.Connection[Any], writer: SourceWriter) -> int:
+        """Check the slot against the checkpoint; store where capture starts, with a backfill
+        of every table when changes were lost with the slot. Returns the start position."""
+        src = self.src
+        cp = writer.checkpoint()
+        start = check_slot(catalog, src, cp)
+        if start.gap is not None:
+            writer.request_backfills(capturable_tables(catalog, src), start.gap)
+        if start.gap is not None or not cp.tracked or start.lsn != cp.end_lsn:
+            writer.advance(start.lsn)
+        self.flushed_lsn = max(self.flushed_lsn, start.lsn)
+        return start.lsn
 
     def _start(self, repl: psycopg.Connection[Any], start_lsn: int) -> None:
         pgconn = repl.pgconn
@@ -231,164 +279,219 @@ class PostgresCapture:
                     f"source {self.src.name!r}: replication slot {self.src.slot!r} is in use "
                     f"by another process ({message}): stop it or use another slot name"
                 )
+            # Anything else (an invalidated slot among them) is looked at by the next
+            # session's slot check.
             raise psycopg.OperationalError(f"START_REPLICATION failed: {message}")
 
-    def _stream(
+    def send_status(self, pgconn: Any) -> None:
+        lsn = self.sent_lsn = self.flushed_lsn
+        pgconn.put_copy_data(standby_status(lsn, lsn, _now_us()))
+        pgconn.flush()
+
+
+class _Stream:
+    """One session's stream: decodes messages and hands whole transactions to the store.
+
+    ``pending`` holds changes not yet handed over; ``pending[:complete]`` belong to
+    transactions whose Commit has arrived, the last of them ``committed`` (commit_lsn,
+    end_lsn). A position no commit carries (keepalives and heartbeats while nothing is
+    captured) is written to the store before it is confirmed, so the slot never passes it.
+    """
+
+    def __init__(
         self,
+        capture: PostgresCapture,
         repl: psycopg.Connection[Any],
         catalog: psycopg.Connection[Any],
         writer: SourceWriter,
         relations: Relations,
-        checkpoint_lsn: int,
         stop: threading.Event,
     ) -> None:
-        src = self.src
-        pgconn = repl.pgconn
+        self.capture = capture
+        self.src = src = capture.src
+        self.pgconn = repl.pgconn
+        self.catalog = catalog
+        self.relations = relations
+        self.checkpoint_lsn = writer.checkpoint().commit_lsn
+        self.stop = stop
+        self.max_batch, self.max_wait = src.max_batch, src.max_batch_wait.total_seconds()
+        self.status_every = src.status_interval.total_seconds()
+        self.heartbeat_every = src.heartbeat_interval.total_seconds()
+        self.pending: list[Change] = []
+        self.complete = 0
+        self.committed: tuple[int, int] | None = None
+        self.in_txn = False
+        self.skip = False  # this transaction is already in the store
+        self.txn_lsn = 0
+        self.txn_ts = ""
+        self.idx = 0
+        self.batch_started = 0.0
+        self.last_status = self.last_data = self.last_advance = time.monotonic()
+        self.uncommitted = 0  # changes written to the store and not yet committed
+        self.store = _StoreThread(writer, self._stored, self._confirmed)
+
+    def _stored(self, n: int) -> None:
+        self.capture.stored_changes += n
+        self.uncommitted += n
+
+    def _confirmed(self, end_lsn: int) -> None:
+        cap = self.capture
+        cap.flushed_lsn = max(cap.flushed_lsn, end_lsn)
+        cap.changes.inc(self.uncommitted)
+        self.uncommitted = 0
+
+    def run(self) -> None:
+        pgconn = self.pgconn
         sel = selectors.DefaultSelector()
         sel.register(pgconn.socket, selectors.EVENT_READ)
-        max_batch, max_wait = src.max_batch, src.max_batch_wait.total_seconds()
-        status_every = src.status_interval.total_seconds()
-        heartbeat_every = src.heartbeat_interval.total_seconds()
-        by_id = relations.by_id
-
-        pending: list[Change] = []  # changes not yet written to the store
-        complete = 0  # pending[:complete] belong to transactions whose Commit has arrived
-        committed: tuple[int, int] | None = None  # (commit_lsn, end_lsn) of the last of those
-        in_txn = False  # inside Begin..Commit
-        skip = False  # this transaction is already in the store
-        txn_lsn = 0
-        txn_ts = ""
-        idx = 0
-        batch_started = 0.0
-        last_status = last_data = time.monotonic()
-
-        uncommitted = 0
-
-        def stored(n: int) -> None:
-            nonlocal uncommitted
-            self.stored_changes += n
-            uncommitted += n
-
-        def confirmed(end_lsn: int) -> None:
-            nonlocal uncommitted
-            self.flushed_lsn = max(self.flushed_lsn, end_lsn)
-            self.changes.inc(uncommitted)
-            uncommitted = 0
-
-        store = _StoreThread(writer, stored, confirmed)
-
-        def flush() -> None:
-            """Commit the complete transactions with their checkpoint (on the store thread);
-            the flush LSN moves once they are committed, and goes out with the next status.
-            """
-            nonlocal committed, complete
-            assert committed is not None
-            store.submit(pending[:complete], committed)
-            del pending[:complete]
-            committed, complete = None, 0
-            self._send_status(pgconn)
-
         try:
-            while not stop.is_set():
+            while not self.stop.is_set():
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
                     if data[0] == 107:  # 'k' keepalive
-                        _, wal_end, reply = decode_copy_data(bytes(data))
-                        if not in_txn and committed is None and store.idle():
-                            # Everything sent before this point is stored: let the slot move on.
-                            self.flushed_lsn = max(self.flushed_lsn, wal_end)
-                        if reply:
-                            self._send_status(pgconn)
-                            last_status = time.monotonic()
-                        continue
-                    m = decode(bytes(data[XLOG_HEADER:]))  # XLogData
-                    tag = m[0]
-                    if tag in ("I", "U", "D"):
-                        if not skip:
-                            pending.append(change_of(m, by_id[m[1]], txn_lsn, idx, txn_ts))
-                            idx += 1
-                            if len(pending) >= max_batch:
-                                # A long transaction: commit the finished ones, then write this
-                                # one in chunks into the open store transaction.
-                                if committed is not None:
-                                    flush()
-                                store.submit(pending[:], None)
-                                pending.clear()
-                    elif tag == "B":
-                        in_txn = True
-                        txn_lsn, txn_ts, idx = m[1], _iso(m[2]), 0
-                        skip = txn_lsn <= checkpoint_lsn
-                        if committed is None:
-                            batch_started = time.monotonic()
-                    elif tag == "C":
-                        in_txn = False
-                        last_data = time.monotonic()
-                        if not skip:
-                            committed, complete = (m[2], m[3]), len(pending)
-                            if complete >= max_batch or last_data - batch_started >= max_wait:
-                                flush()
-                    elif tag == "T":
-                        if not skip:
-                            for relid in m[2]:
-                                rel = by_id[relid]
-                                pending.append(
-                                    Change(
-                                        "truncate",
-                                        rel.collection_id,
-                                        None,
-                                        None,
-                                        None,
-                                        False,
-                                        None,
-                                        txn_lsn,
-                                        idx,
-                                        txn_ts,
-                                    )
-                                )
-                                idx += 1
-                    elif tag == "R":
-                        relations.add(m)
-                    elif (
-                        tag == "M" and not m[1] and not in_txn and committed is None
-                        and store.idle()
-                    ):  # fmt: skip
-                        # A non-transactional message (our heartbeat): nothing is pending here.
-                        self.flushed_lsn = max(self.flushed_lsn, m[2])
-                    continue  # 'Y' types and 'O' origins need nothing
-                if nbytes == 0:
-                    # Nothing more to read right now: commit what is complete (latency) and
-                    # wait. While the store thread is busy a batch gains nothing by going
-                    # early: it grows instead (to max_batch_wait), so a backlog is written in
-                    # large batches rather than one per gap in the stream.
-                    now = time.monotonic()
-                    if committed is not None and (store.idle() or now - batch_started >= max_wait):
-                        flush()
-                    if now - last_status >= status_every or self.flushed_lsn > self.sent_lsn:
-                        self._send_status(pgconn)  # periodic, or a commit is to confirm
-                        last_status = now
-                    if now - last_data >= heartbeat_every and not in_txn:
-                        catalog.execute(
-                            "SELECT pg_logical_emit_message(false, 'weir_heartbeat', now()::text)"
-                        )
-                        last_data = now
-                    sel.select(BUSY_WAIT if committed else min(status_every, heartbeat_every, 1.0))
-                    pgconn.consume_input()
-                    continue
-                result = pgconn.get_result()
-                message = result.error_message.decode(errors="replace") if result else ""
-                raise psycopg.OperationalError(f"replication stream ended: {message.strip()}")
-
+                        self._keepalive(bytes(data))
+                    else:
+                        self._message(decode(bytes(data[XLOG_HEADER:])))  # XLogData
+                elif nbytes == 0:
+                    self._idle(sel)
+                else:
+                    result = pgconn.get_result()
+                    message = result.error_message.decode(errors="replace") if result else ""
+                    raise psycopg.OperationalError(f"replication stream ended: {message.strip()}")
             # Stop: keep what is complete, drop the partial transaction (it will be sent again).
-            if committed is not None:
-                flush()
-            store.finish()
-            self._send_status(pgconn)
-            self.state = "stopped"
+            if self.committed is not None:
+                self._flush()
+            self.store.finish()
+            self.capture.send_status(pgconn)
+            self.capture.state = "stopped"
         except BaseException:
-            store.abort()
+            self.store.abort()
             raise
 
-    def _send_status(self, pgconn: Any) -> None:
-        lsn = self.sent_lsn = self.flushed_lsn
-        pgconn.put_copy_data(standby_status(lsn, lsn, _now_us()))
-        pgconn.flush()
+    # -- messages -------------------------------------------------------------------------------
+
+    def _keepalive(self, data: bytes) -> None:
+        _, wal_end, reply = decode_copy_data(data)
+        self._advance(wal_end)
+        if reply:
+            self.capture.send_status(self.pgconn)
+            self.last_status = time.monotonic()
+
+    def _message(self, m: tuple[Any, ...]) -> None:
+        tag = m[0]
+        if tag in ("I", "U", "D"):
+            if not self.skip:
+                self._change(m)
+        elif tag == "B":
+            self.in_txn = True
+            self.txn_lsn, self.txn_ts, self.idx = m[1], _iso(m[2]), 0
+            self.skip = self.txn_lsn <= self.checkpoint_lsn
+            if self.committed is None:
+                self.batch_started = time.monotonic()
+        elif tag == "C":
+            self.in_txn = False
+            self.last_data = time.monotonic()
+            if not self.skip:
+                self.committed, self.complete = (m[2], m[3]), len(self.pending)
+                if (self.complete >= self.max_batch
+                        or self.last_data - self.batch_started >= self.max_wait):  # fmt: skip
+                    self._flush()
+        elif tag == "T":
+            if not self.skip:
+                for relid in m[2]:
+                    rel = self.relations.by_id[relid]
+                    self._append(Change("truncate", rel.collection_id, None, None, None, (), None,
+                                        self.txn_lsn, self.idx, self.txn_ts))  # fmt: skip
+        elif tag == "R":
+            self.relations.add(m)
+        elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
+            self._advance(m[2])
+        elif tag == "M" and m[3] == BACKFILL_PREFIX and not self.skip:
+            # A table joined the publication with rows of its own (core/pg/setup.py).
+            schema, table = orjson.loads(m[4])
+            self.store.submit("backfill", (schema, table))
+        # 'Y' types and 'O' origins need nothing
+
+    def _change(self, m: tuple[Any, ...]) -> None:
+        rel = self.relations.by_id[m[1]]
+        try:
+            if rel.problem is not None:
+                raise SourceSchemaError(rel.problem)
+            ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
+        except Exception as e:
+            raise CaptureError(
+                f"source {self.src.name!r}: cannot read a change of table "
+                f"{rel.schema}.{rel.table} in the transaction at {lsn_to_str(self.txn_lsn)}: {e}"
+            ) from e
+        pending = self.pending
+        if rel.partitioned and ch.action == "insert" and pending:
+            prev = pending[-1]
+            if (prev.action == "delete" and prev.version == ch.version
+                    and prev.collection_id == ch.collection_id
+                    and prev.record_id == ch.record_id):  # fmt: skip
+                pending[-1] = _moved(prev, ch)  # a row moved to another partition
+                return
+        self._append(ch)
+
+    def _append(self, ch: Change) -> None:
+        pending = self.pending
+        pending.append(ch)
+        self.idx += 1
+        if len(pending) > self.max_batch:
+            # A long transaction: commit the finished ones, then write this one in chunks into
+            # the open store transaction. The last change stays, to meet a move's insert.
+            if self.committed is not None:
+                self._flush()
+            self.store.submit("write", pending[:-1])
+            del pending[:-1]
+
+    def _flush(self) -> None:
+        """Commit the complete transactions with their checkpoint (on the store thread); the
+        flush LSN moves once they are committed, and goes out with the next status.
+        """
+        assert self.committed is not None
+        self.store.submit("write", self.pending[: self.complete])
+        self.store.submit("commit", self.committed)
+        del self.pending[: self.complete]
+        self.committed, self.complete = None, 0
+        self.capture.send_status(self.pgconn)
+
+    def _advance(self, lsn: int) -> None:
+        """Everything before ``lsn`` is in the store: let the slot move there, once the store
+        has it too (rate-limited: a position a second at most)."""
+        now = time.monotonic()
+        if (not self.in_txn and self.committed is None and lsn > self.capture.flushed_lsn
+                and now - self.last_advance >= ADVANCE_EVERY and self.store.idle()):  # fmt: skip
+            self.last_advance = now
+            self.store.submit("advance", lsn)
+
+    def _idle(self, sel: selectors.BaseSelector) -> None:
+        """Nothing more to read right now: commit what is complete (latency) and wait. While
+        the store thread is busy a batch gains nothing by going early: it grows instead (to
+        max_batch_wait), so a backlog is written in large batches rather than one per gap."""
+        cap, now = self.capture, time.monotonic()
+        if self.committed is not None and (
+            self.store.idle() or now - self.batch_started >= self.max_wait
+        ):
+            self._flush()
+        if now - self.last_status >= self.status_every or cap.flushed_lsn > cap.sent_lsn:
+            cap.send_status(self.pgconn)  # periodic, or a commit is to confirm
+            self.last_status = now
+        if now - self.last_data >= self.heartbeat_every and not self.in_txn:
+            self.catalog.execute(
+                "SELECT pg_logical_emit_message(false, 'weir_heartbeat', now()::text)"
+            )
+            self.last_data = now
+        timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
+        sel.select(timeout)
+        self.pgconn.consume_input()
+
+
+def _moved(delete: Change, insert: Change) -> Change:
+    """A row moved between partitions (a delete and an insert of one record, one after the
+    other in a transaction) is an update of the record (DESIGN.md section 3)."""
+    changes = None
+    if not delete.missing and delete.record is not None and insert.record is not None:
+        old, new = delete.record, insert.record
+        changes = {k: v for k, v in old.items() if k in new and new[k] != v}
+    return insert._replace(action="update", changes=changes, idx=delete.idx)

@@ -14,7 +14,7 @@ import psycopg
 
 from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
-from core.pg.values import TYPES_SQL, Converter, TypeCatalog
+from core.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
 from core.store.writer import Change
 
 PRIMARY_KEY_SQL = """
@@ -40,6 +40,10 @@ class Relation:
     converters: tuple[Converter, ...]
     key: tuple[int, ...]  # positions of the record-id columns
     identity: tuple[int, ...]  # positions of the replica identity columns (sent in 'K' tuples)
+    partitioned: bool = False  # a partitioned table: its partitions' rows arrive under it
+    # Why its rows cannot be keyed; raised when a change of it arrives (pgoutput describes a
+    # partition too before a change published under its partitioned table).
+    problem: str | None = None
 
 
 class Relations:
@@ -50,36 +54,71 @@ class Relations:
     """
 
     def __init__(
-        self, catalog: psycopg.Connection[Any], key_columns: dict[str, list[str]] | None = None
+        self,
+        catalog: psycopg.Connection[Any],
+        key_columns: dict[str, list[str]] | None = None,
+        encoding: str = "UTF8",
     ) -> None:
+        """``encoding``: what the stream's text is in (the server's, unless it converts)."""
         self.catalog = catalog
         self.key_columns = key_columns or {}
-        self.types = TypeCatalog(catalog.execute(TYPES_SQL).fetchall())
+        self.types = TypeCatalog(catalog.execute(TYPES_SQL).fetchall(), encoding)
         self.by_id: dict[int, Relation] = {}
 
+    def _name(self, name: str) -> str:
+        """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``)."""
+        return str(self.types.text(name.encode(errors="surrogateescape")))
+
+    def _key(
+        self,
+        relid: int,
+        name: str,
+        replident: str,
+        names: tuple[str, ...],
+        identity: tuple[int, ...],
+    ) -> tuple[int, ...]:
+        """The record-id columns of a relation as the change was made (pgoutput's columns and
+        their identity flags), not as the catalog has it now: capture may lag behind a rename.
+
+        ``key_columns``, else the replica identity (the primary key, or a unique index: a
+        delete carries nothing else), else (REPLICA IDENTITY FULL) the primary key.
+        """
+        wanted = self.key_columns.get(name)
+        if not wanted and replident in ("d", "i") and identity:
+            pk = [r[0] for r in self.catalog.execute(PRIMARY_KEY_SQL, (relid,)).fetchall()]
+            flagged = {names[i] for i in identity}
+            # The primary key's order (a composite id lists it so), while it is the same key.
+            return tuple(names.index(k) for k in pk) if set(pk) == flagged else identity
+        if not wanted:
+            wanted = [r[0] for r in self.catalog.execute(PRIMARY_KEY_SQL, (relid,)).fetchall()]
+        if not wanted:
+            raise SourceSchemaError(
+                f"table {name} has no primary key: add one, or set key_columns for "
+                f"'{name}' in the source's config"
+            )
+        missing = [k for k in wanted if k not in names]
+        if missing:
+            raise SourceSchemaError(
+                f"table {name}: key columns {missing} are not in the table (as of the change "
+                "being captured): set key_columns to columns it has"
+            )
+        return tuple(names.index(k) for k in wanted)  # fmt: skip
+
     def add(self, msg: tuple[Any, ...]) -> Relation:
-        _, relid, schema, table, _replident, cols = msg
+        _, relid, schema, table, replident, cols = msg
+        schema, table = self._name(schema), self._name(table)
+        cols = [(c[0], self._name(c[1]), *c[2:]) for c in cols]
         if any(not self.types.knows(c[2]) for c in cols):
             self.types.refresh(self.catalog.execute(TYPES_SQL).fetchall())
         names = tuple(c[1] for c in cols)
         identity = tuple(i for i, c in enumerate(cols) if c[0] & 1)
-        key_names = self.key_columns.get(f"{schema}.{table}") or [
-            r[0] for r in self.catalog.execute(PRIMARY_KEY_SQL, (relid,)).fetchall()
-        ]
-        if key_names:
-            missing = [k for k in key_names if k not in names]
-            if missing:
-                raise SourceSchemaError(
-                    f"table {schema}.{table}: key columns {missing} are not in the table"
-                )
-            key = tuple(names.index(k) for k in key_names)
-        elif identity and len(identity) < len(names):
-            key = identity  # REPLICA IDENTITY USING INDEX: a unique index without a primary key
-        else:
-            raise SourceSchemaError(
-                f"table {schema}.{table} has no primary key: add one, or set key_columns for "
-                f"'{schema}.{table}' in the source's config"
-            )
+        try:
+            key, problem = self._key(relid, f"{schema}.{table}", replident, names, identity), None
+        except SourceSchemaError as e:
+            key, problem = (), str(e)
+        kind = self.catalog.execute(
+            "SELECT relkind FROM pg_class WHERE oid = %s", (relid,)
+        ).fetchone()
         rel = Relation(
             relid,
             schema,
@@ -89,88 +128,91 @@ class Relations:
             tuple(self.types.converter(c[2]) for c in cols),
             key,
             identity,
+            kind is not None and kind[0] == "p",
+            problem,
         )
         self.by_id[relid] = rel
         return rel
 
 
-def row_values(rel: Relation, values: Sequence[Value]) -> tuple[dict[str, Any], bool]:
-    """Converted values of a whole row; ``partial`` when an unchanged TOAST value was left out."""
+def row_values(rel: Relation, values: Sequence[Value]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Converted values of a whole row, and the columns left out as unchanged TOAST values.
+
+    A value no converter can read arrives as its Postgres text (core/pg/values.py): no value
+    can stop capture.
+    """
     rec: dict[str, Any] = {}
-    partial = False
+    missing: tuple[str, ...] = ()
     for name, conv, v in zip(rel.names, rel.converters, values, strict=True):
         if v is None:
             rec[name] = None
         elif v is UNCHANGED:
-            partial = True
+            missing += (name,)
         else:
-            rec[name] = conv(v)  # type: ignore[arg-type]
-    return rec, partial
+            try:
+                rec[name] = conv(v)  # type: ignore[arg-type]
+            except Exception:  # an odd spelling of a value: its text, never a stop
+                rec[name] = to_text(v)  # type: ignore[arg-type]
+    return rec, missing
 
 
-def key_values(rel: Relation, values: Tuple) -> dict[str, Any]:
-    """The identity columns of an old-key ('K') tuple; the server sends the others as null."""
-    names, convs = rel.names, rel.converters
-    out: dict[str, Any] = {}
-    for i in rel.identity:
-        v = values[i]
-        out[names[i]] = None if v is None else convs[i](v)  # type: ignore[arg-type]
-    return out
+def key_values(rel: Relation, values: Tuple) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The identity columns of an old-key ('K') tuple (the server sends the others as null),
+    and the other columns, whose values it leaves unknown."""
+    rec, _ = row_values(rel, values)
+    kept = set(rel.identity)
+    return (
+        {n: v for i, (n, v) in enumerate(rec.items()) if i in kept},
+        tuple(n for i, n in enumerate(rel.names) if i not in kept),
+    )
 
 
-def record_id_for(rel: Relation, rec: dict[str, Any]) -> str:
-    """The record id of a row of ``rel`` from its converted values."""
-    names = rel.names
-    return record_id_of([rec.get(names[i]) for i in rel.key])
+class UnknownKeyError(SourceSchemaError):
+    """A row's key columns were not sent (unchanged TOAST values, and no old key)."""
+
+
+def record_id_for(rel: Relation, rec: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+    """The record id of a row of ``rel`` from its converted values; key columns the row left
+    out (unchanged TOAST values) are taken from ``old``, the old key the server sent then."""
+    names = [rel.names[i] for i in rel.key]
+    try:
+        return record_id_of([rec[n] for n in names])
+    except KeyError:
+        if old is None or any(n not in old for n in names if n not in rec):
+            raise UnknownKeyError(
+                f"table {rel.schema}.{rel.table}: the server did not send the key columns of a "
+                "row (unchanged TOAST values): set REPLICA IDENTITY FULL on the table"
+            ) from None
+        return record_id_of([rec[n] if n in rec else old[n] for n in names])
 
 
 def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) -> Change:
     """The Change for one decoded Insert, Update or Delete message of ``rel``."""
     tag = msg[0]
     if tag == "I":
-        rec, partial = row_values(rel, msg[2])
-        return Change(
-            "insert",
-            rel.collection_id,
-            record_id_for(rel, rec),
-            rec,
-            None,
-            partial,
-            None,
-            lsn,
-            idx,
-            ts,
-        )
+        rec, missing = row_values(rel, msg[2])
+        return Change("insert", rel.collection_id, record_id_for(rel, rec), rec, None, missing,
+                      None, lsn, idx, ts)  # fmt: skip
     if tag == "U":
         _, _, old_kind, old, new = msg
-        rec, partial = row_values(rel, new)
-        record_id = record_id_for(rel, rec)
+        rec, missing = row_values(rel, new)
         changes = None
         old_record_id = None
         if old_kind == "O":
             before, _ = row_values(rel, old)
-            changes = {k: v for k, v in before.items() if k in rec and rec[k] != v}
+            # The columns whose text changed; an unchanged TOAST value did not.
+            changes = {n: before[n] for n, o, v in zip(rel.names, old, new, strict=True)
+                       if o != v and o is not UNCHANGED and v is not UNCHANGED}  # fmt: skip
             old_record_id = record_id_for(rel, before)
         elif old_kind == "K":
-            old_record_id = record_id_for(rel, key_values(rel, old))
-        return Change(
-            "update",
-            rel.collection_id,
-            record_id,
-            rec,
-            changes,
-            partial,
-            old_record_id,
-            lsn,
-            idx,
-            ts,
-        )
+            before, _ = key_values(rel, old)
+            old_record_id = record_id_for(rel, before)
+        else:
+            before = None
+        return Change("update", rel.collection_id, record_id_for(rel, rec, before), rec, changes,
+                      missing, old_record_id, lsn, idx, ts)  # fmt: skip
     # Delete: the whole old row with REPLICA IDENTITY FULL, else only its key.
     _, _, old_kind, old = msg
-    if old_kind == "O":
-        rec, partial = row_values(rel, old)
-    else:
-        rec, partial = key_values(rel, old), True
-    return Change(
-        "delete", rel.collection_id, record_id_for(rel, rec), rec, None, partial, None, lsn, idx, ts
-    )
+    rec, missing = row_values(rel, old) if old_kind == "O" else key_values(rel, old)
+    return Change("delete", rel.collection_id, record_id_for(rel, rec), rec, None, missing, None,
+                  lsn, idx, ts)  # fmt: skip

@@ -1,10 +1,14 @@
 """Checks a source database before capture, and creates its publication and slot when missing.
 
 Every problem a user can fix is a :class:`SourceSetupError` with one line saying what to do.
+Weir never makes the user's own writes fail: a table whose updates or deletes could not be
+published (no primary key and no replica identity) is never added to the publication, and a
+source that follows ``schemas:`` reports such a table instead of stopping.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +22,9 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
 log = logging.getLogger("weir.source")
 
 
+BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
+
+
 class SourceSetupError(RuntimeError):
     """The source database is not ready for capture; retrying will not help."""
 
@@ -28,19 +35,28 @@ class SlotBusyError(RuntimeError):
 
 TABLE_INFO_SQL = """
 SELECT c.oid::bigint, c.relreplident, c.relkind,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+       c.relpersistence
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
+"""
+
+# The tables of a schema Weir follows: ordinary and partitioned ones; a partition's rows are
+# published under its root (publish_via_partition_root), so partitions are not listed. Unlogged
+# and temporary tables write no WAL, so there is nothing of theirs to capture.
+SCHEMA_TABLES_SQL = """
+SELECT n.nspname, c.relname
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND c.relpersistence = 'p'
+ORDER BY c.relname
 """
 
 
 def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
     tables = [(t.split(".")[0], t.split(".")[1]) for t in src.tables]
     for schema in src.schemas:
-        rows = conn.execute(
-            "SELECT schemaname, tablename FROM pg_tables WHERE schemaname = %s ORDER BY 2",
-            (schema,),
-        ).fetchall()
+        rows = conn.execute(SCHEMA_TABLES_SQL, (schema,)).fetchall()
         if (
             not rows
             and not conn.execute(
@@ -54,34 +70,59 @@ def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[
     return tables
 
 
-def check_table(
-    conn: psycopg.Connection[Any], src: PostgresSource, schema: str, table: str
-) -> None:
-    row = conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone()
-    name = f"{schema}.{table}"
+def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -> str | None:
+    """Why ``name`` (``TABLE_INFO_SQL``'s row) cannot be captured, or None when it can.
+
+    The rule the schema-following trigger (``FOLLOW_SQL``) keeps too: updates and deletes of
+    the table must be publishable, and its rows need a key.
+    """
     if row is None:
-        raise SourceSetupError(
-            f"source {src.name!r}: table {name} does not exist (check 'tables:' in the config)"
-        )
-    _, replident, relkind, has_pk = row
+        return f"table {name} does not exist (check 'tables:' in the config)"
+    _, replident, relkind, has_pk, persistence = row
     if relkind not in ("r", "p"):
-        raise SourceSetupError(f"source {src.name!r}: {name} is not a table")
+        return f"{name} is not a table"
+    if persistence != "p":
+        return f"table {name} is UNLOGGED (or temporary): its changes are not in the WAL"
     if replident == "n":
-        raise SourceSetupError(
-            f"source {src.name!r}: table {name} has REPLICA IDENTITY NOTHING, so its updates "
-            f"and deletes cannot be captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
+        return (
+            f"table {name} has REPLICA IDENTITY NOTHING, so its updates and deletes cannot be "
+            f"captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
         )
-    if not has_pk and name not in src.key_columns and replident != "i":
-        raise SourceSetupError(
-            f"source {src.name!r}: table {name} has no primary key: add one, or set "
-            f"REPLICA IDENTITY FULL and key_columns: {{{name}: [...]}} in the source's config"
+    if replident == "d" and not has_pk:
+        return (
+            f"table {name} has no primary key, so Postgres refuses its updates and deletes "
+            f"once it is published: add one, or ALTER TABLE {name} REPLICA IDENTITY FULL and "
+            f"set key_columns: {{{name}: [...]}} in the source's config"
         )
+    if replident == "f" and not has_pk and name not in src.key_columns:
+        return f"table {name} has no primary key: set key_columns: {{{name}: [...]}}"
+    return None
 
 
-def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
-    """Check the server and the tables, then create the publication and slot if missing.
+def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+    """The source's tables that can be captured. A table named in ``tables:`` that cannot is
+    an error; one of ``schemas:`` is reported and left out."""
+    listed = {(t.split(".")[0], t.split(".")[1]) for t in src.tables}
+    tables = []
+    for schema, table in tables_of(conn, src):
+        name = f"{schema}.{table}"
+        problem = table_problem(src, name, conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone())
+        if problem is None:
+            tables.append((schema, table))
+        elif (schema, table) in listed:
+            raise SourceSetupError(f"source {src.name!r}: {problem}")
+        else:
+            log.warning("source %s: not capturing %s", src.name, problem)
+    return tables
 
-    ``conn`` is an ordinary autocommit connection to the source database.
+
+def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = True) -> None:
+    """Check the server and the tables, create or complete the publication, and (``slot``)
+    create the slot if missing. A table added to an existing publication is backfilled
+    (``_ensure_publication``).
+
+    ``conn`` is an ordinary autocommit connection to the source database. Tables named in
+    ``tables:`` must be capturable; tables of ``schemas:`` that are not are reported and left.
     """
     wal_level = conn.execute("SHOW wal_level").fetchone()
     if not wal_level or wal_level[0] != "logical":
@@ -90,21 +131,21 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    tables = tables_of(conn, src)
-    for schema, table in tables:
-        check_table(conn, src, schema, table)
-    _ensure_publication(conn, src, tables)
-    _ensure_slot(conn, src)
+    _ensure_publication(conn, src, capturable_tables(conn, src))
+    if src.schemas and src.create_publication:
+        follow_schemas(conn, src)
+    if slot:
+        ensure_slot(conn, src)
 
 
 def _ensure_publication(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
 ) -> None:
     pub = sql.Identifier(src.publication)
-    exists = conn.execute(
-        "SELECT 1 FROM pg_publication WHERE pubname = %s", (src.publication,)
+    row = conn.execute(
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
     ).fetchone()
-    if not exists and not src.create_publication:
+    if row is None and not src.create_publication:
         raise SourceSetupError(
             f"source {src.name!r}: publication {src.publication!r} does not exist and "
             "create_publication is false: CREATE PUBLICATION it, or let Weir create it"
@@ -118,14 +159,36 @@ def _ensure_publication(
     }
     missing = [t for t in tables if t not in published]
     idents = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in missing)
-    if not exists:
+    # A partitioned table is one collection: its partitions' rows are published under it.
+    via_root = sql.SQL("WITH (publish_via_partition_root = true)")
+    if row is None:
         if missing:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(pub, idents))
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {} {}").format(pub, idents, via_root)
+            )
         else:
-            conn.execute(sql.SQL("CREATE PUBLICATION {}").format(pub))
+            conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(pub, via_root))
         log.info("source %s: created publication %s", src.name, src.publication)
-    elif missing and src.create_publication:
-        conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, idents))
+        return
+    if src.create_publication and not row[0]:
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub)
+        )
+        log.info("source %s: publication %s now publishes partitions under their tables",
+                 src.name, src.publication)  # fmt: skip
+    if missing and not src.create_publication:
+        log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
+                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ...",
+                    src.name, ", ".join(f"{s}.{t}" for s, t in missing), src.publication,
+                    src.publication)  # fmt: skip
+    elif missing:
+        # A table joining a publication that capture reads already may hold rows nothing
+        # captured: the message, read in order by capture, asks for its backfill.
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, idents))
+            for schema, table in missing:
+                conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                             (BACKFILL_PREFIX, json.dumps([schema, table])))  # fmt: skip
         log.info(
             "source %s: added %s to publication %s",
             src.name,
@@ -134,7 +197,87 @@ def _ensure_publication(
         )
 
 
-def _ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+# Adds a table created (or given a key) in a followed schema to the publication in the same
+# transaction, so its first row is captured; a table that could not publish its updates and
+# deletes is left out (with a warning to the session that made it), and no error of this
+# function ever reaches the user's statement. A table that may hold rows already (given a key
+# later, or made by CREATE TABLE AS) is named in a logical message in the same transaction:
+# capture reads it in order and asks for a backfill (BACKFILL_PREFIX).
+_FOLLOW_FUNCTION = """
+CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $weir$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT DISTINCT n.nspname, c.relname, d.command_tag
+        FROM pg_event_trigger_ddl_commands() d
+        JOIN pg_class c ON c.oid = d.objid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p')
+          AND NOT c.relispartition AND c.relpersistence = 'p'
+          AND n.nspname = ANY ({schemas})
+          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p
+                          WHERE p.pubname = {pub} AND p.schemaname = n.nspname
+                            AND p.tablename = c.relname)
+          AND (c.relreplident = 'i'
+               OR (c.relreplident IN ('d', 'f') AND EXISTS (
+                   SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
+               OR (c.relreplident = 'f' AND n.nspname || '.' || c.relname = ANY ({keyed})))
+    LOOP
+        BEGIN
+            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pub}, t.nspname, t.relname);
+            IF t.command_tag <> 'CREATE TABLE' THEN
+                PERFORM pg_logical_emit_message(true, {prefix},
+                                                json_build_array(t.nspname, t.relname)::text);
+            END IF;
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'weir: % not added to publication %: %', t.relname, {pub}, SQLERRM;
+        END;
+    END LOOP;
+EXCEPTION WHEN others THEN
+    RAISE WARNING 'weir: %', SQLERRM;
+END
+$weir$
+"""
+
+
+def follow_schemas(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Install the event trigger that adds tables created in ``schemas:`` to the publication.
+
+    Creating an event trigger needs a superuser; without one, tables created while Weir runs
+    are added at its next start and backfilled then (see capture), and a warning says so.
+    """
+    fn = sql.Identifier(src.schemas[0], f"weir_follow_{src.publication}")
+    trigger = sql.Identifier(f"weir_follow_{src.publication}")
+    body = sql.SQL(_FOLLOW_FUNCTION).format(
+        fn=fn,
+        pub=sql.Literal(src.publication),
+        schemas=sql.Literal(list(src.schemas)),
+        keyed=sql.Literal(list(src.key_columns)),
+        prefix=sql.Literal(BACKFILL_PREFIX),
+    )
+    try:
+        with conn.transaction():
+            conn.execute(body)
+            conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(trigger))
+            conn.execute(
+                sql.SQL(
+                    "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"
+                    " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
+                ).format(trigger, fn)
+            )
+    except psycopg.errors.InsufficientPrivilege:
+        log.warning(
+            "source %s: cannot follow new tables of %s as they are created (an event trigger "
+            "needs a superuser): a table created while Weir runs is captured from Weir's next "
+            "start on, and its earlier rows are backfilled then",
+            src.name, ", ".join(src.schemas),
+        )  # fmt: skip
+
+
+def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Create the replication slot when missing; refuse a slot Weir cannot use."""
     row = conn.execute(
         "SELECT plugin, active_pid, database = current_database() FROM pg_replication_slots "
         "WHERE slot_name = %s",

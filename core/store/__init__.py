@@ -17,6 +17,10 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
 Conn = psycopg.Connection[tuple[object, ...]]
 
 
+class StoreError(RuntimeError):
+    """The store cannot be used as it is; the message says why and what to do."""
+
+
 @dataclass(frozen=True)
 class Store:
     """Where the streams live. Holds no connection: each user opens its own."""
@@ -44,6 +48,12 @@ class Store:
             "kind = excluded.kind, provider = excluded.provider"
         ).format(self.table("sources"))
         with self.connect() as conn:
+            row = conn.execute("SHOW server_encoding").fetchone()
+            if row is None or row[0] != "UTF8":
+                raise StoreError(
+                    f"the store's database is in {row[0] if row else '?'}, not UTF8: records may "
+                    "hold any character, so the store needs a UTF8 database (store.url)"
+                )
             migrate(conn, self.schema)
             for src in sources:
                 conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))

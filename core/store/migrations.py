@@ -272,6 +272,35 @@ ALTER TABLE {s}.records DROP CONSTRAINT records_pkey,
     ADD CONSTRAINT records_pkey PRIMARY KEY (record_id, collection_id, sync_id);
 """,
     ),
+    (
+        8,
+        "long record ids kept whole beside their key; slots held to the store; backfill requests",
+        """
+-- A record id longer than 256 bytes is keyed by '~' and its SHA-256 hex (core/envelope.py
+-- record_token), as subjects name it: an index entry cannot hold more than ~2.7 kB. The id
+-- itself is kept beside it.
+ALTER TABLE {s}.records ADD COLUMN full_record_id text;
+UPDATE {s}.records
+SET full_record_id = record_id,
+    record_id = '~' || encode(sha256(convert_to(record_id, 'UTF8')), 'hex')
+WHERE octet_length(record_id) > 256;
+
+-- Set once capture holds the replication slot to end_lsn (core/pg/slot.py): from then on a
+-- slot found beyond end_lsn, dropped or invalidated has lost changes.
+ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false;
+
+-- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a
+-- followed schema while Weir was not running. Deleted when the backfill finishes.
+CREATE TABLE {s}.backfill_requests (
+    sync_id       uuid NOT NULL,
+    schema_name   text NOT NULL,
+    table_name    text NOT NULL,
+    reason        text NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sync_id, schema_name, table_name)
+);
+""",
+    ),
 ]
 
 
@@ -280,6 +309,11 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
 
     Called on startup by every process that uses the store; safe to run concurrently.
     """
+    return migrate_to(conn, schema, MIGRATIONS[-1][0])
+
+
+def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target: int) -> int:
+    """Bring ``schema`` up to migration ``target`` (tests build older stores with it)."""
     s = sql.Identifier(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('weir:migrate:' || %s))", (schema,))
@@ -296,7 +330,7 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
         ).fetchone()
         current = int(row[0]) if row else 0  # type: ignore[call-overload]
         for version, description, body in MIGRATIONS:
-            if version <= current:
+            if version <= current or version > target:
                 continue
             log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
             conn.execute(sql.SQL(body.replace("{s}", "{schema}")).format(schema=s))

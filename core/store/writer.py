@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
 from psycopg import errors, sql
 
+from core.envelope import MAX_RECORD_TOKEN, RECORD_TOKEN_SQL, record_token
+from core.pg.pgoutput import lsn_to_str
+from core.pg.values import dumps
 from core.store import Conn, Store
 
 
 class Change(NamedTuple):
     """One change to one record, in the order it was committed upstream.
 
-    ``record`` holds new values (old ones for a delete); ``partial`` says that it lacks columns
-    whose values are unknown (unchanged TOAST, a delete carrying only the key), so the records
-    stream keeps their last known values. ``old_record_id`` is set when an update changed the key.
+    ``record`` holds new values (old ones for a delete); ``missing`` names the table's other
+    columns, whose values are unknown (unchanged TOAST, a delete carrying only the key): the
+    records stream keeps their last known values, and only theirs, so a dropped or renamed
+    column leaves the record at its next version. ``old_record_id`` is set when an update
+    changed the key.
     ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
     ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
     the batch number, so that event idempotency keys stay unique).
@@ -36,7 +42,7 @@ class Change(NamedTuple):
     record_id: str | None
     record: dict[str, Any] | None
     changes: dict[str, Any] | None
-    partial: bool
+    missing: tuple[str, ...]
     old_record_id: str | None
     version: int
     idx: int
@@ -44,11 +50,64 @@ class Change(NamedTuple):
     event_lsn: int | None = None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the store holds of a source: its last captured commit, where replication resumes,
+    whether its slot is held to that position yet (core/pg/slot.py), and when it was written."""
+
+    commit_lsn: int
+    end_lsn: int
+    tracked: bool
+    at: datetime | None
+
+
 class WriterBusyError(RuntimeError):
     """Another process is writing this source right now."""
 
 
-_dumps = orjson.dumps
+MAX_JSON = 255 << 20  # bytes of a record in jsonb: the store's jsonb holds at most 256 MiB
+JSONB_ITEM = 16  # bytes jsonb spends on an array element beyond its text (entry, header)
+
+
+def jsonb_size(text: str, value: Any) -> int:
+    """About how large ``value`` (whose JSON is ``text``) is as jsonb: its text, and the
+    entries of its arrays, which can outgrow the text (``[1,1,...]``)."""
+    size = len(text)
+    stack = [v for v in value.values() if type(v) is list] if type(value) is dict else []
+    while stack:
+        items = stack.pop()
+        size += JSONB_ITEM * len(items)
+        stack += [v for v in items if type(v) is list]
+    return size
+
+
+class UnstorableChange(RuntimeError):
+    """A change the store refuses; the message names it and the fix. Capture stops on it."""
+
+    FIX = "leave that column out of the publication (a column list) or keep its values smaller"
+
+    @classmethod
+    def too_large(cls, ch: Change, size: int) -> UnstorableChange:
+        record = ch.record or {}
+        column = max(record, key=lambda k: len(dumps(record[k])), default="?")
+        return cls(
+            f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
+            f"at {lsn_to_str(ch.version)}: it is about {size:,} bytes as jsonb, above the "
+            f"store's limit of {MAX_JSON:,} (largest column: {column!r}); {cls.FIX}"
+        )
+
+    @classmethod
+    def refused(cls, changes: list[Change], error: Exception) -> UnstorableChange:
+        """The store refused a write of ``changes`` (a data error, a limit): which tables and
+        transactions, and what it said."""
+        tables = ", ".join(sorted({c.collection_id for c in changes}))
+        first, last = changes[0].version, changes[-1].version
+        at = lsn_to_str(first) if first == last else f"{lsn_to_str(first)}..{lsn_to_str(last)}"
+        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return cls(f"the store refused changes of {tables} committed at {at}: {said}; the value "
+                   f"is in those transactions: {cls.FIX}")  # fmt: skip
+
+
 NOTIFY_CHANNEL = "weir_stream"
 
 
@@ -95,6 +154,10 @@ class SourceWriter:
         self._upsert = sql.SQL(UPSERT_RECORDS).format(records=records)
         self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
         self._checkpoint = _advance(store, ("events_seq", "records_seq", "commit_lsn", "end_lsn"))
+        self._advance = sql.SQL(
+            "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true WHERE sync_id = %s"
+        ).format(sources)
+        self._request = sql.SQL(REQUEST_BACKFILL).format(store.table("backfill_requests"))
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(
@@ -108,15 +171,31 @@ class SourceWriter:
                 "stop that process or give this source another name"
             )
 
-    def checkpoint(self) -> tuple[int, int]:
-        """(commit_lsn, end_lsn) of the last transaction committed to the store."""
+    def checkpoint(self) -> Checkpoint:
+        """The last transaction committed to the store, and where replication resumes."""
         row = self.conn.execute(
-            sql.SQL("SELECT commit_lsn, end_lsn FROM {} WHERE sync_id = %s").format(self._sources),
+            sql.SQL(
+                "SELECT commit_lsn, end_lsn, slot_tracked, updated_at FROM {} WHERE sync_id = %s"
+            ).format(self._sources),
             (self.sync_id,),
         ).fetchone()
         self.conn.commit()
         assert row is not None, "source not registered"
-        return int(row[0]), int(row[1])  # type: ignore[call-overload]
+        return Checkpoint(int(row[0]), int(row[1]), bool(row[2]), row[3])  # type: ignore[call-overload, arg-type]
+
+    def advance(self, end_lsn: int) -> None:
+        """Let replication resume at ``end_lsn`` (nothing captured lies between), and commit:
+        capture calls it before it confirms a position to Postgres that no commit carried, so
+        the slot never passes the store (core/pg/slot.py)."""
+        self.conn.execute(self._advance, (end_lsn, self.sync_id))
+        self.conn.commit()
+
+    def request_backfills(self, tables: list[tuple[str, str]], reason: str) -> None:
+        """Ask for a backfill of these (schema, table)s, with the next commit (core/backfill.py
+        runs it)."""
+        self.conn.cursor().executemany(
+            self._request, [(self.sync_id, schema, table, reason) for schema, table in tables]
+        )
 
     def _begin(self) -> None:
         row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
@@ -143,8 +222,12 @@ class SourceWriter:
                 write_row = copy.write_row
                 for ch in changes:
                     seq += 1
-                    record_json = None if ch.record is None else _dumps(ch.record).decode()
-                    changes_json = None if ch.changes is None else _dumps(ch.changes).decode()
+                    record_json = None if ch.record is None else dumps(ch.record).decode()
+                    changes_json = None if ch.changes is None else dumps(ch.changes).decode()
+                    if record_json is not None and len(record_json) > MAX_JSON // JSONB_ITEM:
+                        size = jsonb_size(record_json, ch.record)  # only a large one is weighed
+                        if size > MAX_JSON:
+                            raise UnstorableChange.too_large(ch, size)
                     write_row(
                         (
                             sid,
@@ -164,11 +247,10 @@ class SourceWriter:
                         steps += [ch, latest]
                         continue
                     if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
-                        # The key changed: the old record id becomes a tombstone.
-                        _collapse(latest, ch, ch.old_record_id, True, {}, None)
-                    _collapse(
-                        latest, ch, ch.record_id, ch.action == "delete", ch.record, record_json
-                    )
+                        _moved(latest, ch)
+                    else:
+                        _collapse(latest, ch, ch.record_id, ch.action == "delete", ch.record,
+                                  record_json, ch.missing)  # fmt: skip
             for step in steps:
                 if isinstance(step, dict):
                     self._upsert_records(cur, step)
@@ -179,26 +261,31 @@ class SourceWriter:
     def _upsert_records(self, cur: Any, latest: dict[tuple[str, str], list[Any]]) -> None:
         if not latest:
             return
-        cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
+        cols: list[list[Any]] = [[], [], [], [], [], [], [], [], [], []]
         # Dict order is the order of each record's last change: the seq order to give out.
         for (collection_id, record_id), (
             version,
             idx,
             deleted,
-            partial,
+            missing,
             rec,
             js,
             ts,
+            from_id,
         ) in latest.items():
             cols[0].append(collection_id)
-            cols[1].append(record_id)
+            cols[1].append(record_token(record_id))
+            cols[8].append(record_id if len(record_id) > MAX_RECORD_TOKEN else None)
+            cols[9].append(None if from_id is None else record_token(from_id))
             cols[2].append(version)
             cols[3].append(idx)
             cols[4].append(deleted)
-            cols[5].append(partial)
-            cols[6].append(js if js is not None else _dumps(rec).decode())
+            cols[5].append(orjson.dumps(missing).decode() if missing else None)
+            cols[6].append(js if js is not None else dumps(rec).decode())
             cols[7].append(ts)
-        cur.execute(self._upsert, (*cols, self.sync_id, self.sync_id, self.records_seq))
+        cur.execute(
+            self._upsert, (self.sync_id, *cols, self.sync_id, self.sync_id, self.records_seq)
+        )
         self.records_seq += cur.rowcount
 
     def _truncate_collection(self, cur: Any, ch: Change) -> None:
@@ -239,20 +326,37 @@ def _collapse(
     deleted: bool,
     record: dict[str, Any] | None,
     record_json: str | None,
+    missing: tuple[str, ...],
+    from_id: str | None = None,
 ) -> None:
     """Keep only the newest version of each record in a batch (the records stream is compacted).
 
-    A partial version (unknown columns) is completed from the version before it in the batch.
+    A version with unknown columns takes theirs from the version before it in the batch; those
+    still unknown come from the stored record of ``from_id`` (a row whose key changed), else of
+    its own id.
     """
     assert record_id is not None and record is not None
     key = (ch.collection_id, record_id)
-    partial = ch.partial or record_id != ch.record_id
     prev = latest.pop(key, None)  # re-insert: dict order becomes the order of the last change
-    if prev is not None and partial:
-        record = {**prev[4], **record}
-        partial = prev[3]
-        record_json = None
-    latest[key] = [ch.version, ch.idx, deleted, partial, record, record_json, ch.committed_at]
+    if prev is not None and missing and from_id is None:
+        known = {k: v for k, v in prev[4].items() if k in missing}
+        record = {**known, **record}
+        missing = tuple(k for k in missing if k not in known)
+        record_json, from_id = None, prev[7]
+    latest[key] = [ch.version, ch.idx, deleted, missing, record, record_json, ch.committed_at,
+                   from_id]  # fmt: skip
+
+
+def _moved(latest: dict[tuple[str, str], list[Any]], ch: Change) -> None:
+    """An update that changed a row's key: the old record id becomes a tombstone (with the
+    values known of it), and the new one takes the values the update left out from the old."""
+    assert ch.record is not None and ch.old_record_id is not None
+    _collapse(latest, ch, ch.old_record_id, True, {}, None, (*ch.record, *ch.missing))
+    old = latest[(ch.collection_id, ch.old_record_id)]
+    record = {**{k: v for k, v in old[4].items() if k in ch.missing}, **ch.record}
+    missing = tuple(k for k in ch.missing if k not in record)
+    source = (old[7] or ch.old_record_id) if missing else None
+    _collapse(latest, ch, ch.record_id, False, record, None, missing, source)
 
 
 # An accepted version replaces the stored one: it takes a new seq (the records stream's order).
@@ -262,27 +366,39 @@ ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
     deleted = excluded.deleted, record = excluded.record,
     upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
+# The records stream's key is the record token (core/envelope.py); a long record id is kept
+# whole beside it. The snapshot merges make both from the staged record id.
+_KEYS_SQL = (
+    RECORD_TOKEN_SQL.format(c="s.record_id") + " AS record_id, CASE WHEN"
+    f" octet_length(s.record_id) > {MAX_RECORD_TOKEN} THEN s.record_id END AS full_record_id"
+)
 
 # Inserts or replaces the latest version of each record, refusing any that is not newer than the
 # stored one, and numbers the accepted ones with consecutive seqs in batch order.
 UPSERT_RECORDS = (
     """
 WITH incoming AS (
-    SELECT u.collection_id, u.record_id, u.version, u.version_idx, u.deleted, u.ord,
-           u.upstream_updated_at,
-           CASE WHEN u.partial AND r.record IS NOT NULL THEN r.record || u.record
-                ELSE u.record END AS record
-    FROM unnest(%b::text[], %b::text[], %b::int8[], %b::int4[], %b::bool[], %b::bool[],
-                %b::text[]::jsonb[], %b::text[]::timestamptz[]) WITH ORDINALITY
-         AS u(collection_id, record_id, version, version_idx, deleted, partial, record,
-              upstream_updated_at, ord)
+    SELECT u.collection_id, u.record_id, u.full_record_id, u.version, u.version_idx, u.deleted,
+           u.ord, u.upstream_updated_at,
+           CASE WHEN u.missing IS NULL THEN u.record
+                ELSE (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{{}}')
+                      FROM {records} f, jsonb_each(f.record) e
+                      WHERE f.sync_id = %s AND f.collection_id = u.collection_id
+                        AND f.record_id = coalesce(u.from_id, u.record_id) AND u.missing ? e.key)
+                     || u.record END AS record
+    FROM unnest(%b::text[], %b::text[], %b::int8[], %b::int4[], %b::bool[], %b::text[]::jsonb[],
+                %b::text[]::jsonb[], %b::text[]::timestamptz[], %b::text[], %b::text[])
+         WITH ORDINALITY
+         AS u(collection_id, record_id, version, version_idx, deleted, missing, record,
+              upstream_updated_at, full_record_id, from_id, ord)
     LEFT JOIN {records} r
            ON r.sync_id = %s AND r.collection_id = u.collection_id AND r.record_id = u.record_id
     WHERE r.record_id IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
 )
-INSERT INTO {records} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
-                            deleted, record, upstream_updated_at)
-SELECT %s::uuid, collection_id, record_id, %s::int8 + row_number() OVER (ORDER BY ord),
+INSERT INTO {records} AS r (sync_id, collection_id, record_id, full_record_id, seq, version,
+                            version_idx, deleted, record, upstream_updated_at)
+SELECT %s::uuid, collection_id, record_id, full_record_id,
+       %s::int8 + row_number() OVER (ORDER BY ord),
        version, version_idx, deleted, record, upstream_updated_at
 FROM incoming
 """
@@ -307,6 +423,12 @@ WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
 """
 
 
+REQUEST_BACKFILL = """
+INSERT INTO {} (sync_id, schema_name, table_name, reason) VALUES (%s, %s, %s, %s)
+ON CONFLICT (sync_id, schema_name, table_name)
+DO UPDATE SET reason = excluded.reason, requested_at = now()
+"""
+
 SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
 
 # Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
@@ -326,21 +448,32 @@ SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every capt
 # Both yield how many rows were accepted.
 # The accepted rows into the records stream; ``which`` picks the new or the stored ones.
 _INSERT_ACCEPTED = """
-INSERT INTO {{records}} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
-                            deleted, record, upstream_updated_at)
-SELECT %(sid)s, %(collection)s, record_id, seq, %(version)s, %(idx)s, false, record, %(at)s
+INSERT INTO {{records}} AS r (sync_id, collection_id, record_id, full_record_id, seq, version,
+                            version_idx, deleted, record, upstream_updated_at)
+SELECT %(sid)s, %(collection)s, record_id, full_record_id, seq, %(version)s, %(idx)s, false,
+       record, %(at)s
 FROM accepted WHERE {which}
 """
-INSERT_SNAPSHOT = """
-WITH accepted AS (
-    SELECT record_id, record, %(base)s::int8 + ord AS seq FROM weir_snapshot_stage
-)""" + _INSERT_ACCEPTED.format(which="true")
-MERGE_SNAPSHOT = (
+INSERT_SNAPSHOT = (
     """
 WITH accepted AS (
-    SELECT s.record_id, s.record, o.version IS NOT NULL AS stored,
-           %(base)s::int8 + row_number() OVER () AS seq
+    SELECT """
+    + _KEYS_SQL
+    + """, s.record, %(base)s::int8 + s.ord AS seq
     FROM weir_snapshot_stage s
+)"""
+    + _INSERT_ACCEPTED.format(which="true")
+)
+MERGE_SNAPSHOT = (
+    """
+WITH keyed AS (
+    SELECT """
+    + _KEYS_SQL
+    + """, s.record FROM weir_snapshot_stage s
+), accepted AS (
+    SELECT s.record_id, s.full_record_id, s.record, o.version IS NOT NULL AS stored,
+           %(base)s::int8 + row_number() OVER () AS seq
+    FROM keyed s
     LEFT JOIN LATERAL (
         SELECT o.version, o.version_idx FROM {records} o
         WHERE o.sync_id = %(sid)s AND o.collection_id = %(collection)s
@@ -383,6 +516,7 @@ class SnapshotWriter:
         records = store.table("records")
         self._insert = sql.SQL(INSERT_SNAPSHOT).format(records=records)
         self._merge = sql.SQL(MERGE_SNAPSHOT).format(records=records)
+        self._sweep = sql.SQL(TRUNCATE_RECORDS).format(records=records)
         self._advance = _advance(store, ("records_seq",))
         conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
@@ -425,6 +559,21 @@ class SnapshotWriter:
         if accepted:
             self.conn.execute(self._advance, (base + accepted, self.sync_id))
         return accepted
+
+    def sweep(self, collection_id: str) -> int:
+        """Once every row of the table was written: its live records older than the snapshot
+        were not read, so their rows are gone (deleted while nothing captured them), and they
+        become tombstones. Returns how many; the caller commits."""
+        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
+        assert row is not None, "source not registered"
+        base = int(row[1])  # type: ignore[call-overload]
+        gone = self.conn.execute(self._sweep, {
+            "sid": self.sync_id, "collection_id": collection_id, "version": self.version,
+            "idx": SNAPSHOT_IDX, "ts": self.at, "base": base,
+        }).rowcount  # fmt: skip
+        if gone:
+            self.conn.execute(self._advance, (base + gone, self.sync_id))
+        return gone
 
     def _insert_all(self, params: dict[str, Any]) -> int | None:
         """INSERT_SNAPSHOT in a savepoint; None when a staged row met a stored record."""

@@ -13,10 +13,16 @@ from core.config import WeirConfig
 from core.service import prepare, serve
 
 
-def weir_config(db_url: str, connectors: list[dict[str, Any]], **source: Any) -> WeirConfig:
+def weir_config(
+    db_url: str,
+    connectors: list[dict[str, Any]],
+    store: dict[str, Any] | None = None,
+    **source: Any,
+) -> WeirConfig:
     spec: dict[str, Any] = {"name": "app", "kind": "postgres", "url": db_url, "schemas": ["public"]}
     spec.update(source)
-    return WeirConfig.model_validate({"sources": [spec], "connectors": connectors})
+    top = {"sources": [spec], "connectors": connectors}
+    return WeirConfig.model_validate(top if store is None else {**top, "store": store})
 
 
 @contextmanager

@@ -40,15 +40,22 @@ def test_missing_table(db_url: str) -> None:
         _prepare(db_url, schemas=[], tables=["public.nope"])
 
 
-def test_table_without_primary_key(db_url: str) -> None:
+def test_table_without_primary_key(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Named in tables: an error. In a followed schema: reported and left out of the
+    publication, so the user's updates and deletes of it still work."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE loose (a int, b text)")
-    with pytest.raises(SourceSetupError, match=r"public\.loose has no primary key: add one"):
-        _prepare(db_url)
-    # The remedy the message names works.
+        conn.execute("INSERT INTO loose VALUES (1, 'x')")
+    with pytest.raises(SourceSetupError, match=r"public\.loose has no primary key, so Postgres"):
+        _prepare(db_url, schemas=[], tables=["public.loose"])
+    _prepare(db_url)
+    assert "not capturing table public.loose has no primary key" in caplog.text
     with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("UPDATE loose SET b = 'y'").rowcount == 1
+        assert conn.execute("SELECT count(*) FROM pg_publication_tables").fetchone() == (0,)
+        # The remedy the message names works.
         conn.execute("ALTER TABLE loose REPLICA IDENTITY FULL")
-    _prepare(db_url, key_columns={"public.loose": ["a"]})
+    _prepare(db_url, schemas=[], tables=["public.loose"], key_columns={"public.loose": ["a"]})
 
 
 def test_replica_identity_nothing(db_url: str) -> None:
@@ -56,7 +63,7 @@ def test_replica_identity_nothing(db_url: str) -> None:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         conn.execute("ALTER TABLE t REPLICA IDENTITY NOTHING")
     with pytest.raises(SourceSetupError, match="REPLICA IDENTITY NOTHING"):
-        _prepare(db_url)
+        _prepare(db_url, schemas=[], tables=["public.t"])
 
 
 def test_slot_held_by_another_process(db_url: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import psycopg
@@ -16,16 +17,14 @@ JOIN unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indexrelid = 'weir.records_pkey'::regclass
 """
+COLUMNS = "sync_id, collection_id, record_id, seq, version, version_idx, deleted, record"
 
 
-def test_records_key_migration_keeps_every_record_and_its_uniqueness(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_records_key_migration_keeps_every_record_and_its_uniqueness(db_url: str) -> None:
     store = Store(db_url)
     sources = [uuid.uuid4(), uuid.uuid4()]
     with store.connect() as conn:
-        monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:6])
-        assert migrations.migrate(conn, store.schema) == 6
+        assert migrations.migrate_to(conn, store.schema, 6) == 6
         for s, sid in enumerate(sources):  # the same record ids in both sources and tables
             conn.execute(
                 "INSERT INTO weir.records (sync_id, collection_id, record_id, seq, version,"
@@ -36,12 +35,14 @@ def test_records_key_migration_keeps_every_record_and_its_uniqueness(
                 (sid, s),
             )
         conn.commit()
-        before = conn.execute("SELECT * FROM weir.records ORDER BY sync_id, seq").fetchall()
+        before = conn.execute(
+            f"SELECT {COLUMNS} FROM weir.records ORDER BY sync_id, seq"
+        ).fetchall()
         assert len(before) == 4000
-        monkeypatch.undo()
 
         assert migrations.migrate(conn, store.schema) == len(migrations.MIGRATIONS)
-        assert conn.execute("SELECT * FROM weir.records ORDER BY sync_id, seq").fetchall() == before
+        after = conn.execute(f"SELECT {COLUMNS} FROM weir.records ORDER BY sync_id, seq")
+        assert after.fetchall() == before
         assert conn.execute(KEY_COLUMNS).fetchone() == (["record_id", "collection_id", "sync_id"],)
         # The snapshot writer turns to its checked merge on exactly this constraint's violation.
         with pytest.raises(psycopg.errors.UniqueViolation) as raised:
@@ -52,3 +53,26 @@ def test_records_key_migration_keeps_every_record_and_its_uniqueness(
                 (sources[1],),
             )
         assert raised.value.diag.constraint_name == "records_pkey"
+
+
+def test_long_record_ids_are_keyed_by_their_token_and_kept_whole(db_url: str) -> None:
+    """Migration 8: a stored record id over 256 bytes becomes its record token (as subjects
+    name it) and is kept whole beside it; shorter ones stay as they are."""
+    store = Store(db_url)
+    sid = uuid.uuid4()
+    long_id, short_id = "k" * 300, "k" * 256
+    with store.connect() as conn:
+        assert migrations.migrate_to(conn, store.schema, 7) == 7
+        conn.execute(
+            "INSERT INTO weir.records (sync_id, collection_id, record_id, seq, version,"
+            " version_idx, deleted, record) VALUES (%s, 'c', %s, 1, 1, 0, false, '{}'),"
+            " (%s, 'c', %s, 2, 1, 0, false, '{}')",
+            (sid, long_id, sid, short_id),
+        )
+        conn.commit()
+        migrations.migrate(conn, store.schema)
+        rows = conn.execute(
+            "SELECT record_id, full_record_id FROM weir.records ORDER BY seq"
+        ).fetchall()
+    token = "~" + hashlib.sha256(long_id.encode()).hexdigest()
+    assert rows == [(token, long_id), (short_id, None)]
