@@ -1,0 +1,250 @@
+"""Schemas as real databases have them, changing while Weir runs or while capture lags behind:
+DDL, tables created on the fly, partitions, odd keys and names, other encodings. The check is
+the user's: the records stream (and a NATS subscriber) equal the table, capture goes on."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import psycopg
+import pytest
+
+from core.embedded import EmbeddedNats, EmbeddedPostgres
+from core.service import prepare
+from tests.adversarial.stack import Stack
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import serving, weir_config
+
+
+def _exec(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+def _table(url: str, query: str) -> dict[str, dict[str, Any]]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return {str(r["id"]): dict(r) for r in cur.execute(query).fetchall()}
+
+
+def _live(stack: Stack, collection: str) -> dict[str, Any]:
+    return {rid: rec for rid, (deleted, rec) in stack.store_records(collection).items()
+            if not deleted}  # fmt: skip
+
+
+def test_columns_added_dropped_and_renamed_leave_the_records_stream(
+    db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """After DDL, the next version of a record has exactly the table's columns, also when the
+    update leaves a TOASTed value out (the stored one is kept, the dropped ones are not)."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, a text, b text, big text)",
+          "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")  # fmt: skip
+    stack = Stack(db_url, nats_server, None)
+    with stack.running():
+        _exec(
+            db_url, "INSERT INTO t VALUES (1, 'a1', 'b1', repeat('x', 5000)), (2, 'a2', 'b2', 'y')"
+        )
+        stack.sync()
+        _exec(db_url, "ALTER TABLE t DROP COLUMN b", "ALTER TABLE t RENAME COLUMN a TO a2",
+              "ALTER TABLE t ADD COLUMN c int DEFAULT 7",
+              "UPDATE t SET c = 8 WHERE id = 1",  # big is sent as an unchanged TOAST value
+              "UPDATE t SET a2 = 'z' WHERE id = 2")  # fmt: skip
+        stack.sync()
+        want = _table(db_url, "SELECT * FROM t")
+        assert _live(stack, "public:t") == want
+        got = stack.subscriber_records("public:t")["nats-records"]
+        assert {rid: rec for rid, (_, rec) in got.items()} == want
+
+
+def test_key_renamed_or_replaced_while_capture_lags(db_url: str) -> None:
+    """Changes read after their table's key was renamed or replaced are keyed as they were
+    made (pgoutput describes the relation as of the change), not as the catalog has it now."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, n int)")
+    cfg = weir_config(db_url, [])
+    prepare(cfg)  # the slot: what follows waits in the WAL
+    _exec(db_url, "BEGIN; INSERT INTO t VALUES (1, 1); ALTER TABLE t RENAME COLUMN id TO uid;"
+                  " INSERT INTO t VALUES (2, 2); COMMIT",
+          "ALTER TABLE t ADD COLUMN k text NOT NULL DEFAULT 'k'",
+          "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (k, uid)",
+          "INSERT INTO t VALUES (3, 3, 'x')")  # fmt: skip
+    with serving(cfg), psycopg.connect(db_url) as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM weir.events").fetchone() == (3,),
+                 what="3 events")  # fmt: skip
+        ids = conn.execute("SELECT record_id FROM weir.events ORDER BY seq").fetchall()
+    assert [r[0] for r in ids] == ["1", "2", "x,3"]
+
+
+def test_tables_created_while_weir_runs_are_captured_from_their_first_row(
+    db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """A table created in a followed schema is captured from its first committed row (even in
+    the transaction that made it); one without a key is left out, and the user's writes to it
+    still work; given a key later, or made with its rows (CREATE TABLE AS), its rows are
+    backfilled and its changes captured from then on."""
+    stack = Stack(db_url, nats_server, None)
+    with stack.running():
+        _exec(db_url, "BEGIN; CREATE TABLE fresh (id int PRIMARY KEY, v text);"
+                      " INSERT INTO fresh VALUES (1, 'first'); COMMIT",
+              "INSERT INTO fresh VALUES (2, 'second')",
+              "CREATE TABLE loose (a int, b text)", "INSERT INTO loose VALUES (1, 'x')",
+              "UPDATE loose SET b = 'y'", "DELETE FROM loose",  # no replica identity: still works
+              "CREATE TABLE later (id int, v text)", "INSERT INTO later VALUES (1, 'before')",
+              "ALTER TABLE later ADD PRIMARY KEY (id)", "INSERT INTO later VALUES (2, 'after')",
+              "CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY)",
+              "INSERT INTO scratch VALUES (1)",
+              "CREATE TABLE copied AS SELECT i AS id FROM generate_series(1, 30) i",
+              "ALTER TABLE copied ADD PRIMARY KEY (id)")  # fmt: skip
+        stack.sync()
+        assert _live(stack, "public:fresh") == _table(db_url, "SELECT * FROM fresh")
+        assert stack.store_records("public:loose") == {}
+        assert stack.store_records("public:scratch") == {}
+        got = stack.subscriber_records("public:fresh")["nats-records"]
+        assert sorted(got) == ["1", "2"]
+        _wait_records(db_url, "public:later", 2)  # the row from before its key: a backfill
+        assert _live(stack, "public:later") == _table(db_url, "SELECT * FROM later")
+        _wait_records(db_url, "public:copied", 30)
+
+
+def test_a_table_created_while_weir_was_down_is_backfilled(db_url: str) -> None:
+    """Its rows from before Weir came back never reached the WAL under the publication: a
+    backfill brings them into the records stream; later rows are captured."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
+    cfg = weir_config(db_url, [])
+    with serving(cfg):
+        _exec(db_url, "INSERT INTO t VALUES (1)")
+        _wait_records(db_url, "public:t", 1)
+    # Down: the event trigger is dropped (as without a superuser), then a table appears.
+    _exec(db_url, "DROP EVENT TRIGGER weir_follow_weir_pub",
+          "CREATE TABLE late (id int PRIMARY KEY, v text)",
+          "INSERT INTO late SELECT i, 'v' FROM generate_series(1, 50) i")  # fmt: skip
+    with serving(cfg):
+        _exec(db_url, "INSERT INTO late VALUES (51, 'live')")
+        _wait_records(db_url, "public:late", 51)
+
+
+def _wait_records(url: str, collection: str, n: int) -> None:
+    def count() -> bool:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM weir.records WHERE collection_id = %s"
+                               " AND NOT deleted", (collection,)).fetchone()  # fmt: skip
+        return row == (n,)
+
+    wait_for(count, timeout=60, what=f"{n} records of {collection}")
+
+
+def test_partitioned_tables_are_one_collection(db_url: str, nats_server: EmbeddedNats) -> None:
+    """Rows of every partition (one made while Weir runs too) arrive under the parent's
+    collection, and a row moved to another partition is an update of one record."""
+    _exec(db_url, "CREATE TABLE orders (id int, region text, v int, PRIMARY KEY (id, region))"
+                  " PARTITION BY LIST (region)",
+          "CREATE TABLE orders_eu PARTITION OF orders FOR VALUES IN ('eu')",
+          "CREATE TABLE orders_us PARTITION OF orders FOR VALUES IN ('us')")  # fmt: skip
+    # Keyed by id alone (key_columns; a partitioned table's primary key must hold the partition
+    # column), so a row can move between partitions and stay one record.
+    _exec(db_url, "CREATE TABLE moves (id int NOT NULL, region text NOT NULL, v int)"
+                  " PARTITION BY LIST (region)",
+          "CREATE TABLE moves_eu PARTITION OF moves FOR VALUES IN ('eu')",
+          "CREATE TABLE moves_us PARTITION OF moves FOR VALUES IN ('us')",
+          "ALTER TABLE moves REPLICA IDENTITY FULL", "ALTER TABLE moves_eu REPLICA IDENTITY FULL",
+          "ALTER TABLE moves_us REPLICA IDENTITY FULL")  # fmt: skip
+    stack = Stack(db_url, nats_server, None)
+    with stack.running(key_columns={"public.moves": ["id"]}):
+        _exec(db_url, "INSERT INTO orders VALUES (1, 'eu', 1), (2, 'us', 2)",
+              "CREATE TABLE orders_ap PARTITION OF orders FOR VALUES IN ('ap')",
+              "INSERT INTO orders VALUES (3, 'ap', 3)",
+              "INSERT INTO moves VALUES (1, 'eu', 1)",
+              "UPDATE moves SET region = 'us', v = 2 WHERE id = 1")  # fmt: skip
+        stack.sync()
+        assert sorted(_live(stack, "public:orders")) == ["1,eu", "2,us", "3,ap"]
+        assert stack.store_records("public:orders_eu") == {}
+        events = stack.events("public:moves")
+        assert [e["action"] for e in events] == ["insert", "update"]
+        assert events[1]["changes"] == {"region": "eu", "v": 1}
+        assert _live(stack, "public:moves") == {"1": {"id": 1, "region": "us", "v": 2}}
+
+
+def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> None:
+    """``UPDATE t SET id = 2``: the server leaves the TOASTed body out; the new record takes
+    it from the old one (stored earlier, or in the same batch)."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, body text)",
+          "ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")  # fmt: skip
+    with serving(weir_config(db_url, [])):
+        _exec(db_url, "INSERT INTO t VALUES (1, repeat('x', 10000))")
+        _wait_records(db_url, "public:t", 1)
+        _exec(db_url, "UPDATE t SET id = 2 WHERE id = 1",
+              "BEGIN; INSERT INTO t VALUES (5, repeat('y', 10000));"
+              " UPDATE t SET id = 6 WHERE id = 5; COMMIT")  # fmt: skip
+        _wait_records(db_url, "public:t", 2)
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT record_id, deleted, length(record->>'body') FROM weir.records"
+                            " ORDER BY record_id").fetchall()  # fmt: skip
+    assert rows == [("1", True, 10000), ("2", False, 10000), ("5", True, 10000),
+                    ("6", False, 10000)]  # fmt: skip
+
+
+def test_odd_keys_names_and_identities(db_url: str) -> None:
+    """A replica identity other than the primary key keys records by its columns (a delete
+    carries nothing else); schemas with ':' are collections of their own; an unlogged table
+    is left out; domains nest deep; array elements keep non-ASCII spaces."""
+    _exec(db_url,
+          "CREATE TABLE ident (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)",
+          "ALTER TABLE ident REPLICA IDENTITY USING INDEX ident_email_key",
+          'CREATE SCHEMA "a:b"', 'CREATE TABLE "a:b".c (id int PRIMARY KEY)',
+          'CREATE SCHEMA a', 'CREATE TABLE a."b:c" (id int PRIMARY KEY)',
+          "CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY)",
+          "CREATE DOMAIN d0 AS int", *[f"CREATE DOMAIN d{i} AS d{i - 1}" for i in range(1, 13)],
+          "CREATE TABLE deep (id int PRIMARY KEY, v d12, tags text[])")  # fmt: skip
+    cfg = weir_config(db_url, [], schemas=["public", "a:b", "a"])
+    with serving(cfg):
+        _exec(db_url, "INSERT INTO ident VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B')",
+              "DELETE FROM ident WHERE id = 2", 'INSERT INTO "a:b".c VALUES (1)',
+              'INSERT INTO a."b:c" VALUES (2)', "INSERT INTO scratch VALUES (1)",
+              "INSERT INTO deep VALUES"
+              " (1, 7, ARRAY[E'\\u00a0NULL', E'a\\u001f', E'\\u3000x'])")  # fmt: skip
+        _wait_records(db_url, "public:deep", 1)
+        with psycopg.connect(db_url) as conn:
+            recs = conn.execute("SELECT collection_id, record_id, deleted, record FROM weir.records"
+                                " ORDER BY collection_id, record_id").fetchall()  # fmt: skip
+    assert [r[:3] for r in recs] == [
+        ("a%3Ab:c", "1", False), ("a:b:c", "2", False), ("public:deep", "1", False),
+        ("public:ident", "a%40x", False), ("public:ident", "b%40x", True),
+    ]  # fmt: skip
+    deep = next(r[3] for r in recs if r[0] == "public:deep")
+    assert deep == {"id": 1, "v": 7, "tags": ["\u00a0NULL", "a\u001f", "\u3000x"]}
+
+
+@pytest.mark.parametrize(
+    ("encoding", "column", "stored"),
+    [("LATIN1", "'é ÿ ©'", "é ÿ ©"),
+     ("WIN1252", "convert_from('\\x81', 'WIN1252')", "\x81"),  # a byte WIN1252 has no letter for
+     ("SQL_ASCII", "convert_from('\\xe9', 'SQL_ASCII')", "é"),  # any bytes: Latin-1 past UTF-8
+     ("SQL_ASCII", "convert_from('\\xc3a9', 'SQL_ASCII')", "é")],
+    ids=["latin1", "win1252-unmapped", "sql-ascii-latin1", "sql-ascii-utf8"],
+)  # fmt: skip
+def test_databases_in_other_encodings(
+    pg_server: EmbeddedPostgres, db_url: str, encoding: str, column: str, stored: str
+) -> None:
+    """Text comes through whatever the database's encoding, names included, and no byte it
+    holds can stop capture. (The store itself is a UTF-8 database.)"""
+    name = f"enc_{hashlib.md5(column.encode()).hexdigest()[:8]}"
+    _exec(pg_server.url, f"DROP DATABASE IF EXISTS {name}",
+          f"CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"
+          " TEMPLATE template0")  # fmt: skip
+    url = pg_server.url.rsplit("/", 1)[0] + "/" + name
+    table = '"té"' if encoding == "LATIN1" else "t"
+    _exec(url, f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    cfg = weir_config(url, [], store={"url": db_url})
+    try:
+        with serving(cfg):
+            _exec(url, f"INSERT INTO {table} VALUES (1, {column})")
+            collection = "public:té" if encoding == "LATIN1" else "public:t"
+            _wait_records(db_url, collection, 1)
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT record->>'v' FROM weir.records WHERE collection_id = %s",
+                               (collection,)).fetchone()  # fmt: skip
+        assert row == (stored,)
+    finally:
+        _exec(pg_server.url, "SELECT pg_drop_replication_slot(slot_name)"
+                             f" FROM pg_replication_slots WHERE database = '{name}'",
+              f"DROP DATABASE {name} WITH (FORCE)")  # fmt: skip
