@@ -91,6 +91,12 @@ def _reachable(path: Path) -> bool:
     return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
 
 
+def _shared_tmp() -> Path:
+    """The temp dir, or /tmp when ``nobody`` could not reach it (a private $TMPDIR)."""
+    tmp = Path(tempfile.gettempdir())
+    return tmp if _reachable(tmp) else Path("/tmp")
+
+
 def _install_for_nobody(bindir: Path) -> Path:
     """``bindir``, or when ``nobody`` cannot reach its install (the pgserver wheel in a 0700
     checkout, say), that of a copy of its bin, lib and share (and the wheel's own libpq, which
@@ -103,7 +109,7 @@ def _install_for_nobody(bindir: Path) -> Path:
     if all(_reachable(p) for p in parts if p.exists()):
         return bindir
     build = hashlib.sha256((prefix / "bin" / "postgres").read_bytes()).hexdigest()[:16]
-    cache = Path(tempfile.gettempdir(), f"weir-pginstall-{build}")
+    cache = _shared_tmp() / f"weir-pginstall-{build}"
     if not cache.exists():
         tmp = Path(tempfile.mkdtemp(prefix=".weir-pginstall-", dir=cache.parent))
         try:
@@ -148,7 +154,7 @@ class EmbeddedPostgres:
         as_root = os.geteuid() == 0  # postgres refuses to run as root: it runs as nobody
         if as_root:
             self.bindir = _install_for_nobody(self.bindir)
-        self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-", dir=_shared_tmp() if as_root else None))
         self.data = self.dir / "data"
         self.logfile = self.dir / "postgres.log"
         if as_root:
