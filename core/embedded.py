@@ -210,9 +210,8 @@ class EmbeddedPostgres:
 
     def _run(self, args: list[str]) -> None:
         with open(self.logfile, "ab") as log:
-            rc = subprocess.call(
-                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_child_setup(self._uid, None)
-            )
+            rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=_child_setup(self._uid, self._gid))  # fmt: skip
         if rc != 0:
             raise ServerStartError(f"{args[0]} exited {rc}:\n{_log_tail(self.logfile)}")
 
