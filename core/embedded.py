@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib.util
 import json
 import os
@@ -17,6 +18,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -84,6 +86,50 @@ def postgres_bindir() -> Path:
     )
 
 
+def _reachable(path: Path) -> bool:
+    """Whether ``nobody`` can reach into ``path``: it and every dir above it searchable by all."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
+
+
+def _shared_tmp() -> Path:
+    """The temp dir, or /tmp when ``nobody`` could not reach it (a private $TMPDIR)."""
+    tmp = Path(tempfile.gettempdir())
+    return tmp if _reachable(tmp) else Path("/tmp")
+
+
+def _install_for_nobody(bindir: Path) -> Path:
+    """``bindir``, or when ``nobody`` cannot reach its install (the pgserver wheel in a 0700
+    checkout, say), that of a copy of its bin, lib and share (and the wheel's own libpq, which
+    they find at ``$ORIGIN/../../../pgserver.libs``) in the temp dir: made once per build in a
+    private dir and renamed into place, root's own and writable by no one else."""
+    prefix = bindir.resolve().parent
+    top = prefix.parent.parent  # the copy keeps the paths below it
+    parts = [prefix / name for name in ("bin", "lib", "share")]
+    parts += [p for p in [top / "pgserver.libs"] if p.is_dir()]
+    if all(_reachable(p) for p in parts if p.exists()):
+        return bindir
+    build = hashlib.sha256((prefix / "bin" / "postgres").read_bytes()).hexdigest()[:16]
+    cache = _shared_tmp() / f"weir-pginstall-{build}"
+    if not cache.exists():
+        tmp = Path(tempfile.mkdtemp(prefix=".weir-pginstall-", dir=cache.parent))
+        try:
+            for part in parts:  # an install laid out otherwise fails here, naming what is missing
+                shutil.copytree(part, tmp / part.relative_to(top), symlinks=True)
+            for root, _, files in os.walk(tmp):  # modes of our own, whatever the umask
+                os.chmod(root, 0o755)
+                for f in (Path(root, n) for n in files if not Path(root, n).is_symlink()):
+                    f.chmod(0o755 if f.stat().st_mode & stat.S_IXUSR else 0o644)
+            tmp.rename(cache)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not cache.is_dir():  # else another process made it first
+                raise
+    st = cache.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise ServerStartError(f"{cache} is not root's own copy of PostgreSQL: remove it")
+    return cache / prefix.relative_to(top) / "bin"
+
+
 class EmbeddedPostgres:
     """A PostgreSQL cluster with ``wal_level=logical`` in a temp dir, listening on loopback.
 
@@ -101,14 +147,17 @@ class EmbeddedPostgres:
         self.port = port or free_port()
         self.durable = durable
         self.settings = settings or {}
-        self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-"))
-        self.data = self.dir / "data"
-        self.logfile = self.dir / "postgres.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.bindir = postgres_bindir()
         self._uid: int | None = None
         self._gid: int | None = None
-        if os.geteuid() == 0:  # postgres refuses to run as root
+        as_root = os.geteuid() == 0  # postgres refuses to run as root: it runs as nobody
+        if as_root:
+            self.bindir = _install_for_nobody(self.bindir)
+        self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-", dir=_shared_tmp() if as_root else None))
+        self.data = self.dir / "data"
+        self.logfile = self.dir / "postgres.log"
+        if as_root:
             nobody = pwd.getpwnam("nobody")
             self._uid, self._gid = nobody.pw_uid, nobody.pw_gid
             os.chown(self.dir, self._uid, self._gid)
@@ -161,9 +210,8 @@ class EmbeddedPostgres:
 
     def _run(self, args: list[str]) -> None:
         with open(self.logfile, "ab") as log:
-            rc = subprocess.call(
-                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_child_setup(self._uid, None)
-            )
+            rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=_child_setup(self._uid, self._gid))  # fmt: skip
         if rc != 0:
             raise ServerStartError(f"{args[0]} exited {rc}:\n{_log_tail(self.logfile)}")
 
