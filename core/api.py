@@ -21,18 +21,19 @@ import orjson
 import psycopg
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import consume
+from core import api_refusals, consume
 from core.config import ConsumerConfig, PostgresSource, WeirConfig
 from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
 from core.ingest import Ingest, IngestRecord
 from core.metrics import Metrics
+from core.redact import first_line
 from core.store import Store
 
 log = logging.getLogger("weir.api")
@@ -156,7 +157,7 @@ async def _reachable(url: str) -> str:
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=3, autocommit=True)
     except psycopg.Error as e:
-        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return first_line(e)
     async with conn:
         await conn.execute("SELECT 1")
     return "ok"
@@ -253,12 +254,7 @@ def build_app(
     async def openapi() -> dict[str, Any]:
         return app.openapi()
 
-    @app.exception_handler(ApiError)
-    async def _refused(_: Request, e: ApiError) -> JSONResponse:
-        if e.status == 422:  # the shape of FastAPI's validation errors
-            detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
-            return JSONResponse({"detail": detail}, status_code=422)
-        return JSONResponse({"detail": e.reason}, status_code=e.status)
+    api_refusals.install(app)
 
     async def items(name: str, batch_size: int, wait_for: int, item: Any) -> bytes:
         got = await consumers.receive(name, batch_size, wait_for)

@@ -8,10 +8,12 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from types import FrameType
 
 from core.config import ConfigError, PostgresSource, WeirConfig, load_config
+from core.redact import first_line, redact, setup_logging
 from core.settings import WeirSettings
 
 log = logging.getLogger("weir")
@@ -105,7 +107,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
                   f"({newer:,} were older than the stream's version)")  # fmt: skip
     except source_problems() as e:
-        print(f"weir backfill: {str(e).strip()}", file=sys.stderr)
+        print(f"weir backfill: {first_line(e)}", file=sys.stderr)
         return 1
     return 0
 
@@ -132,10 +134,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
     status = 0
     for c in connectors:
         try:
-            lines = asyncio.run(ensure(c))
+            print("\n".join(asyncio.run(ensure(c))))
         except Exception as e:
-            lines, status = [f"{c.name}: cannot set up {args.command}: {type(e).__name__}: {e}"], 1
-        print("\n".join(lines))
+            log.debug("%s: setup failed", c.name, exc_info=True)
+            print(f"{c.name}: {first_line(e)}", file=sys.stderr)
+            status = 1
     return status
 
 
@@ -162,7 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         queues = status.consumer_queues(store)
         backfills = status.backfills(store)
     except psycopg.Error as e:
-        print(f"weir status: cannot read the store: {str(e).strip()}", file=sys.stderr)
+        print(f"weir status: cannot read the store: {first_line(e)}", file=sys.stderr)
         return 1
     rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "OWNER",
              "NOTE")]  # fmt: skip
@@ -272,13 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
-    level = "debug" if args.verbose else WeirSettings().log_level
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging("debug" if args.verbose else WeirSettings().log_level)
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # one line, without secrets; the traceback at the debug level (-v)
+        if log.isEnabledFor(logging.DEBUG):
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        print(f"weir {args.command}: {first_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     ByteSize,
     Field,
@@ -27,8 +29,22 @@ from connectors.sqs.config import SqsConnector
 from connectors.webhook.config import WebhookConnector
 from core.ids import sync_id_for
 from core.models import Duration, Model, Text
+from core.redact import raw_secrets, redact, remember, secrets_of
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
+    """A config validator: a URL (or conninfo string) libpq can parse. Its error quotes the
+    part it cannot parse, often the password: the quoted text is left out."""
+    if v is not None:
+        try:
+            conninfo_to_dict(v.get_secret_value())
+        except psycopg.Error as e:
+            reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
+            hint = " (a % in a password is written %25)" if "percent" in reason else ""
+            raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
+    return v
 
 
 class StoreConfig(Model):
@@ -37,6 +53,8 @@ class StoreConfig(Model):
     url: SecretStr | None = None
     schema_: str = Field("weir", alias="schema")
     events_retention: Duration = timedelta(days=7)
+
+    _url = field_validator("url")(check_postgres_url)
 
     @field_validator("schema_")
     @classmethod
@@ -96,6 +114,8 @@ class PostgresSource(SourceBase):
         ByteSize(1 << 30), description="warn when the slot holds back more WAL (e.g. 512MiB)"
     )
     backfill: BackfillConfig | None = None
+
+    _url = field_validator("url")(check_postgres_url)
 
     @property
     def provider(self) -> str:
@@ -357,8 +377,9 @@ def load_config(path: str | Path) -> WeirConfig:
     if not isinstance(data, dict):
         raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
     try:
-        return WeirConfig.model_validate(data)
+        cfg = WeirConfig.model_validate(data)
     except ValidationError as e:
+        remember(raw_secrets(data, WeirConfig))
         problems = []
         for err in e.errors():
             loc = _without_tags(tuple(err["loc"]))
@@ -368,5 +389,7 @@ def load_config(path: str | Path) -> WeirConfig:
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
-            problems.append(f"{line}: {key}: {msg}")
+            problems.append(redact(f"{line}: {key}: {msg}"))
         raise ConfigError(path, problems) from None
+    remember(secrets_of(cfg))
+    return cfg

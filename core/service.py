@@ -17,6 +17,7 @@ import psycopg
 from core.config import Connector, PostgresSource, WeirConfig
 from core.engine import Forwarder
 from core.metrics import Metrics
+from core.redact import remember, secrets_of
 from core.store import Store
 from core.store.reader import Notifier
 
@@ -69,6 +70,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     from core.api import ApiServer
     from core.leases import Leases
 
+    remember(secrets_of(cfg))
     store = open_store(cfg)
     metrics = Metrics()
     metrics.watch_store(cfg, store)

@@ -354,17 +354,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit spark/seed.py``: the arguments of ``weir seed``."""
     from core.cli import load_or_exit
+    from core.redact import setup_logging
 
     parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("info")
     return seed_command(args, load_or_exit(args.config))
 
 
 def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
     """Run the job as asked on the command line; print one summary line per table."""
     from core.cli import postgres_source_or_exit, source_problems
+    from core.redact import first_line
 
     src = postgres_source_or_exit(cfg, args.source)
     problems: tuple[type[Exception], ...] = (SeedError, *source_problems())
@@ -374,7 +376,7 @@ def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
             partitions=args.partitions,
         )  # fmt: skip
     except problems as e:
-        print(f"weir seed: {str(e).strip()}", file=sys.stderr)
+        print(f"weir seed: {first_line(e)}", file=sys.stderr)
         return 1
     for r in results:
         print(

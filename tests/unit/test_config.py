@@ -139,3 +139,20 @@ def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, head + body))
         assert e.value.problems == [problem], body
+
+
+def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "store: {url: 'postgresql://weir:pa%ss@127.0.0.1:5432/app'}\n"
+        "connectors:\n"
+        "  - {name: n, type: nats, stream: events, nats: {url: 'nats:/u:s3cret@h:4222'}}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: store.url: Value error, not a valid PostgreSQL URL: invalid percent-encoded token: "
+        '"***" (a % in a password is written %25)',
+        "3: connectors[0].nats.url: Value error, 'nats:/u:***@h:4222': expected nats://host:port "
+        "(or tls://, ws://, wss://)",
+    ]
