@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from core import api_refusals, consume
 from core.config import ConsumerConfig, PostgresSource, WeirConfig
 from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
+from core.failures import postgres_unreachable
 from core.ingest import Ingest, IngestRecord
 from core.metrics import Metrics
-from core.redact import first_line
 from core.store import Store
 
 log = logging.getLogger("weir.api")
@@ -153,11 +153,11 @@ class Ready(_Out):
     checks: dict[str, str] = Field(description="'ok' or why not, per dependency")
 
 
-async def _reachable(url: str) -> str:
+async def _reachable(url: str, what: str) -> str:
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=3, autocommit=True)
     except psycopg.Error as e:
-        return first_line(e)
+        return str(postgres_unreachable(e, url, what))
     async with conn:
         await conn.execute("SELECT 1")
     return "ok"
@@ -338,10 +338,11 @@ def build_app(
     @app.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
     async def ready() -> JSONResponse:
         """The store and every postgres source answer."""
-        checks = {"store": await _reachable(consumers.store.url)}
+        checks = {"store": await _reachable(consumers.store.url, "the store")}
         for src in consumers.cfg.sources:
             if isinstance(src, PostgresSource):
-                checks[f"source {src.name}"] = await _reachable(src.url.get_secret_value())
+                what = f"source {src.name}"
+                checks[what] = await _reachable(src.url.get_secret_value(), what)
         ok = all(v == "ok" for v in checks.values())
         body = {"status": "ready" if ok else "not ready", "checks": checks}
         return JSONResponse(body, status_code=200 if ok else 503)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from core.config import ConfigError, PostgresSource, WeirConfig, load_config
+from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
 from core.settings import WeirSettings
 
@@ -91,6 +92,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.config)
     src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
+    reach_postgres(src.url.get_secret_value(), f"source {src.name}")
+    reach_postgres(cfg.store_url, "the store")
     try:
         store = open_store(cfg)
         tables = args.table or configured_tables(src)
@@ -149,24 +152,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     """
     import time
 
-    import psycopg
-
     from core import status
     from core.pg.pgoutput import lsn_to_str
     from core.store import Store
 
     cfg = load_or_exit(args.config)
+    reach_postgres(cfg.store_url, "the store")
     store = Store(cfg.store_url, cfg.store.schema_)
-    try:
-        before = {(c.name, c.source): c.seq for c in status.cursors(store)}
-        time.sleep(args.interval)
-        sources = status.sources(cfg, store)
-        cursors = status.cursors(store)
-        queues = status.consumer_queues(store)
-        backfills = status.backfills(store)
-    except psycopg.Error as e:
-        print(f"weir status: cannot read the store: {first_line(e)}", file=sys.stderr)
-        return 1
+    before = {(c.name, c.source): c.seq for c in status.cursors(store)}
+    time.sleep(args.interval)
+    sources = status.sources(cfg, store)
+    cursors = status.cursors(store)
+    queues = status.consumer_queues(store)
+    backfills = status.backfills(store)
     rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "OWNER",
              "NOTE")]  # fmt: skip
     for s in sources:
@@ -277,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging("debug" if args.verbose else WeirSettings().log_level)
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
+    bound_postgres_connects()
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
