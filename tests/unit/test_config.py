@@ -156,3 +156,22 @@ def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
         "3: connectors[0].nats.url: Value error, 'nats:/u:***@h:4222': expected nats://host:port "
         "(or tls://, ws://, wss://)",
     ]
+
+
+def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
+    head = "store: {url: 'postgresql://x'}\nconnectors:\n"
+    cases = {
+        "{seqq: 3}": "start_position: expected beginning, end, {seq: N} or {time: ISO-8601}",
+        "begining": "start_position: expected beginning, end, {seq: N} or {time: ISO-8601}",
+        "{seq: 1, time: 2}": "start_position: expected beginning, end, {seq: N} or {time: "
+        "ISO-8601}",
+        "{seq: 0}": "start_position.seq: Input should be greater than or equal to 1",
+    }
+    for value, problem in cases.items():
+        body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, head + body))
+        assert e.value.problems == [f"3: connectors[0].{problem}"], value
+    for value in ("end", "{seq: 7}", "{time: '2026-11-22T10:00:00Z'}"):
+        body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
+        load_config(_write(tmp_path, head + body))
