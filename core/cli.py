@@ -16,6 +16,7 @@ from core.config import ConfigError, PostgresSource, WeirConfig, load_config
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
 from core.settings import WeirSettings
+from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir")
 
@@ -62,6 +63,14 @@ def _stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return stop
+
+
+def table_arg(text: str) -> str:
+    """``--table``: schema.table (core/tables.py), or a usage error (exit 2)."""
+    try:
+        return table_name(*parse_table(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
@@ -255,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
     p.add_argument("--config", required=True)
     p.add_argument("--source", required=True, help="a postgres source of the config")
-    p.add_argument("--table", action="append", help="schema.table (repeatable; default: "
-                   "the source's backfill: tables, else all its tables)")  # fmt: skip
+    p.add_argument("--table", action="append", type=table_arg, help="schema.table (repeatable; "
+                   "default: the source's backfill: tables, else all its tables)")  # fmt: skip
     p.add_argument("--restart", action="store_true",
                    help="start again from the first row, even when unfinished")  # fmt: skip
     p.add_argument("--page-size", type=int, help="rows per page (default 5000)")

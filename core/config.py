@@ -28,7 +28,7 @@ from connectors.nats.config import NatsConnector
 from connectors.sqs.config import SqsConnector
 from connectors.webhook.config import WebhookConnector
 from core.ids import sync_id_for
-from core.models import Duration, Model, Text
+from core.models import Duration, Model, TableName, Text
 from core.redact import raw_secrets, redact, remember, secrets_of
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -76,23 +76,11 @@ class SourceBase(Model):
 class BackfillConfig(Model):
     """Tables ``weir run`` backfills into the records stream, once each, beside live capture."""
 
-    tables: list[str] = Field([], description="schema.table entries; default: every table")
+    tables: list[TableName] = Field([], description="schema.table entries; default: every table")
     page_size: int = Field(5000, ge=1, le=100_000)
-    sort_columns: dict[str, str] = Field(
+    sort_columns: dict[TableName, str] = Field(
         {}, description="schema.table: a NOT NULL column to page by before the key"
     )
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return check_tables(v)
-
-
-def check_tables(v: list[str]) -> list[str]:
-    for t in v:
-        if t.count(".") != 1 or not all(t.split(".")):
-            raise ValueError(f"{t!r}: tables are written schema.table")
-    return v
 
 
 class PostgresSource(SourceBase):
@@ -102,9 +90,9 @@ class PostgresSource(SourceBase):
     url: SecretStr
     publication: str = "weir_pub"
     slot: str = "weir_slot"
-    tables: list[str] = []
+    tables: list[TableName] = []
     schemas: list[str] = []
-    key_columns: dict[str, list[str]] = {}
+    key_columns: dict[TableName, list[str]] = {}
     create_publication: bool = True
     heartbeat_interval: Duration = timedelta(seconds=30)
     status_interval: Duration = timedelta(seconds=10)
@@ -127,11 +115,6 @@ class PostgresSource(SourceBase):
         if not _IDENT.match(v):
             raise ValueError("must be a lower-case identifier: letters, digits and _")
         return v
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return check_tables(v)
 
     @model_validator(mode="after")
     def _some_tables(self) -> PostgresSource:

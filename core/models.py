@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from core.tables import parse_table, table_name
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -45,6 +47,8 @@ def _no_nul(v: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
+# schema.table, in the one spelling of core.tables, so that names compare equal as text
+TableName = Annotated[str, AfterValidator(lambda t: table_name(*parse_table(t)))]
 
 
 def check_pair(model: BaseModel, a: str, b: str) -> None:

@@ -16,6 +16,7 @@ from psycopg import sql
 from core.config import PostgresSource, WeirConfig
 from core.consume import QUEUE_COUNTS
 from core.store import Store
+from core.tables import table_name
 
 log = logging.getLogger("weir.status")
 
@@ -142,7 +143,7 @@ def backfills(store: Store) -> list[BackfillStatus]:
                 " FROM {} b JOIN {} s USING (sync_id) ORDER BY s.name, b.collection_id"
             ).format(store.table("backfills"), store.table("sources"))
         ).fetchall()
-    return [BackfillStatus(str(r[0]), str(r[1]).replace(":", ".", 1), int(r[2]), int(r[3]),
+    return [BackfillStatus(str(r[0]), table_name(*str(r[1]).split(":", 1)), int(r[2]), int(r[3]),
                            int(r[4]), bool(r[5]), float(r[6])) for r in rows]  # fmt: skip
 
 

@@ -340,9 +340,12 @@ def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from core.cli import table_arg
+
     p.add_argument("--config", required=True)
     p.add_argument("--source", required=True, help="a postgres source of the config")
-    p.add_argument("--table", action="append", required=True, help="schema.table (repeatable)")
+    p.add_argument("--table", action="append", required=True, type=table_arg,
+                   help='schema.table, "quoted" names allowed (repeatable)')  # fmt: skip
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     p.add_argument("--jdbc-jar", help="read through JDBC with this PostgreSQL driver jar")
     p.add_argument(

@@ -16,6 +16,7 @@ from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog
 from core.store.writer import Change
+from core.tables import table_name
 
 PRIMARY_KEY_SQL = """
 SELECT a.attname
@@ -63,7 +64,7 @@ class Relations:
             self.types.refresh(self.catalog.execute(TYPES_SQL).fetchall())
         names = tuple(c[1] for c in cols)
         identity = tuple(i for i, c in enumerate(cols) if c[0] & 1)
-        key_names = self.key_columns.get(f"{schema}.{table}") or [
+        key_names = self.key_columns.get(table_name(schema, table)) or [
             r[0] for r in self.catalog.execute(PRIMARY_KEY_SQL, (relid,)).fetchall()
         ]
         if key_names:
@@ -78,7 +79,7 @@ class Relations:
         else:
             raise SourceSchemaError(
                 f"table {schema}.{table} has no primary key: add one, or set key_columns for "
-                f"'{schema}.{table}' in the source's config"
+                f"'{table_name(schema, table)}' in the source's config"
             )
         rel = Relation(
             relid,

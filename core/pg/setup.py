@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.tables import parse_table, table_name
+
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config import PostgresSource
 
@@ -35,7 +37,7 @@ WHERE n.nspname = %s AND c.relname = %s
 
 
 def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
-    tables = [(t.split(".")[0], t.split(".")[1]) for t in src.tables]
+    tables = [parse_table(t) for t in src.tables]
     for schema in src.schemas:
         rows = conn.execute(
             "SELECT schemaname, tablename FROM pg_tables WHERE schemaname = %s ORDER BY 2",
@@ -58,7 +60,7 @@ def check_table(
     conn: psycopg.Connection[Any], src: PostgresSource, schema: str, table: str
 ) -> None:
     row = conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone()
-    name = f"{schema}.{table}"
+    name = table_name(schema, table)
     if row is None:
         raise SourceSetupError(
             f"source {src.name!r}: table {name} does not exist (check 'tables:' in the config)"
@@ -129,7 +131,7 @@ def _ensure_publication(
         log.info(
             "source %s: added %s to publication %s",
             src.name,
-            ", ".join(f"{s}.{t}" for s, t in missing),
+            ", ".join(table_name(s, t) for s, t in missing),
             src.publication,
         )
 

@@ -56,7 +56,8 @@ def test_every_problem_names_file_line_and_key(tmp_path: Path) -> None:
     assert e.value.problems == [
         "1: store.schema: Value error, must be a lower-case SQL identifier",
         "1: store.bogus: unknown key",
-        "6: sources[0].tables: Value error, 'users': tables are written schema.table",
+        "6: sources[0].tables[0]: Value error, 'users': tables are written schema.table, with "
+        '"double quotes" around a name that holds a dot or a quote (public."my.table")',
         "7: sources[1].provider: Field required",
     ]
     assert str(e.value).startswith(f"{path}:1: store.schema")
