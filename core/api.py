@@ -140,6 +140,7 @@ REFUSALS = [
     (401, "No valid bearer token"),
     (404, "No such consumer or source"),
     (409, "Conflict with what exists"),
+    (413, "Request body larger than api.max_body_bytes"),
     (429, "Too many receive calls waiting (max_waiting)"),
 ]
 
@@ -225,7 +226,7 @@ def _settle_routes(api: APIRouter, consumers: Consumers) -> None:
 
 
 def build_app(
-    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes]
+    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes], max_body: int
 ) -> FastAPI:
     async def authorized(creds: Bearer) -> None:  # async: no hop to a thread pool
         given = creds.credentials.encode() if creds else b""
@@ -254,7 +255,7 @@ def build_app(
     async def openapi() -> dict[str, Any]:
         return app.openapi()
 
-    api_refusals.install(app)
+    api_refusals.install(app, max_body)
 
     async def items(name: str, batch_size: int, wait_for: int, item: Any) -> bytes:
         got = await consumers.receive(name, batch_size, wait_for)
@@ -406,7 +407,8 @@ class ApiServer:
                             max_instances=1, coalesce=True)  # fmt: skip
             sweeper.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]
-            app = build_app(consumers, ingest, self.metrics, tokens)
+            max_body = self.cfg.api.max_body_bytes
+            app = build_app(consumers, ingest, self.metrics, tokens, max_body)
             config = uvicorn.Config(
                 app, host=self.host, port=self.port, log_level="warning", access_log=False,
                 lifespan="off", timeout_graceful_shutdown=5,

@@ -1,5 +1,6 @@
-"""How the HTTP API refuses a request (DESIGN.md section 7.7): always JSON
-``{"detail": ...}``, never with a secret in it.
+"""How the HTTP API refuses a request (DESIGN.md sections 7.6 and 7.7): always JSON
+``{"detail": ...}``, never with a secret in it, and 413 for a body beyond
+``api.max_body_bytes`` before that body is read into memory.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.consume import ApiError
 from core.redact import redact
@@ -27,8 +29,42 @@ def redacted(value: Any) -> Any:
     return value
 
 
-def install(app: FastAPI) -> None:
-    """Error bodies without secrets, on every route of ``app``."""
+class BodyLimit:
+    """ASGI middleware: a request whose Content-Length is beyond ``max_bytes`` is answered 413
+    at once, unread; a body without one (chunked) is counted as the route reads it, and the
+    read fails with 413 as soon as the count passes ``max_bytes``. So at most ``max_bytes``
+    of a body are ever held in memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.detail = f"the request body is larger than api.max_body_bytes ({max_bytes} bytes)"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await JSONResponse({"detail": self.detail}, 413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # FastAPI passes an HTTPException from a body read on
+                raise HTTPException(413, self.detail)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def install(app: FastAPI, max_body_bytes: int) -> None:
+    """The body limit, and error bodies without secrets, on every route of ``app``."""
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def _refused(_: Request, e: ApiError) -> JSONResponse:

@@ -140,6 +140,9 @@ class ApiConfig(Model):
 
     listen: str = Field("127.0.0.1:7376", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:\d{1,5}$")
     tokens: list[SecretStr] = Field(min_length=1)
+    max_body_bytes: ByteSize = Field(
+        ByteSize(16 * 1024 * 1024), ge=1024, description="larger request bodies get 413 (16MiB)"
+    )
 
     @field_validator("tokens")
     @classmethod
