@@ -21,16 +21,17 @@ import orjson
 import psycopg
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import consume
+from core import api_refusals, consume
 from core.config import ConsumerConfig, PostgresSource, WeirConfig
 from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
+from core.failures import postgres_unreachable
 from core.ingest import Ingest, IngestRecord
 from core.metrics import Metrics
 from core.store import Store
@@ -139,6 +140,7 @@ REFUSALS = [
     (401, "No valid bearer token"),
     (404, "No such consumer or source"),
     (409, "Conflict with what exists"),
+    (413, "Request body larger than api.max_body_bytes"),
     (429, "Too many receive calls waiting (max_waiting)"),
 ]
 
@@ -152,11 +154,11 @@ class Ready(_Out):
     checks: dict[str, str] = Field(description="'ok' or why not, per dependency")
 
 
-async def _reachable(url: str) -> str:
+async def _reachable(url: str, what: str) -> str:
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=3, autocommit=True)
     except psycopg.Error as e:
-        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return str(postgres_unreachable(e, url, what))
     async with conn:
         await conn.execute("SELECT 1")
     return "ok"
@@ -224,7 +226,7 @@ def _settle_routes(api: APIRouter, consumers: Consumers) -> None:
 
 
 def build_app(
-    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes]
+    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes], max_body: int
 ) -> FastAPI:
     async def authorized(creds: Bearer) -> None:  # async: no hop to a thread pool
         given = creds.credentials.encode() if creds else b""
@@ -253,12 +255,7 @@ def build_app(
     async def openapi() -> dict[str, Any]:
         return app.openapi()
 
-    @app.exception_handler(ApiError)
-    async def _refused(_: Request, e: ApiError) -> JSONResponse:
-        if e.status == 422:  # the shape of FastAPI's validation errors
-            detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
-            return JSONResponse({"detail": detail}, status_code=422)
-        return JSONResponse({"detail": e.reason}, status_code=e.status)
+    api_refusals.install(app, max_body)
 
     async def items(name: str, batch_size: int, wait_for: int, item: Any) -> bytes:
         got = await consumers.receive(name, batch_size, wait_for)
@@ -342,10 +339,11 @@ def build_app(
     @app.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
     async def ready() -> JSONResponse:
         """The store and every postgres source answer."""
-        checks = {"store": await _reachable(consumers.store.url)}
+        checks = {"store": await _reachable(consumers.store.url, "the store")}
         for src in consumers.cfg.sources:
             if isinstance(src, PostgresSource):
-                checks[f"source {src.name}"] = await _reachable(src.url.get_secret_value())
+                what = f"source {src.name}"
+                checks[what] = await _reachable(src.url.get_secret_value(), what)
         ok = all(v == "ok" for v in checks.values())
         body = {"status": "ready" if ok else "not ready", "checks": checks}
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -409,7 +407,8 @@ class ApiServer:
                             max_instances=1, coalesce=True)  # fmt: skip
             sweeper.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]
-            app = build_app(consumers, ingest, self.metrics, tokens)
+            max_body = self.cfg.api.max_body_bytes
+            app = build_app(consumers, ingest, self.metrics, tokens, max_body)
             config = uvicorn.Config(
                 app, host=self.host, port=self.port, log_level="warning", access_log=False,
                 lifespan="off", timeout_graceful_shutdown=5,

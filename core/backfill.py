@@ -23,6 +23,7 @@ from core.pg.setup import SourceSetupError, capturable_tables
 from core.progress import Progress
 from core.store import Conn, Store
 from core.store.writer import SnapshotWriter
+from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir.backfill")
 
@@ -64,9 +65,9 @@ class Backfill:
         settings = src.backfill or BackfillConfig()
         self.src = src
         self.store = store
-        self.table = table
+        self.table = table_name(*parse_table(table))  # as sort_columns are written
         self.page_size = page_size or settings.page_size
-        self.sort_column = sort_column or settings.sort_columns.get(table)
+        self.sort_column = sort_column or settings.sort_columns.get(self.table)
         t = store.table("backfills")
         self._load = sql.SQL(
             "SELECT keyset, version, snapshot_at, last_key, rows_total, rows_read, rows_written,"
@@ -169,7 +170,7 @@ def configured_tables(src: PostgresSource) -> list[str]:
     if src.backfill is not None and src.backfill.tables:
         return list(src.backfill.tables)
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        return [f"{s}.{t}" for s, t in capturable_tables(conn, src)]
+        return [table_name(s, t) for s, t in capturable_tables(conn, src)]
 
 
 def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:
@@ -197,7 +198,7 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
         for schema, table, requested_at in rows:
             if stop.is_set():
                 return
-            name = f"{schema}.{table}"
+            name = table_name(schema, table)
             try:
                 finished = Backfill(src, store, name).run(stop, since=requested_at).finished
             except (SourceSetupError, SourceSchemaError) as e:

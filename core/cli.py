@@ -8,11 +8,15 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from types import FrameType
 
 from core.config import ConfigError, PostgresSource, WeirConfig, load_config
+from core.failures import bound_postgres_connects, reach_postgres
+from core.redact import first_line, redact, setup_logging
 from core.settings import WeirSettings
+from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir")
 
@@ -61,6 +65,14 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def table_arg(text: str) -> str:
+    """``--table``: schema.table (core/tables.py), or a usage error (exit 2)."""
+    try:
+        return table_name(*parse_table(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
     """The postgres source ``name`` of the config, or exit 2 saying what the config has."""
     try:
@@ -89,6 +101,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.config)
     src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
+    reach_postgres(src.url.get_secret_value(), f"source {src.name}")
+    reach_postgres(cfg.store_url, "the store")
     try:
         store = open_store(cfg)
         tables = args.table or configured_tables(src)
@@ -105,7 +119,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
                   f"({newer:,} were older than the stream's version)")  # fmt: skip
     except source_problems() as e:
-        print(f"weir backfill: {str(e).strip()}", file=sys.stderr)
+        print(f"weir backfill: {first_line(e)}", file=sys.stderr)
         return 1
     return 0
 
@@ -132,10 +146,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
     status = 0
     for c in connectors:
         try:
-            lines = asyncio.run(ensure(c))
+            print("\n".join(asyncio.run(ensure(c))))
         except Exception as e:
-            lines, status = [f"{c.name}: cannot set up {args.command}: {type(e).__name__}: {e}"], 1
-        print("\n".join(lines))
+            log.debug("%s: setup failed", c.name, exc_info=True)
+            print(f"{c.name}: {first_line(e)}", file=sys.stderr)
+            status = 1
     return status
 
 
@@ -146,24 +161,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     """
     import time
 
-    import psycopg
-
     from core import status
     from core.pg.pgoutput import lsn_to_str
     from core.store import Store
 
     cfg = load_or_exit(args.config)
+    reach_postgres(cfg.store_url, "the store")
     store = Store(cfg.store_url, cfg.store.schema_)
-    try:
-        before = {(c.name, c.source): c.seq for c in status.cursors(store)}
-        time.sleep(args.interval)
-        sources = status.sources(cfg, store)
-        cursors = status.cursors(store)
-        queues = status.consumer_queues(store)
-        backfills = status.backfills(store)
-    except psycopg.Error as e:
-        print(f"weir status: cannot read the store: {str(e).strip()}", file=sys.stderr)
-        return 1
+    before = {(c.name, c.source): c.seq for c in status.cursors(store)}
+    time.sleep(args.interval)
+    sources = status.sources(cfg, store)
+    cursors = status.cursors(store)
+    queues = status.consumer_queues(store)
+    backfills = status.backfills(store)
     rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "OWNER",
              "NOTE")]  # fmt: skip
     for s in sources:
@@ -254,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
     p.add_argument("--config", required=True)
     p.add_argument("--source", required=True, help="a postgres source of the config")
-    p.add_argument("--table", action="append", help="schema.table (repeatable; default: "
-                   "the source's backfill: tables, else all its tables)")  # fmt: skip
+    p.add_argument("--table", action="append", type=table_arg, help="schema.table (repeatable; "
+                   "default: the source's backfill: tables, else all its tables)")  # fmt: skip
     p.add_argument("--restart", action="store_true",
                    help="start again from the first row, even when unfinished")  # fmt: skip
     p.add_argument("--page-size", type=int, help="rows per page (default 5000)")
@@ -272,13 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
-    level = "debug" if args.verbose else WeirSettings().log_level
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging("debug" if args.verbose else WeirSettings().log_level)
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
-    return int(args.func(args))
+    bound_postgres_connects()
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # one line, without secrets; the traceback at the debug level (-v)
+        if log.isEnabledFor(logging.DEBUG):
+            print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        print(f"weir {args.command}: {first_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     ByteSize,
     Field,
@@ -26,9 +28,23 @@ from connectors.nats.config import NatsConnector
 from connectors.sqs.config import SqsConnector
 from connectors.webhook.config import WebhookConnector
 from core.ids import sync_id_for
-from core.models import Duration, Model, Text
+from core.models import Duration, Model, TableName, Text
+from core.redact import raw_secrets, redact, remember, secrets_of
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
+    """A config validator: a URL (or conninfo string) libpq can parse. Its error quotes the
+    part it cannot parse, often the password: the quoted text is left out."""
+    if v is not None:
+        try:
+            conninfo_to_dict(v.get_secret_value())
+        except psycopg.Error as e:
+            reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
+            hint = " (a % in a password is written %25)" if "percent" in reason else ""
+            raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
+    return v
 
 
 class StoreConfig(Model):
@@ -37,6 +53,8 @@ class StoreConfig(Model):
     url: SecretStr | None = None
     schema_: str = Field("weir", alias="schema")
     events_retention: Duration = timedelta(days=7)
+
+    _url = field_validator("url")(check_postgres_url)
 
     @field_validator("schema_")
     @classmethod
@@ -58,23 +76,11 @@ class SourceBase(Model):
 class BackfillConfig(Model):
     """Tables ``weir run`` backfills into the records stream, once each, beside live capture."""
 
-    tables: list[str] = Field([], description="schema.table entries; default: every table")
+    tables: list[TableName] = Field([], description="schema.table entries; default: every table")
     page_size: int = Field(5000, ge=1, le=100_000)
-    sort_columns: dict[str, str] = Field(
+    sort_columns: dict[TableName, str] = Field(
         {}, description="schema.table: a NOT NULL column to page by before the key"
     )
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return check_tables(v)
-
-
-def check_tables(v: list[str]) -> list[str]:
-    for t in v:
-        if t.count(".") != 1 or not all(t.split(".")):
-            raise ValueError(f"{t!r}: tables are written schema.table")
-    return v
 
 
 class PostgresSource(SourceBase):
@@ -84,9 +90,9 @@ class PostgresSource(SourceBase):
     url: SecretStr
     publication: str = "weir_pub"
     slot: str = "weir_slot"
-    tables: list[str] = []
+    tables: list[TableName] = []
     schemas: list[str] = []
-    key_columns: dict[str, list[str]] = {}
+    key_columns: dict[TableName, list[str]] = {}
     create_publication: bool = True
     on_slot_loss: Literal["stop", "backfill"] = Field(
         "stop",
@@ -102,6 +108,8 @@ class PostgresSource(SourceBase):
     )
     backfill: BackfillConfig | None = None
 
+    _url = field_validator("url")(check_postgres_url)
+
     @property
     def provider(self) -> str:
         return "postgres"
@@ -112,11 +120,6 @@ class PostgresSource(SourceBase):
         if not _IDENT.match(v):
             raise ValueError("must be a lower-case identifier: letters, digits and _")
         return v
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return check_tables(v)
 
     @model_validator(mode="after")
     def _some_tables(self) -> PostgresSource:
@@ -142,6 +145,9 @@ class ApiConfig(Model):
 
     listen: str = Field("127.0.0.1:7376", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:\d{1,5}$")
     tokens: list[SecretStr] = Field(min_length=1)
+    max_body_bytes: ByteSize = Field(
+        ByteSize(16 * 1024 * 1024), ge=1024, description="larger request bodies get 413 (16MiB)"
+    )
 
     @field_validator("tokens")
     @classmethod
@@ -362,8 +368,9 @@ def load_config(path: str | Path) -> WeirConfig:
     if not isinstance(data, dict):
         raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
     try:
-        return WeirConfig.model_validate(data)
+        cfg = WeirConfig.model_validate(data)
     except ValidationError as e:
+        remember(raw_secrets(data, WeirConfig))
         problems = []
         for err in e.errors():
             loc = _without_tags(tuple(err["loc"]))
@@ -373,5 +380,7 @@ def load_config(path: str | Path) -> WeirConfig:
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
-            problems.append(f"{line}: {key}: {msg}")
+            problems.append(redact(f"{line}: {key}: {msg}"))
         raise ConfigError(path, problems) from None
+    remember(secrets_of(cfg))
+    return cfg

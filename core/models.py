@@ -10,7 +10,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
+
+from core.tables import parse_table, table_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -36,6 +47,8 @@ def _no_nul(v: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
+# schema.table, in the one spelling of core.tables, so that names compare equal as text
+TableName = Annotated[str, AfterValidator(lambda t: table_name(*parse_table(t)))]
 
 
 def check_pair(model: BaseModel, a: str, b: str) -> None:
@@ -133,7 +146,27 @@ class TimeStart(Model):
     time: datetime = Field(description="deliver messages written at or after this time")
 
 
-StartPosition = Literal["beginning", "end"] | SeqStart | TimeStart
+def _start_kind(v: Any) -> str | None:
+    """Which form of start position ``v`` is; None: none, and one error says what is."""
+    if isinstance(v, (SeqStart, TimeStart)):
+        return "seq" if isinstance(v, SeqStart) else "time"
+    if isinstance(v, str):
+        return "word" if v in ("beginning", "end") else None
+    if isinstance(v, dict) and len(v) == 1 and next(iter(v)) in ("seq", "time"):
+        return str(next(iter(v)))
+    return None
+
+
+StartPosition = Annotated[
+    Annotated[Literal["beginning", "end"], Tag("word")]
+    | Annotated[SeqStart, Tag("seq")]
+    | Annotated[TimeStart, Tag("time")],
+    Discriminator(
+        _start_kind,
+        custom_error_type="start_position",
+        custom_error_message="expected beginning, end, {seq: N} or {time: ISO-8601}",
+    ),
+]
 Action = Literal["insert", "update", "delete", "truncate"]
 
 

@@ -16,7 +16,9 @@ import psycopg
 
 from core.config import Connector, PostgresSource, WeirConfig
 from core.engine import Forwarder
+from core.failures import Unreachable, reach_postgres
 from core.metrics import Metrics
+from core.redact import remember, secrets_of
 from core.store import Store
 from core.store.reader import Notifier
 
@@ -69,6 +71,10 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     from core.api import ApiServer
     from core.leases import Leases
 
+    remember(secrets_of(cfg))
+    if not wait_for_store(cfg, stop):
+        log.info("weir: stopped before the store answered")
+        return 0
     store = open_store(cfg)
     metrics = Metrics()
     metrics.watch_store(cfg, store)
@@ -124,6 +130,29 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     return 1 if failed else 0
 
 
+def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+    """Wait until the store answers, or ``stop`` is set (then False). A service often starts
+    before its database (systemd, compose): say once what it waits for, then retry with
+    backoff, saying it again only when the reason changes.
+    """
+    said, delay = "", STORE_RETRY_FIRST
+    while not stop.is_set():
+        try:
+            reach_postgres(cfg.store_url, "the store")
+        except Unreachable as e:
+            if str(e) != said:
+                log.warning("%s; retrying until it answers", e)
+                said = str(e)
+            stop.wait(delay)
+            delay = min(delay * 2, STORE_RETRY_MAX)
+            continue
+        if said:
+            log.info("weir: the store answers")
+        return True
+    return False
+
+
+STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 30.0  # seconds between attempts to reach the store
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
 LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
 RETRY_BACKFILL = 5.0  # seconds before a backfill that lost a connection resumes

@@ -17,6 +17,7 @@ from core.config import PostgresSource, WeirConfig
 from core.consume import QUEUE_COUNTS
 from core.ids import schema_table_of
 from core.store import Store
+from core.tables import table_name
 
 log = logging.getLogger("weir.status")
 
@@ -143,7 +144,7 @@ def backfills(store: Store) -> list[BackfillStatus]:
                 " FROM {} b JOIN {} s USING (sync_id) ORDER BY s.name, b.collection_id"
             ).format(store.table("backfills"), store.table("sources"))
         ).fetchall()
-    return [BackfillStatus(str(r[0]), ".".join(schema_table_of(str(r[1]))), int(r[2]), int(r[3]),
+    return [BackfillStatus(str(r[0]), table_name(*schema_table_of(str(r[1]))), int(r[2]), int(r[3]),
                            int(r[4]), bool(r[5]), float(r[6])) for r in rows]  # fmt: skip
 
 

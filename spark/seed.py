@@ -340,9 +340,12 @@ def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from core.cli import table_arg
+
     p.add_argument("--config", required=True)
     p.add_argument("--source", required=True, help="a postgres source of the config")
-    p.add_argument("--table", action="append", required=True, help="schema.table (repeatable)")
+    p.add_argument("--table", action="append", required=True, type=table_arg,
+                   help='schema.table, "quoted" names allowed (repeatable)')  # fmt: skip
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     p.add_argument("--jdbc-jar", help="read through JDBC with this PostgreSQL driver jar")
     p.add_argument(
@@ -354,27 +357,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit spark/seed.py``: the arguments of ``weir seed``."""
     from core.cli import load_or_exit
+    from core.failures import bound_postgres_connects
+    from core.redact import setup_logging
 
     parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("info")
+    bound_postgres_connects()
     return seed_command(args, load_or_exit(args.config))
 
 
 def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
     """Run the job as asked on the command line; print one summary line per table."""
     from core.cli import postgres_source_or_exit, source_problems
+    from core.failures import Unreachable, reach_postgres
+    from core.redact import first_line
 
     src = postgres_source_or_exit(cfg, args.source)
-    problems: tuple[type[Exception], ...] = (SeedError, *source_problems())
+    problems: tuple[type[Exception], ...] = (SeedError, Unreachable, *source_problems())
     try:
+        reach_postgres(src.url.get_secret_value(), f"source {src.name}")
+        reach_postgres(cfg.store_url, "the store")
         results = run_seed(
             cfg, src, args.table, master=args.master, jdbc_jar=args.jdbc_jar,
             partitions=args.partitions,
         )  # fmt: skip
     except problems as e:
-        print(f"weir seed: {str(e).strip()}", file=sys.stderr)
+        print(f"weir seed: {first_line(e)}", file=sys.stderr)
         return 1
     for r in results:
         print(

@@ -5,11 +5,23 @@ the partition count and replication factor of its config; report an existing one
 from __future__ import annotations
 
 import asyncio
+import logging
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from connectors.kafka.config import KafkaConnector
-from connectors.kafka.sink import client_config
+from connectors.kafka.sink import _ClientLog, client_config
+from core.failures import Unreachable
+
+METADATA_TIMEOUT = 10.0  # seconds for the brokers to answer
+
+
+class _SetupLog(_ClientLog):
+    """librdkafka's lines at debug level (``-v``): a failed setup says why in its one line."""
+
+    def log(self, level: int, fmt: str, facility: str, client: str, line: str) -> None:
+        super().log(logging.DEBUG, fmt, facility, client, line)
 
 
 def _ensure(connector: KafkaConnector) -> list[str]:
@@ -17,8 +29,16 @@ def _ensure(connector: KafkaConnector) -> list[str]:
     if "{" in topic:
         return [f"{name}: topic template {topic!r}: its topics are created by the broker "
                 "(auto_create_topics) or by you, one per placeholder value"]  # fmt: skip
-    admin = AdminClient(client_config(s, name))
-    existing = admin.list_topics(timeout=10).topics.get(topic)
+    logs = _SetupLog()
+    admin = AdminClient(client_config(s, name) | {"logger": logs})
+    try:
+        existing = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(topic)
+    except KafkaException as e:
+        admin.poll(0)  # serves the log lines librdkafka queued meanwhile
+        reason = logs.failure or f"no answer within {METADATA_TIMEOUT:g}s ({e.args[0].str()})"
+        refused = "SASL" in reason or "SSL" in reason
+        check = "kafka.sasl and kafka.tls" if refused else "kafka.bootstrap_servers"
+        raise Unreachable("Kafka", s.bootstrap_servers, reason, check) from None
     if existing is None:
         new = NewTopic(topic, num_partitions=s.partitions, replication_factor=s.replication_factor)
         admin.create_topics([new])[topic].result(timeout=30)

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from core.models import ConnectorBase, Duration, Model, TlsFiles, check_pair
+from core.redact import redact_urls
 
 
 class StreamLimits(Model):
@@ -60,7 +61,9 @@ class NatsSettings(Model):
     def _urls(cls, v: str | list[str]) -> str | list[str]:
         for u in [v] if isinstance(v, str) else v:
             if not u.startswith(("nats://", "tls://", "ws://", "wss://")):
-                raise ValueError(f"{u!r}: expected nats://host:port (or tls://, ws://, wss://)")
+                raise ValueError(
+                    f"{redact_urls(u)!r}: expected nats://host:port (or tls://, ws://, wss://)"
+                )
         return v
 
     @model_validator(mode="after")

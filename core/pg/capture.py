@@ -51,6 +51,7 @@ from core.pg.slot import check_slot
 from core.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.writer import Change, SourceWriter, UnstorableChange, WriterBusyError
+from core.tables import table_name
 
 log = logging.getLogger("weir.source")
 
@@ -419,9 +420,10 @@ class _Stream:
                 raise SourceSchemaError(rel.problem)
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
         except Exception as e:
+            name = table_name(rel.schema, rel.table)
             raise CaptureError(
-                f"source {self.src.name!r}: cannot read a change of table "
-                f"{rel.schema}.{rel.table} in the transaction at {lsn_to_str(self.txn_lsn)}: {e}"
+                f"source {self.src.name!r}: cannot read a change of table {name} in the "
+                f"transaction at {lsn_to_str(self.txn_lsn)}: {e}"
             ) from e
         pending = self.pending
         if rel.partitioned and ch.action == "insert" and pending:

@@ -16,6 +16,7 @@ from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
 from core.store.writer import Change
+from core.tables import table_name
 
 PRIMARY_KEY_SQL = """
 SELECT a.attname
@@ -113,7 +114,8 @@ class Relations:
         names = tuple(c[1] for c in cols)
         identity = tuple(i for i, c in enumerate(cols) if c[0] & 1)
         try:
-            key, problem = self._key(relid, f"{schema}.{table}", replident, names, identity), None
+            name = table_name(schema, table)
+            key, problem = self._key(relid, name, replident, names, identity), None
         except SourceSchemaError as e:
             key, problem = (), str(e)
         kind = self.catalog.execute(
@@ -180,8 +182,8 @@ def record_id_for(rel: Relation, rec: dict[str, Any], old: dict[str, Any] | None
     except KeyError:
         if old is None or any(n not in old for n in names if n not in rec):
             raise UnknownKeyError(
-                f"table {rel.schema}.{rel.table}: the server did not send the key columns of a "
-                "row (unchanged TOAST values): set REPLICA IDENTITY FULL on the table"
+                f"table {table_name(rel.schema, rel.table)}: the server did not send the key "
+                "columns of a row (unchanged TOAST values): set REPLICA IDENTITY FULL on it"
             ) from None
         return record_id_of([rec[n] if n in rec else old[n] for n in names])
 

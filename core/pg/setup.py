@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.tables import parse_table, table_name
+
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config import PostgresSource
 
@@ -54,7 +56,7 @@ ORDER BY c.relname
 
 
 def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
-    tables = [(t.split(".")[0], t.split(".")[1]) for t in src.tables]
+    tables = [parse_table(t) for t in src.tables]
     for schema in src.schemas:
         rows = conn.execute(SCHEMA_TABLES_SQL, (schema,)).fetchall()
         if (
@@ -102,10 +104,10 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
 def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
     """The source's tables that can be captured. A table named in ``tables:`` that cannot is
     an error; one of ``schemas:`` is reported and left out."""
-    listed = {(t.split(".")[0], t.split(".")[1]) for t in src.tables}
+    listed = {parse_table(t) for t in src.tables}
     tables = []
     for schema, table in tables_of(conn, src):
-        name = f"{schema}.{table}"
+        name = table_name(schema, table)
         problem = table_problem(src, name, conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone())
         if problem is None:
             tables.append((schema, table))
@@ -179,7 +181,7 @@ def _ensure_publication(
     if missing and not src.create_publication:
         log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
                     "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ...",
-                    src.name, ", ".join(f"{s}.{t}" for s, t in missing), src.publication,
+                    src.name, ", ".join(table_name(s, t) for s, t in missing), src.publication,
                     src.publication)  # fmt: skip
     elif missing:
         # A table joining a publication that capture reads already may hold rows nothing
@@ -192,7 +194,7 @@ def _ensure_publication(
         log.info(
             "source %s: added %s to publication %s",
             src.name,
-            ", ".join(f"{s}.{t}" for s, t in missing),
+            ", ".join(table_name(s, t) for s, t in missing),
             src.publication,
         )
 
@@ -200,7 +202,8 @@ def _ensure_publication(
 # Adds a table created (or given a key) in a followed schema to the publication in the same
 # transaction, so its first row is captured; a table that could not publish its updates and
 # deletes is left out (with a warning to the session that made it), and no error of this
-# function ever reaches the user's statement. A table that may hold rows already (given a key
+# function ever reaches the user's statement (FOLLOW_SQL's parameters: see follow_schemas). A
+# table that may hold rows already (given a key
 # later, or made by CREATE TABLE AS) is named in a logical message in the same transaction:
 # capture reads it in order and asks for a backfill (BACKFILL_PREFIX).
 _FOLLOW_FUNCTION = """
@@ -223,7 +226,8 @@ BEGIN
           AND (c.relreplident = 'i'
                OR (c.relreplident IN ('d', 'f') AND EXISTS (
                    SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
-               OR (c.relreplident = 'f' AND n.nspname || '.' || c.relname = ANY ({keyed})))
+               OR (c.relreplident = 'f' AND (n.nspname, c.relname) IN (
+                   SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
     LOOP
         BEGIN
             EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pub}, t.nspname, t.relname);
@@ -254,7 +258,8 @@ def follow_schemas(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         fn=fn,
         pub=sql.Literal(src.publication),
         schemas=sql.Literal(list(src.schemas)),
-        keyed=sql.Literal(list(src.key_columns)),
+        keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
+        keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
         prefix=sql.Literal(BACKFILL_PREFIX),
     )
     try:

@@ -33,6 +33,7 @@ from psycopg import pq, sql
 from core.pg.relations import Relation, Relations, SourceSchemaError, record_id_for, row_values
 from core.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID, dumps
+from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config import PostgresSource
@@ -129,7 +130,7 @@ class TablePlan:
 
     @property
     def name(self) -> str:
-        return f"{self.rel.schema}.{self.rel.table}"
+        return table_name(self.rel.schema, self.rel.table)
 
     def select(self) -> sql.Composed:
         cols = sql.SQL(", ").join(sql.Identifier(n) for n in self.rel.names)
@@ -206,7 +207,8 @@ def table_plan(
     conn: psycopg.Connection[Any], src: PostgresSource, name: str, sort_column: str | None = None
 ) -> TablePlan:
     """The plan of ``schema.table``, keyed as capture keys it (primary key or key_columns)."""
-    schema, _, table = name.partition(".")
+    schema, table = parse_table(name)
+    name = table_name(schema, table)  # as key_columns are written
     rows = conn.execute(COLUMNS_SQL, (schema, table)).fetchall()
     if not rows:
         raise SourceSetupError(f"source {src.name!r}: table {name} does not exist")

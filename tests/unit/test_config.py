@@ -56,7 +56,8 @@ def test_every_problem_names_file_line_and_key(tmp_path: Path) -> None:
     assert e.value.problems == [
         "1: store.schema: Value error, must be a lower-case SQL identifier",
         "1: store.bogus: unknown key",
-        "6: sources[0].tables: Value error, 'users': tables are written schema.table",
+        "6: sources[0].tables[0]: Value error, 'users': tables are written schema.table, with "
+        '"double quotes" around a name that holds a dot or a quote (public."my.table")',
         "7: sources[1].provider: Field required",
     ]
     assert str(e.value).startswith(f"{path}:1: store.schema")
@@ -139,3 +140,39 @@ def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, head + body))
         assert e.value.problems == [problem], body
+
+
+def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "store: {url: 'postgresql://weir:pa%ss@127.0.0.1:5432/app'}\n"
+        "connectors:\n"
+        "  - {name: n, type: nats, stream: events, nats: {url: 'nats:/u:s3cret@h:4222'}}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: store.url: Value error, not a valid PostgreSQL URL: invalid percent-encoded token: "
+        '"***" (a % in a password is written %25)',
+        "3: connectors[0].nats.url: Value error, 'nats:/u:***@h:4222': expected nats://host:port "
+        "(or tls://, ws://, wss://)",
+    ]
+
+
+def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
+    head = "store: {url: 'postgresql://x'}\nconnectors:\n"
+    cases = {
+        "{seqq: 3}": "start_position: expected beginning, end, {seq: N} or {time: ISO-8601}",
+        "begining": "start_position: expected beginning, end, {seq: N} or {time: ISO-8601}",
+        "{seq: 1, time: 2}": "start_position: expected beginning, end, {seq: N} or {time: "
+        "ISO-8601}",
+        "{seq: 0}": "start_position.seq: Input should be greater than or equal to 1",
+    }
+    for value, problem in cases.items():
+        body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, head + body))
+        assert e.value.problems == [f"3: connectors[0].{problem}"], value
+    for value in ("end", "{seq: 7}", "{time: '2026-11-22T10:00:00Z'}"):
+        body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
+        load_config(_write(tmp_path, head + body))

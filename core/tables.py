@@ -1,0 +1,36 @@
+"""Table names as the config file and the command line write them (DESIGN.md section 9):
+``schema.table``, with SQL-style double quotes around a name that holds a dot or a double
+quote (``public."my.table"``, ``"My Schema".orders``; ``""`` inside quotes is one ``"``).
+A name is taken as written, quoted or not: it is not folded to lower case.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PART = r'(?:"((?:[^"]|"")+)"|([^."]+))'
+_TABLE = re.compile(rf"{_PART}\.{_PART}")
+
+
+def parse_table(text: str) -> tuple[str, str]:
+    """``(schema, table)`` of a configured table name; ValueError says how to write one."""
+    m = _TABLE.fullmatch(text)
+    if m is None:
+        raise ValueError(
+            f'{text!r}: tables are written schema.table, with "double quotes" around a name '
+            'that holds a dot or a quote (public."my.table")'
+        )
+    quoted_schema, schema, quoted_table, table = m.groups()
+    return (
+        schema if quoted_schema is None else quoted_schema.replace('""', '"'),
+        table if quoted_table is None else quoted_table.replace('""', '"'),
+    )
+
+
+def table_name(schema: str, table: str) -> str:
+    """How a table is written: what :func:`parse_table` reads back as ``(schema, table)``,
+    quoting only a name that needs it. The one spelling config keys are compared in."""
+    return ".".join(
+        '"' + name.replace('"', '""') + '"' if "." in name or '"' in name else name
+        for name in (schema, table)
+    )
