@@ -39,12 +39,13 @@ def prepare(cfg: WeirConfig) -> Store:
     that every change committed from now on will be captured. ``serve`` does the same in its
     threads; call this first when writes follow at once (the demo, tests).
     """
+    from core.pg import snapshot
     from core.pg.setup import prepare as prepare_source
 
     store = open_store(cfg)
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
-            with psycopg.connect(src.url.get_secret_value(), autocommit=True) as conn:
+            with snapshot.connect(src.url.get_secret_value(), "weir") as conn:
                 prepare_source(conn, src)
     return store
 

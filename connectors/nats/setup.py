@@ -10,8 +10,7 @@ import nats
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from connectors.nats.config import NatsConnector, StreamLimits
-from connectors.nats.sink import connect_options
-from core.failures import Unreachable, network_reason, url_addresses
+from connectors.nats.connection import connect
 
 
 def _wanted(limits: StreamLimits) -> dict[str, Any]:
@@ -38,42 +37,11 @@ def _actual(config: StreamConfig) -> dict[str, Any]:
     }
 
 
-async def _connect(connector: NatsConnector) -> Any:
-    """A connection that tries each server twice, each attempt bounded by ``connect_timeout``,
-    then raises :class:`Unreachable` with the last reason (nats-py would retry for ever and
-    log a traceback for each attempt)."""
-    s = connector.nats
-    failures: list[Exception] = []
-
-    async def failed(e: Exception) -> None:
-        failures.append(e)
-
-    options = connect_options(s, connector.name) | {
-        "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": failed,
-    }  # fmt: skip
-    try:
-        return await nats.connect(**options)
-    except (TimeoutError, nats.errors.Error, OSError) as e:
-        last = failures[-1] if failures else e
-        where = url_addresses(options["servers"])
-        # nats-py raises a plain Error for the server's -ERR 'Authorization Violation'
-        if isinstance(last, nats.errors.AuthorizationError) or "Authorization" in str(last):
-            raise Unreachable(
-                "NATS",
-                where,
-                "it refused the credentials",
-                "nats.user/password, token, nkey_seed_file or creds_file",
-            ) from None
-        raise Unreachable(
-            "NATS", where, network_reason(last), "nats.url and that nats-server runs there"
-        ) from None
-
-
 async def ensure_streams(connector: NatsConnector) -> list[str]:
     """One line per stream: created, ok, or how it differs. Raises when NATS is unreachable."""
     s = connector.nats
     limits = s.records_stream if connector.stream == "records" else s.events_stream
-    nc = await _connect(connector)
+    nc = await connect(connector)
     try:
         js = nc.jetstream()
         wanted = _wanted(limits)

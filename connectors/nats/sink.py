@@ -12,9 +12,7 @@ import contextlib
 import itertools
 import logging
 import re
-import ssl
 from collections.abc import Sequence
-from typing import Any
 
 import nats
 import orjson
@@ -22,7 +20,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from connectors.nats.config import NatsConnector, NatsSettings
+from connectors.nats.config import NatsConnector
+from connectors.nats.connection import connect
 from core.envelope import event_subject, record_subject, subject_prefix
 from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 
@@ -32,33 +31,6 @@ MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
 MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does not say)
 HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
 _DENIED = re.compile(r'Permissions Violation for Publish to "?([^"\s]+)')
-
-
-def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
-    """nats-py connect() arguments from the settings; used by the sink and ``weir nats setup``."""
-    opts: dict[str, Any] = {
-        "servers": [s.url] if isinstance(s.url, str) else list(s.url),
-        "name": f"weir:{name}",
-        "connect_timeout": s.connect_timeout.total_seconds(),
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": 0.5,
-    }
-    if s.user is not None and s.password is not None:
-        opts |= {"user": s.user, "password": s.password.get_secret_value()}
-    if s.token is not None:
-        opts["token"] = s.token.get_secret_value()
-    if s.nkey_seed_file is not None:
-        opts["nkeys_seed"] = str(s.nkey_seed_file)
-    if s.creds_file is not None:
-        opts["user_credentials"] = str(s.creds_file)
-    if s.tls is not None:
-        ctx = ssl.create_default_context(
-            cafile=str(s.tls.ca_file) if s.tls.ca_file is not None else None
-        )
-        if s.tls.cert_file is not None and s.tls.key_file is not None:
-            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
-        opts["tls"] = ctx
-    return opts
 
 
 class NatsSink:
@@ -93,17 +65,13 @@ class NatsSink:
         async def on_disconnect() -> None:
             if self._closing:
                 return
-            log.warning("connector %s: nats connection lost; reconnecting", self.cfg.name)
+            log.warning("connector %s: nats connection lost", self.cfg.name)
+            lost = ConnectionError("the NATS connection was lost")
+            for fut, _ in self._acks.values():  # no ack comes on a new connection
+                if not fut.done():
+                    fut.set_exception(lost)
 
-        async def on_reconnect() -> None:
-            log.info("connector %s: nats reconnected", self.cfg.name)
-
-        self._nc = await nats.connect(
-            **connect_options(self.settings, self.cfg.name),
-            error_cb=on_error,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-        )
+        self._nc = await connect(self.cfg, error_cb=on_error, disconnected_cb=on_disconnect)
         self._inbox = self.nc.new_inbox() + "."
         await self.nc.subscribe(self._inbox + "*", cb=self._on_ack, pending_msgs_limit=-1)
         for info in await self.nc.jetstream().streams_info():
@@ -175,7 +143,10 @@ class NatsSink:
         for i, f in enumerate(futs):
             if f is None:
                 continue
-            if (exc := f.exception()) is not None:
+            if isinstance(exc := f.exception(), ConnectionError):
+                self._forget(tokens)
+                raise exc  # in doubt: the engine starts over and reads back what was taken
+            if exc is not None:
                 failed[i] = exc if isinstance(exc, Exception) else RetryableError(repr(exc))
             else:
                 stream, seq = f.result()

@@ -31,6 +31,7 @@ import psycopg
 
 from core.config import PostgresSource
 from core.metrics import Metrics
+from core.pg import snapshot
 from core.pg.pgoutput import (
     XLOG_HEADER,
     decode,
@@ -221,8 +222,7 @@ class PostgresCapture:
         src = self.src
         url = src.url.get_secret_value()
         with (
-            psycopg.connect(url, autocommit=True, application_name="weir-catalog",
-                            options=SESSION_OPTIONS) as catalog,
+            snapshot.connect(url, "weir-catalog") as catalog,
             self.store.connect() as store_conn,
         ):  # fmt: skip
             writer = SourceWriter(store_conn, self.store, src.sync_id)

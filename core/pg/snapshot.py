@@ -45,14 +45,16 @@ class SnapshotPoint:
     at: datetime  # when L was taken: the rows' upstream_updated_at
 
 
-def connect(url: str) -> psycopg.Connection[Any]:
-    """An autocommit connection to a source database with capture's session settings."""
+def connect(url: str, name: str = "weir-snapshot") -> psycopg.Connection[Any]:
+    """An autocommit connection to a source database with capture's session settings, in
+    UTF-8 whatever the database's encoding (the bytes read pass on to the store as they are;
+    psycopg would hand out bytes for a SQL_ASCII database's text)."""
     return psycopg.connect(
         url,
         autocommit=True,
         options=SESSION_OPTIONS,
-        application_name="weir-snapshot",
-        client_encoding="UTF8",  # the bytes read pass on to the store as they are
+        application_name=name,
+        client_encoding="UTF8",
     )
 
 

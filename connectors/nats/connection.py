@@ -1,0 +1,74 @@
+"""Connections to NATS, for the sink and ``weir nats setup``: options from the settings, and a
+connect that is bounded and says in one line why it failed."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from connectors.nats.config import NatsConnector, NatsSettings
+from core.failures import Unreachable, network_reason, url_addresses
+
+
+def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
+    """nats-py connect() arguments from the settings; used by the sink and ``weir nats setup``."""
+    opts: dict[str, Any] = {
+        "servers": [s.url] if isinstance(s.url, str) else list(s.url),
+        "name": f"weir:{name}",
+        "connect_timeout": s.connect_timeout.total_seconds(),
+    }
+    if s.user is not None and s.password is not None:
+        opts |= {"user": s.user, "password": s.password.get_secret_value()}
+    if s.token is not None:
+        opts["token"] = s.token.get_secret_value()
+    if s.nkey_seed_file is not None:
+        opts["nkeys_seed"] = str(s.nkey_seed_file)
+    if s.creds_file is not None:
+        opts["user_credentials"] = str(s.creds_file)
+    if s.tls is not None:
+        ctx = ssl.create_default_context(
+            cafile=str(s.tls.ca_file) if s.tls.ca_file is not None else None
+        )
+        if s.tls.cert_file is not None and s.tls.key_file is not None:
+            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+        opts["tls"] = ctx
+    return opts
+
+
+async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
+    """A connection that tries each server twice, each attempt bounded by ``connect_timeout``,
+    then raises :class:`Unreachable` with the last reason (nats-py would retry for ever and
+    log a traceback for each attempt). It does not reconnect by itself: the sink's user (the
+    engine, ``weir nats setup``) starts over when it is lost. ``callbacks``: nats-py's
+    ``disconnected_cb`` and such; an ``error_cb`` is called after the failure is noted."""
+    s = connector.nats
+    failures: list[Exception] = []
+    on_error = callbacks.pop("error_cb", None)
+
+    async def failed(e: Exception) -> None:
+        failures.append(e)
+        if on_error is not None:
+            await on_error(e)
+
+    options = connect_options(s, connector.name) | callbacks | {
+        "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": failed,
+    }  # fmt: skip
+    try:
+        return await nats.connect(**options)
+    except (TimeoutError, nats.errors.Error, OSError) as e:
+        last = failures[-1] if failures else e
+        where = url_addresses(options["servers"])
+        # nats-py raises a plain Error for the server's -ERR 'Authorization Violation'
+        if isinstance(last, nats.errors.AuthorizationError) or "Authorization" in str(last):
+            raise Unreachable(
+                "NATS",
+                where,
+                "it refused the credentials",
+                "nats.user/password, token, nkey_seed_file or creds_file",
+            ) from None
+        raise Unreachable(
+            "NATS", where, network_reason(last), "nats.url and that nats-server runs there"
+        ) from None
