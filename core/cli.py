@@ -174,23 +174,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     cursors = status.cursors(store)
     queues = status.consumer_queues(store)
     backfills = status.backfills(store)
-    rows = [("SOURCE", "KIND", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG", "OWNER",
-             "NOTE")]  # fmt: skip
+    works = status.works(store)
+    idle = status.WorkState("not running", "", None)
+    rows = [("SOURCE", "KIND", "STATE", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG",
+             "OWNER", "NOTE")]  # fmt: skip
     for s in sources:
         lag = "-" if s.slot_bytes is None else _bytes(s.slot_bytes)
         lsn = lsn_to_str(s.commit_lsn) if s.kind == "postgres" else str(s.commit_lsn)
-        note = s.error or ("" if s.slot_active in (None, True) else "slot not being read")
-        rows.append((s.name, s.kind, str(s.events_seq), str(s.records_seq), lsn, lag,
-                     s.owner or "-", note))  # fmt: skip
+        w = works.get(f"source:{s.name}", idle) if s.kind == "postgres" else None
+        slot_note = "" if s.slot_active in (None, True) else "slot not being read"
+        note = (w.detail if w else "") or s.error or slot_note
+        rows.append((s.name, s.kind, w.state if w else "-", str(s.events_seq),
+                     str(s.records_seq), lsn, lag, s.owner or "-", note))  # fmt: skip
     _table(rows)
     print()
-    rows = [("CONNECTOR", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED", "OWNER")]
+    # Every connector of the file, also one that never got as far as its first cursor.
+    shown = {c.name for c in cursors} | {f"consumer:{q}" for q in queues}
+    cursors += [status.CursorStatus(c.name, "-", c.stream, 0, 0, 0.0, 0, None)
+                for c in cfg.connectors if c.name not in shown]  # fmt: skip
+    table = [("CONNECTOR", "STATE", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED",
+              "OWNER", "NOTE")]  # fmt: skip
     for c in cursors:
         moved = c.seq - before.get((c.name, c.source), c.seq)
         rate = f"{max(moved, 0) / args.interval:.0f}"
-        rows.append((c.name, c.source, c.stream, str(c.lag_messages), f"{c.lag_seconds:.1f}s",
-                     rate, str(c.failed), c.owner or "-"))  # fmt: skip
-    _table(rows)
+        w = works.get(f"connector:{c.name}") if not c.name.startswith("consumer:") else None
+        w = w or (idle if any(x.name == c.name for x in cfg.connectors) else None)
+        table.append((c.name, w.state if w else "-", c.source, c.stream, str(c.lag_messages),
+                      f"{c.lag_seconds:.1f}s", rate, str(c.failed), c.owner or "-",
+                      w.detail if w else ""))  # fmt: skip
+    _table(table)
     if queues:
         print()
         _table([("CONSUMER", "PENDING", "ACK PENDING")]

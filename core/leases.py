@@ -64,19 +64,34 @@ class Leases:
         self._conn.execute(
             sql.SQL(
                 "INSERT INTO {} (work, instance) VALUES (%s, %s) ON CONFLICT (work) DO UPDATE"
-                " SET instance = excluded.instance, since = now(), heartbeat = now()"
+                " SET instance = excluded.instance, since = now(), heartbeat = now(),"
+                " state = NULL, detail = NULL"
             ).format(self._owners),
             (work, self.instance),
         )
         log.info("leases: %s is %s's now", work, self.instance)
         return True
 
+    def report(self, work: str, state: str, detail: str) -> None:
+        """What ``weir status`` shows of ``work``: its state and why (a reason, an error)."""
+        if self._conn is None:
+            return
+        with contextlib.suppress(psycopg.Error):
+            self._conn.execute(
+                sql.SQL("UPDATE {} SET state = %s, detail = %s WHERE work = %s AND instance = %s")
+                .format(self._owners),
+                (state, detail, work, self.instance),
+            )  # fmt: skip
+
     def close(self) -> None:
-        """Give up every lease; on a clean stop, no longer shown as owner."""
+        """Give up every lease; on a clean stop, no longer shown as owner (work that failed
+        stays, so that weir status says why)."""
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE instance = %s").format(self._owners),
+                    sql.SQL(
+                        "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
+                    ).format(self._owners),
                     (self.instance,),
                 )
             self._conn.close()

@@ -102,6 +102,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
         leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
     )  # fmt: skip
     failed = False
+    reported: dict[str, tuple[str, str]] = {}  # what weir status was last told, by work
     try:
         while not stop.is_set():
             if not leases.alive():  # another instance may take the work over now: stop it
@@ -109,6 +110,7 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
                     w.stop()
                 for w in works.values():
                     w.join(LOST_GRACE)
+                reported.clear()
             else:
                 for name, w in works.items():
                     if w.error is not None:
@@ -116,6 +118,9 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
                         stop.set()
                     elif not w.running and leases.take(name):
                         w.start()
+                    if (w.running or w.error is not None) and reported.get(name) != w.status():
+                        reported[name] = w.status()
+                        leases.report(name, *reported[name])
             stop.wait(LEASE_POLL)
     finally:
         for w in works.values():
@@ -168,6 +173,9 @@ class _Work(Protocol):
     @property
     def running(self) -> bool: ...
 
+    def status(self) -> tuple[str, str]:
+        """(state, why) for weir status: ``streaming``, ``reconnecting`` and the reason, ..."""
+
     def start(self) -> None: ...
 
     def stop(self) -> None:
@@ -194,6 +202,9 @@ class _ThreadWork:
     def body(self, stop: threading.Event) -> None:
         raise NotImplementedError
 
+    def status(self) -> tuple[str, str]:
+        return ("failed", str(self.error)) if self.error is not None else ("running", "")
+
     def start(self) -> None:
         self._stop = stop = threading.Event()
 
@@ -219,15 +230,18 @@ class _SourceWork(_ThreadWork):
     what = "source"
 
     def __init__(self, src: PostgresSource, store: Store, metrics: Metrics) -> None:
-        super().__init__(src.name)
-        self.src = src
-        self.store = store
-        self.metrics = metrics
-
-    def body(self, stop: threading.Event) -> None:
         from core.pg.capture import PostgresCapture
 
-        PostgresCapture(self.src, self.store, self.metrics).run(stop)
+        super().__init__(src.name)
+        self.capture = PostgresCapture(src, store, metrics)
+
+    def body(self, stop: threading.Event) -> None:
+        self.capture.run(stop)
+
+    def status(self) -> tuple[str, str]:
+        if self.error is not None:
+            return "failed", str(self.error)
+        return self.capture.state, self.capture.detail
 
 
 class _BackfillWork(_ThreadWork):
@@ -292,6 +306,9 @@ class _ConnectorWork:
     @property
     def running(self) -> bool:
         return self._run is not None and not self._run.done()
+
+    def status(self) -> tuple[str, str]:
+        return self.forwarder.state, self.forwarder.detail
 
     def start(self) -> None:
         self._halt = asyncio.Event()  # made here, so that a stop() right after start() counts

@@ -48,6 +48,32 @@ class CursorStatus:
 
 
 @dataclass(frozen=True)
+class WorkState:
+    """A source's capture or a connector as ``weir run`` last reported it (core/leases.py)."""
+
+    state: str  # streaming, connecting, reconnecting, retrying, failed, ...; or not running
+    detail: str  # why: the reason it reconnects, the error it failed with
+    owner: str | None  # the instance running it now
+
+
+def works(store: Store) -> dict[str, WorkState]:
+    """By work (``source:NAME``, ``connector:NAME``). A work whose owner's heartbeat is stale
+    is not running, unless it failed: then it says why until it runs again."""
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(
+            sql.SQL("SELECT work, " + OWNER + ", state, detail FROM {} o").format(
+                store.table("owners")
+            )
+        ).fetchall()
+    out = {}
+    for work, owner, state, detail in rows:
+        if owner is None and state != "failed":
+            state, detail = "not running", ""
+        out[str(work)] = WorkState(state or "starting", detail or "", owner)
+    return out
+
+
+@dataclass(frozen=True)
 class BackfillStatus:
     source: str
     table: str  # schema.table

@@ -274,7 +274,8 @@ ALTER TABLE {s}.records DROP CONSTRAINT records_pkey,
     ),
     (
         8,
-        "long record ids kept whole beside their key; slots held to the store; backfill requests",
+        "long record ids kept whole beside their key; slots held to the store; backfill requests;"
+        " the state of each work",
         """
 -- A record id longer than 256 bytes is keyed by '~' and its SHA-256 hex (core/envelope.py
 -- record_token), as subjects name it: an index entry cannot hold more than ~2.7 kB. The id
@@ -288,6 +289,9 @@ WHERE octet_length(record_id) > 256;
 -- Set once capture holds the replication slot to end_lsn (core/pg/slot.py): from then on a
 -- slot found beyond end_lsn, dropped or invalidated has lost changes.
 ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false;
+
+-- What weir status says of each work: its state and why, as its owner last reported them.
+ALTER TABLE {s}.owners ADD COLUMN state text, ADD COLUMN detail text;
 
 -- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a
 -- followed schema while Weir was not running. Deleted when the backfill finishes.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -93,27 +94,40 @@ def test_weir_status_shows_lag_rate_and_failures(tmp_path: Path, table: str,
     source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
     config.write_text(json.dumps({"sources": [source], "connectors": [hooks]}))
 
-    def status() -> list[str]:
+    def status() -> dict[str, dict[str, str]]:
+        """Each row of the two tables, by its first column, as {heading: value}."""
         out = subprocess.run(
             [sys.executable, "-m", "core.cli", "status", "--config", str(config),
              "--interval", "0.2"], capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert table.rsplit("@", 1)[0] not in out.stdout  # no URL (and no password) printed
-        return out.stdout.splitlines()
+        rows: dict[str, dict[str, str]] = {}
+        for block in out.stdout.split("\n\n")[:2]:
+            header, *lines = block.splitlines()
+            starts = [m.start() for m in re.finditer(r"(?<!\S)\S+(?: \S+)*", header)]
+            names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+            for line in lines:
+                cells = [
+                    line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)
+                ]
+                rows[cells[0]] = dict(zip(names, cells, strict=True))
+        return rows
 
     with serving(weir_config(table, [hooks])):
         insert_t(table, range(3))
         wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="hooks past the refusals")
-        owner = next(line.split() for line in status() if line.startswith("hooks "))[-1]
-        assert owner.startswith(socket.gethostname() + ":")  # this process runs it
+        now = status()
+        assert now["hooks"]["OWNER"].startswith(socket.gethostname() + ":")  # this process
+        assert now["app"]["STATE"] == "streaming"
     insert_t(table, range(3, 10))  # captured later: lag on the slot, none in the store yet
-    lines = status()
-    source = next(line.split() for line in lines if line.startswith("app "))
-    assert source[1:4] == ["postgres", "3", "3"]
-    assert "slot not being read" in "\n".join(lines)
-    hook = next(line.split() for line in lines if line.startswith("hooks "))
-    assert hook[:4] == ["hooks", "app", "events", "0"] and hook[6:] == ["3", "-"]  # 3 failed
+    rows = status()
+    assert {k: rows["app"][k] for k in ("KIND", "STATE", "EVENTS SEQ", "RECORDS SEQ", "NOTE")} == {
+        "KIND": "postgres", "STATE": "not running", "EVENTS SEQ": "3", "RECORDS SEQ": "3",
+        "NOTE": "slot not being read"}  # fmt: skip
+    hook = rows["hooks"]
+    assert (hook["STATE"], hook["SOURCE"], hook["LAG"], hook["FAILED"], hook["OWNER"]) == (
+        "not running", "app", "0", "3", "-")  # fmt: skip
 
 
 def test_retention_deletes_old_events_and_names_connectors_behind(
