@@ -61,6 +61,7 @@ class Lane:
         self.marks: deque[tuple[BrokerMark, int]] = deque()  # (mark at dispatch, max seq)
         self.skip: set[str] = set()  # keys the broker already holds (read back on start)
         self.saved: tuple[int, Any] | None = None
+        self.loaded = False  # the saved cursor is read: only then may it be written
 
     def settle(self, seq: int) -> None:
         self.settled.add(seq)
@@ -207,6 +208,8 @@ class _Session:
     async def close(self) -> None:
         for task in self.in_flight:
             task.cancel()
+        with contextlib.suppress(Exception):  # what is settled stays settled across a restart
+            await self._save()
         for lane in self.lanes:
             await lane.reader.close()
         with contextlib.suppress(Exception):
@@ -254,7 +257,7 @@ class _Session:
         marks: list[BrokerMark] = []
         for lane in self.lanes:
             cur = await lane.reader.cursor(self.cfg.start_position)
-            lane.fetched = cur.seq
+            lane.fetched, lane.loaded = cur.seq, True
             if cur.mark is not None:
                 marks.append(cur.mark)
         if not marks:
@@ -426,6 +429,8 @@ class _Session:
 
     async def _save(self) -> None:
         for lane in self.lanes:
+            if not lane.loaded:
+                continue
             state = lane.state(self.sink)
             if state != lane.saved:
                 await lane.reader.save(*state)

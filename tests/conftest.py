@@ -72,3 +72,11 @@ def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
             (name,),
         )
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def table(db_url: str) -> str:
+    """A database holding ``t (id int primary key, body text)``; rows go in by insert_t."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
+    return db_url

@@ -30,7 +30,8 @@ log = logging.getLogger("weir.nats")
 MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
 MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does not say)
 HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
-_DENIED = re.compile(r'Permissions Violation for Publish to "?([^"\s]+)')
+# nats-py hands the server's -ERR over in lower case, subject included.
+_DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)', re.IGNORECASE)
 
 
 class NatsSink:
@@ -78,8 +79,9 @@ class NatsSink:
             self._mark[info.config.name or ""] = info.state.last_seq
 
     def _refuse(self, subject: str, reason: str) -> None:
+        subject = subject.lower()
         for token, (fut, subj) in list(self._acks.items()):
-            if subj == subject and not fut.done():
+            if subj.lower() == subject and not fut.done():
                 del self._acks[token]
                 fut.set_exception(FatalError(reason))
 
@@ -145,6 +147,9 @@ class NatsSink:
                 continue
             if isinstance(exc := f.exception(), ConnectionError):
                 self._forget(tokens)
+                for other in futs:  # their errors are this one: seen
+                    if other is not None and other.done():
+                        other.exception()
                 raise exc  # in doubt: the engine starts over and reads back what was taken
             if exc is not None:
                 failed[i] = exc if isinstance(exc, Exception) else RetryableError(repr(exc))

@@ -8,6 +8,7 @@ source that follows ``schemas:`` reports such a table instead of stopping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -133,9 +134,17 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = 
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    _ensure_publication(conn, src, capturable_tables(conn, src))
-    if src.schemas and src.create_publication:
-        follow_schemas(conn, src)
+    # One at a time per publication (capture, a backfill and a seed may all start at once).
+    lock = ("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+            "SELECT pg_advisory_unlock(hashtextextended(%s, 0))")  # fmt: skip
+    key = f"weir:prepare:{src.publication}"
+    conn.execute(lock[0], (key,))
+    try:
+        _ensure_publication(conn, src, capturable_tables(conn, src))
+        if src.schemas and src.create_publication:
+            follow_schemas(conn, src)
+    finally:
+        conn.execute(lock[1], (key,))
     if slot:
         ensure_slot(conn, src)
 
@@ -262,9 +271,22 @@ def follow_schemas(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
         prefix=sql.Literal(BACKFILL_PREFIX),
     )
+    # Made anew only when it changed (a hash of it is the function's comment): every capture
+    # session comes here, and DDL takes locks the user's statements would wait for.
+    version = "weir:" + hashlib.sha256(body.as_string(conn).encode()).hexdigest()[:16]
+    installed = conn.execute(
+        "SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " JOIN pg_event_trigger t ON t.evtfoid = p.oid AND t.evtname = %s AND t.evtenabled <> 'D'"
+        " WHERE n.nspname = %s AND p.proname = %s",
+        (f"weir_follow_{src.publication}", src.schemas[0], f"weir_follow_{src.publication}"),
+    ).fetchone()
+    if installed is not None and installed[0] == version:
+        return
     try:
         with conn.transaction():
             conn.execute(body)
+            conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
             conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(trigger))
             conn.execute(
                 sql.SQL(

@@ -33,6 +33,7 @@ class Delivered:
     key: str  # the idempotency key the broker got with the message
     payload: dict[str, Any]
     raw: bytes = b""  # the payload's bytes, where the harness has them
+    subject: str = ""  # the NATS subject it was stored under
 
     @property
     def group(self) -> tuple[str, str, str | None]:
@@ -115,7 +116,7 @@ class NatsHarness:
         namespace = connector["nats"].get("namespace", "default") + ":"
         got = asyncio.run(_read_stream(self.server.url, stream, self.auth))
         assert all(d.key.startswith(namespace) for d in got), "a Nats-Msg-Id without namespace"
-        return [Delivered(d.key[len(namespace) :], d.payload, d.raw) for d in got]
+        return [Delivered(d.key[len(namespace) :], d.payload, d.raw, d.subject) for d in got]
 
     consume = read
 
@@ -362,7 +363,7 @@ async def _read_stream(url: str, stream: str, auth: dict[str, str]) -> list[Deli
         while True:
             msg = await sub.next_msg(timeout=5)
             key = (msg.headers or {}).get("Nats-Msg-Id", "")
-            out.append(Delivered(key, json.loads(msg.data), msg.data))
+            out.append(Delivered(key, json.loads(msg.data), msg.data, msg.subject))
             if msg.metadata.num_pending == 0:
                 break
         await sub.unsubscribe()

@@ -1,0 +1,147 @@
+"""Replication slots dropped by hand, re-created, invalidated: changes committed meanwhile are
+lost to capture, and Weir never goes on as if nothing happened (DESIGN.md section 7.7). It
+stops naming the gap, or (``on_slot_loss: backfill``) goes on and backfills, so that the
+records stream equals the table again, rows deleted in the gap included."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from core.config import WeirConfig
+from core.embedded import EmbeddedPostgres
+from core.service import prepare, serve
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import serving, weir_config
+
+
+def _exec(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+class _Running:
+    """``weir run`` in a thread, for a test that expects it to stop by itself."""
+
+    def __init__(self, cfg: WeirConfig) -> None:
+        self.result: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: self.result.append(serve(cfg, self.stop)), daemon=True
+        )
+        self.thread.start()
+
+    def exit_status(self, timeout: float = 60) -> int:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.stop.set()
+            self.thread.join(60)
+            raise AssertionError(f"weir run did not stop by itself within {timeout}s")
+        return self.result[0]
+
+
+def _live(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT record_id, record FROM weir.records"
+            " WHERE collection_id = 'public:t' AND NOT deleted"
+        ).fetchall()
+    return dict(rows)
+
+
+def _table(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        return {str(i): {"id": i, "v": v} for i, v in conn.execute("SELECT id, v FROM t")}
+
+
+def _drop_slot(url: str) -> None:
+    """As a user would: end the process reading it, then drop it (capture may come back in
+    between; try again)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _exec(url, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                       " WHERE slot_name = 'weir_slot' AND active_pid IS NOT NULL",
+                  "SELECT pg_drop_replication_slot('weir_slot')")  # fmt: skip
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["dropped", "re-created", "dropped while running"])
+def test_a_lost_slot_stops_capture_naming_the_gap(
+    db_url: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    cfg = weir_config(db_url, [])
+    prepare(cfg)
+    weir = _Running(cfg)
+    _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+    wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
+    if how != "dropped while running":
+        weir.stop.set()
+        assert weir.exit_status() == 0
+    _drop_slot(db_url)
+    _exec(db_url, "INSERT INTO t VALUES (2, 2)")  # lost to capture
+    if how == "re-created":
+        _exec(db_url, "SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
+    if how != "dropped while running":
+        weir = _Running(cfg)
+    assert weir.exit_status() == 1
+    said = [r.getMessage() for r in caplog.records if "were not captured" in r.getMessage()]
+    assert said, caplog.text
+    assert "changes committed after 0/" in said[-1]
+    assert "on_slot_loss: backfill" in said[-1]
+    assert _live(db_url) == {"1": {"id": 1, "v": 1}}  # nothing made up, nothing half-done
+
+
+def test_on_slot_loss_backfill_brings_the_records_stream_back_to_the_table(db_url: str) -> None:
+    """Rows inserted, updated and deleted while the slot was gone: after the backfill the
+    records stream equals the table, deleted rows as tombstones; capture goes on."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+          "INSERT INTO t SELECT i, 0 FROM generate_series(1, 100) i")  # fmt: skip
+    cfg = weir_config(db_url, [], on_slot_loss="backfill", backfill={"tables": ["public.t"]})
+    with serving(cfg):
+        wait_for(lambda: _live(db_url) == _table(db_url), what="the first backfill")
+    _drop_slot(db_url)
+    _exec(db_url, "UPDATE t SET v = 1 WHERE id <= 10", "DELETE FROM t WHERE id > 90",
+          "INSERT INTO t VALUES (101, 7)")  # fmt: skip
+    with serving(cfg):
+        wait_for(lambda: _live(db_url) == _table(db_url), timeout=60, what="the backfill")
+        _exec(db_url, "INSERT INTO t VALUES (102, 8)")  # and capture goes on
+        wait_for(lambda: _live(db_url) == _table(db_url), what="a change after it")
+    with psycopg.connect(db_url) as conn:
+        gone = conn.execute("SELECT count(*) FROM weir.records WHERE deleted").fetchone()
+    assert gone == (10,)
+
+
+def test_an_invalidated_slot_is_named_and_backfilled() -> None:
+    """A slot whose WAL was removed (max_slot_wal_keep_size) cannot stream: Weir says so, and
+    with on_slot_loss: backfill makes it anew and backfills."""
+    settings = {"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "max_wal_size": "32MB",
+                "min_wal_size": "32MB"}  # fmt: skip
+    with EmbeddedPostgres(settings=settings) as server:
+        url = server.url
+        _exec(url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+        cfg = weir_config(url, [])
+        with serving(cfg):
+            _exec(url, "INSERT INTO t VALUES (1, 1)")
+            wait_for(lambda: _live(url) == _table(url), what="the first row")
+        for _ in range(6):  # WAL the slot holds back, past its limit
+            _exec(url, "CREATE TABLE IF NOT EXISTS filler (x text)",
+                  "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
+                  "SELECT pg_switch_wal()", "CHECKPOINT")  # fmt: skip
+        _exec(url, "INSERT INTO t VALUES (2, 2)", "CHECKPOINT")
+        with psycopg.connect(url) as conn:
+            status = conn.execute("SELECT wal_status FROM pg_replication_slots").fetchone()
+        assert status == ("lost",)
+        assert _Running(cfg).exit_status() == 1
+        with serving(weir_config(url, [], on_slot_loss="backfill")):
+            wait_for(lambda: _live(url) == _table(url), timeout=60, what="the backfill")
