@@ -22,7 +22,7 @@ from core.pg.relations import SourceSchemaError
 from core.pg.setup import SourceSetupError, capturable_tables
 from core.progress import Progress
 from core.store import Conn, Store
-from core.store.writer import SnapshotWriter
+from core.store.snapshot_writer import SnapshotWriter
 from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir.backfill")

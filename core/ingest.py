@@ -26,7 +26,8 @@ from core.envelope import record_token
 from core.ids import encode_token
 from core.metrics import Metrics
 from core.store import Conn, Store
-from core.store.writer import Change, SourceWriter
+from core.store.change import Change
+from core.store.writer import SourceWriter
 
 
 class IngestRecord(BaseModel):

@@ -44,7 +44,7 @@ from core.pg import snapshot
 from core.pg.values import SESSION_OPTIONS
 from core.progress import Progress
 from core.store import Store
-from core.store.writer import SnapshotWriter
+from core.store.snapshot_writer import SnapshotWriter
 
 if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
     from core.config import PostgresSource, WeirConfig

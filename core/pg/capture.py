@@ -6,23 +6,20 @@ them with the LSN checkpoint in one store transaction; only then confirm the flu
 Postgres. A transaction at or below the stored checkpoint is skipped, so a change is stored
 exactly once even when Postgres sends it again after a crash.
 
-Batches go to the store on a thread of their own (``_StoreThread``; one thread and one FIFO, so
-they commit in order), and decoding the next batch overlaps the store's work on this one.
-Batching is natural: a batch is committed when the socket has nothing more to read and the store
-thread is idle, or when it reaches ``max_batch`` changes or ``max_batch_wait``. A long
-transaction is written in chunks into the one open store transaction, so memory stays bounded.
+Batches go to the store on a thread of their own (core/pg/store_thread.py), so decoding the
+next batch overlaps the store's work on this one. Batching is natural: a batch is committed when
+the socket has nothing more to read and the store thread is idle, or when it reaches
+``max_batch`` changes or ``max_batch_wait``. A long transaction is written in chunks into the
+one open store transaction, so memory stays bounded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import random
 import selectors
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,9 +46,11 @@ from core.pg.setup import (
     prepare,
 )
 from core.pg.slot import check_slot
+from core.pg.store_thread import StoreThread
 from core.pg.values import SESSION_OPTIONS
 from core.store import Store
-from core.store.writer import Change, SourceWriter, UnstorableChange, WriterBusyError
+from core.store.change import Change, UnstorableChange
+from core.store.writer import SourceWriter, WriterBusyError
 from core.tables import table_name
 
 log = logging.getLogger("weir.source")
@@ -61,106 +60,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError, UnstorableChange)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
-BACKFILL_REASON = "the table joined the publication with rows already in it"
-REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
 
 
 class CaptureError(SourceSchemaError):
     """A change could not be read; the message names the table and LSN."""
-
-
-class _StoreThread:
-    """Does the capture's store work on a thread, in the order given.
-
-    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))`` and ``("advance",
-    end_lsn)``. On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)``
-    after each commit or advance. A store error is raised in the capture thread at its next
-    call. At most ``DEPTH`` items wait, so memory stays bounded.
-    """
-
-    DEPTH = 4
-
-    def __init__(
-        self,
-        writer: SourceWriter,
-        on_stored: Callable[[int], None],
-        on_commit: Callable[[int], None],
-    ) -> None:
-        self.writer = writer
-        self.on_stored = on_stored
-        self.on_commit = on_commit
-        self.queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(self.DEPTH)
-        self.error: BaseException | None = None
-        self.submitted = 0  # written by the capture thread only
-        self.done = 0  # written by the store thread only
-        self.abandon = False
-        self.thread = threading.Thread(target=self._run, name="weir-store-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None and not self.abandon:
-            kind, arg = item
-            try:
-                if kind == "write":
-                    try:
-                        self.writer.write(arg)
-                    except psycopg.Error as e:  # a value it cannot hold: retrying cannot help
-                        if (e.sqlstate or "")[:2] not in REFUSED:
-                            raise
-                        raise UnstorableChange.refused(arg, e) from e
-                    self.on_stored(len(arg))
-                elif kind == "commit":
-                    self.writer.commit(*arg)
-                    self.on_commit(arg[1])
-                elif kind == "backfill":  # committed with what comes next
-                    self.writer.request_backfills([arg], BACKFILL_REASON)
-                else:
-                    self.writer.advance(arg)
-                    self.on_commit(arg)
-            except BaseException as e:
-                self.error = e
-                return
-            self.done += 1
-
-    def _check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def _put(self, item: tuple[str, Any] | None) -> None:
-        while True:
-            self._check()
-            try:
-                self.queue.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                continue
-
-    def submit(self, kind: str, arg: Any) -> None:
-        self.submitted += 1
-        self._put((kind, arg))
-
-    def idle(self) -> bool:
-        """Everything submitted is in the store."""
-        self._check()
-        return self.done == self.submitted
-
-    def finish(self) -> None:
-        """Wait until everything submitted is in the store."""
-        self._put(None)
-        self.thread.join()
-        self._check()
-
-    def abort(self) -> None:
-        """Stop after the item in hand; what is not committed is dropped (sent again later)."""
-        self.abandon = True
-        while True:
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-        with contextlib.suppress(queue.Full):
-            self.queue.put_nowait(None)
-        self.thread.join()
 
 
 def _iso(us: int) -> str:
@@ -329,7 +232,7 @@ class _Stream:
         self.batch_started = 0.0
         self.last_status = self.last_data = self.last_advance = time.monotonic()
         self.uncommitted = 0  # changes written to the store and not yet committed
-        self.store = _StoreThread(writer, self._stored, self._confirmed)
+        self.store = StoreThread(writer, self._stored, self._confirmed)
 
     def _stored(self, n: int) -> None:
         self.capture.stored_changes += n

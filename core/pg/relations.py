@@ -15,7 +15,7 @@ import psycopg
 from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
-from core.store.writer import Change
+from core.store.change import Change
 from core.tables import table_name
 
 PRIMARY_KEY_SQL = """

@@ -10,44 +10,17 @@ set-based upsert per batch.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
-from psycopg import errors, sql
+from psycopg import sql
 
-from core.envelope import MAX_RECORD_TOKEN, RECORD_TOKEN_SQL, record_token
-from core.pg.pgoutput import lsn_to_str
+from core.envelope import MAX_RECORD_TOKEN, record_token
 from core.pg.values import dumps
 from core.store import Conn, Store
-
-
-class Change(NamedTuple):
-    """One change to one record, in the order it was committed upstream.
-
-    ``record`` holds new values (old ones for a delete); ``missing`` names the table's other
-    columns, whose values are unknown (unchanged TOAST, a delete carrying only the key): the
-    records stream keeps their last known values, and only theirs, so a dropped or renamed
-    column leaves the record at its next version. ``old_record_id`` is set when an update
-    changed the key.
-    ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
-    ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
-    the batch number, so that event idempotency keys stay unique).
-    """
-
-    action: str  # insert | update | delete | truncate
-    collection_id: str
-    record_id: str | None
-    record: dict[str, Any] | None
-    changes: dict[str, Any] | None
-    missing: tuple[str, ...]
-    old_record_id: str | None
-    version: int
-    idx: int
-    committed_at: str  # ISO-8601
-    event_lsn: int | None = None
+from core.store.change import JSONB_ITEM, MAX_JSON, Change, UnstorableChange, jsonb_size
 
 
 @dataclass(frozen=True)
@@ -63,49 +36,6 @@ class Checkpoint:
 
 class WriterBusyError(RuntimeError):
     """Another process is writing this source right now."""
-
-
-MAX_JSON = 255 << 20  # bytes of a record in jsonb: the store's jsonb holds at most 256 MiB
-JSONB_ITEM = 16  # bytes jsonb spends on an array element beyond its text (entry, header)
-
-
-def jsonb_size(text: str, value: Any) -> int:
-    """About how large ``value`` (whose JSON is ``text``) is as jsonb: its text, and the
-    entries of its arrays, which can outgrow the text (``[1,1,...]``)."""
-    size = len(text)
-    stack = [v for v in value.values() if type(v) is list] if type(value) is dict else []
-    while stack:
-        items = stack.pop()
-        size += JSONB_ITEM * len(items)
-        stack += [v for v in items if type(v) is list]
-    return size
-
-
-class UnstorableChange(RuntimeError):
-    """A change the store refuses; the message names it and the fix. Capture stops on it."""
-
-    FIX = "leave that column out of the publication (a column list) or keep its values smaller"
-
-    @classmethod
-    def too_large(cls, ch: Change, size: int) -> UnstorableChange:
-        record = ch.record or {}
-        column = max(record, key=lambda k: len(dumps(record[k])), default="?")
-        return cls(
-            f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
-            f"at {lsn_to_str(ch.version)}: it is about {size:,} bytes as jsonb, above the "
-            f"store's limit of {MAX_JSON:,} (largest column: {column!r}); {cls.FIX}"
-        )
-
-    @classmethod
-    def refused(cls, changes: list[Change], error: Exception) -> UnstorableChange:
-        """The store refused a write of ``changes`` (a data error, a limit): which tables and
-        transactions, and what it said."""
-        tables = ", ".join(sorted({c.collection_id for c in changes}))
-        first, last = changes[0].version, changes[-1].version
-        at = lsn_to_str(first) if first == last else f"{lsn_to_str(first)}..{lsn_to_str(last)}"
-        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return cls(f"the store refused changes of {tables} committed at {at}: {said}; the value "
-                   f"is in those transactions: {cls.FIX}")  # fmt: skip
 
 
 NOTIFY_CHANNEL = "weir_stream"
@@ -366,13 +296,6 @@ ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
     deleted = excluded.deleted, record = excluded.record,
     upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
-# The records stream's key is the record token (core/envelope.py); a long record id is kept
-# whole beside it. The snapshot merges make both from the staged record id.
-_KEYS_SQL = (
-    RECORD_TOKEN_SQL.format(c="s.record_id") + " AS record_id, CASE WHEN"
-    f" octet_length(s.record_id) > {MAX_RECORD_TOKEN} THEN s.record_id END AS full_record_id"
-)
-
 # Inserts or replaces the latest version of each record, refusing any that is not newer than the
 # stored one, and numbers the accepted ones with consecutive seqs in batch order.
 UPSERT_RECORDS = (
@@ -428,161 +351,3 @@ INSERT INTO {} (sync_id, schema_name, table_name, reason) VALUES (%s, %s, %s, %s
 ON CONFLICT (sync_id, schema_name, table_name)
 DO UPDATE SET reason = excluded.reason, requested_at = now()
 """
-
-SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
-
-# Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
-# Every writer of a source holds its lock (_lock_source), so no record appears while a merge
-# runs, and a merge is one of two statements:
-# - INSERT_SNAPSHOT, while no staged row has met a stored record: a plain insert of them all,
-#   numbered by their order in the chunk: the ``ord`` the writer staged with them, since
-#   ``row_number() OVER ()`` here cost 0.6-1.2 us a row more, under the lock (400k rows, two
-#   runs). A stored record makes it fail (records_pkey) and roll back, and the writer turns
-#   to MERGE_SNAPSHOT. A seed's rows are nearly all new, and the insert's own uniqueness check
-#   is the only lookup: it costs ~35% less than the merge.
-# - MERGE_SNAPSHOT looks up each row's stored version (LATERAL ... LIMIT 1, an index probe each:
-#   a hash join would read every record of the source on every merge). New records go in by a
-#   plain insert, ~30% cheaper than a speculative one (EXPLAIN: 103 against 142 ms for 20k
-#   rows), and only the stored ones through ON CONFLICT. (Capture's upsert keeps one INSERT ...
-#   ON CONFLICT: there, this split made updates ~10% slower, for inserts ~13% quicker.)
-# Both yield how many rows were accepted.
-# The accepted rows into the records stream; ``which`` picks the new or the stored ones.
-_INSERT_ACCEPTED = """
-INSERT INTO {{records}} AS r (sync_id, collection_id, record_id, full_record_id, seq, version,
-                            version_idx, deleted, record, upstream_updated_at)
-SELECT %(sid)s, %(collection)s, record_id, full_record_id, seq, %(version)s, %(idx)s, false,
-       record, %(at)s
-FROM accepted WHERE {which}
-"""
-INSERT_SNAPSHOT = (
-    """
-WITH accepted AS (
-    SELECT """
-    + _KEYS_SQL
-    + """, s.record, %(base)s::int8 + s.ord AS seq
-    FROM weir_snapshot_stage s
-)"""
-    + _INSERT_ACCEPTED.format(which="true")
-)
-MERGE_SNAPSHOT = (
-    """
-WITH keyed AS (
-    SELECT """
-    + _KEYS_SQL
-    + """, s.record FROM weir_snapshot_stage s
-), accepted AS (
-    SELECT s.record_id, s.full_record_id, s.record, o.version IS NOT NULL AS stored,
-           %(base)s::int8 + row_number() OVER () AS seq
-    FROM keyed s
-    LEFT JOIN LATERAL (
-        SELECT o.version, o.version_idx FROM {records} o
-        WHERE o.sync_id = %(sid)s AND o.collection_id = %(collection)s
-          AND o.record_id = s.record_id
-        LIMIT 1
-    ) o ON true
-    WHERE o.version IS NULL OR (o.version, o.version_idx) < (%(version)s, %(idx)s)
-), added AS ("""
-    + _INSERT_ACCEPTED.format(which="NOT stored")
-    + """RETURNING 1
-), replaced AS ("""
-    + _INSERT_ACCEPTED.format(which="stored")
-    + REPLACE_RECORD
-    + """RETURNING 1
-)
-SELECT (SELECT count(*) FROM added) + (SELECT count(*) FROM replaced)
-"""
-)
-
-
-class SnapshotWriter:
-    """Writes rows read from a source table (seed job, backfill) into the records stream.
-
-    ``write`` stages a chunk of rows by COPY into a temporary table with no lock held, so
-    several writers (Spark partitions) stage in parallel. It then takes the source row's lock,
-    the one every writer of the source takes (which keeps seqs gap-free and in commit order),
-    and upserts the staged rows whose version is newer than the stored one. It does not commit:
-    the caller commits, with its own progress in the same transaction, and so releases the lock.
-    """
-
-    def __init__(
-        self, conn: Conn, store: Store, sync_id: uuid.UUID, version: int, at: datetime
-    ) -> None:
-        self.conn = conn
-        self.sync_id = sync_id
-        self.version = version
-        self.at = at
-        self._all_new = True  # no staged row has met a stored record yet: INSERT_SNAPSHOT
-        self._lock_row = _lock_source(store)
-        records = store.table("records")
-        self._insert = sql.SQL(INSERT_SNAPSHOT).format(records=records)
-        self._merge = sql.SQL(MERGE_SNAPSHOT).format(records=records)
-        self._sweep = sql.SQL(TRUNCATE_RECORDS).format(records=records)
-        self._advance = _advance(store, ("records_seq",))
-        conn.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
-            " (ord int8, record_id text, record jsonb) ON COMMIT DELETE ROWS"
-        )
-
-    def write(self, collection_id: str, rows: Iterable[bytes]) -> tuple[int, int]:
-        """Stage rows of one collection and merge them; returns (staged, accepted).
-
-        A row is ``record id <tab> record JSON <newline>`` in COPY's text format, UTF-8
-        (``core.pg.snapshot.records_of``, or the source server's own COPY of such rows).
-        """
-        n = 0
-        with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:
-            block: list[bytes] = []
-            for row in rows:
-                n += 1
-                block.append(b"%d\t%b" % (n, row))
-                if len(block) == 1000:  # a write per row costs 0.6-1.6 us a row more
-                    copy.write(b"".join(block))
-                    block.clear()
-            if block:
-                copy.write(b"".join(block))
-        return n, self._merge_staged(collection_id) if n else 0
-
-    def _merge_staged(self, collection_id: str) -> int:
-        """Upsert the staged rows that are newer than the stored versions; returns how many."""
-        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
-        assert row is not None, "source not registered"
-        base = int(row[1])  # type: ignore[call-overload]
-        params = {"sid": self.sync_id, "collection": collection_id, "base": base,
-                  "version": self.version, "idx": SNAPSHOT_IDX, "at": self.at}  # fmt: skip
-        accepted = self._insert_all(params) if self._all_new else None
-        if accepted is None:
-            with self.conn.cursor() as cur:
-                cur.execute(self._merge, params)
-                counted = cur.fetchone()
-                assert counted is not None
-                accepted = int(counted[0])  # type: ignore[call-overload]
-        if accepted:
-            self.conn.execute(self._advance, (base + accepted, self.sync_id))
-        return accepted
-
-    def sweep(self, collection_id: str) -> int:
-        """Once every row of the table was written: its live records older than the snapshot
-        were not read, so their rows are gone (deleted while nothing captured them), and they
-        become tombstones. Returns how many; the caller commits."""
-        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
-        assert row is not None, "source not registered"
-        base = int(row[1])  # type: ignore[call-overload]
-        gone = self.conn.execute(self._sweep, {
-            "sid": self.sync_id, "collection_id": collection_id, "version": self.version,
-            "idx": SNAPSHOT_IDX, "ts": self.at, "base": base,
-        }).rowcount  # fmt: skip
-        if gone:
-            self.conn.execute(self._advance, (base + gone, self.sync_id))
-        return gone
-
-    def _insert_all(self, params: dict[str, Any]) -> int | None:
-        """INSERT_SNAPSHOT in a savepoint; None when a staged row met a stored record."""
-        try:
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                cur.execute(self._insert, params)
-                return cur.rowcount
-        except errors.UniqueViolation as e:
-            if e.diag.constraint_name != "records_pkey":
-                raise
-            self._all_new = False
-            return None

@@ -22,7 +22,9 @@ from core.embedded import EmbeddedNats
 from core.pg import snapshot
 from core.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
 from core.service import open_store, prepare
-from core.store.writer import SNAPSHOT_IDX, Change, SnapshotWriter, SourceWriter
+from core.store.change import Change
+from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
+from core.store.writer import SourceWriter
 from spark.seed import LOOPBACK_CONF, java_home
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for

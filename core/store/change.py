@@ -1,0 +1,78 @@
+"""A change as every producer of a source hands it to the store (capture, HTTP ingest), and
+what the store cannot hold of one."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from core.pg.pgoutput import lsn_to_str
+from core.pg.values import dumps
+
+
+class Change(NamedTuple):
+    """One change to one record, in the order it was committed upstream.
+
+    ``record`` holds new values (old ones for a delete); ``missing`` names the table's other
+    columns, whose values are unknown (unchanged TOAST, a delete carrying only the key): the
+    records stream keeps their last known values, and only theirs, so a dropped or renamed
+    column leaves the record at its next version. ``old_record_id`` is set when an update
+    changed the key.
+    ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
+    ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
+    the batch number, so that event idempotency keys stay unique).
+    """
+
+    action: str  # insert | update | delete | truncate
+    collection_id: str
+    record_id: str | None
+    record: dict[str, Any] | None
+    changes: dict[str, Any] | None
+    missing: tuple[str, ...]
+    old_record_id: str | None
+    version: int
+    idx: int
+    committed_at: str  # ISO-8601
+    event_lsn: int | None = None
+
+
+MAX_JSON = 255 << 20  # bytes of a record in jsonb: the store's jsonb holds at most 256 MiB
+JSONB_ITEM = 16  # bytes jsonb spends on an array element beyond its text (entry, header)
+
+
+def jsonb_size(text: str, value: Any) -> int:
+    """About how large ``value`` (whose JSON is ``text``) is as jsonb: its text, and the
+    entries of its arrays, which can outgrow the text (``[1,1,...]``)."""
+    size = len(text)
+    stack = [v for v in value.values() if type(v) is list] if type(value) is dict else []
+    while stack:
+        items = stack.pop()
+        size += JSONB_ITEM * len(items)
+        stack += [v for v in items if type(v) is list]
+    return size
+
+
+class UnstorableChange(RuntimeError):
+    """A change the store refuses; the message names it and the fix. Capture stops on it."""
+
+    FIX = "leave that column out of the publication (a column list) or keep its values smaller"
+
+    @classmethod
+    def too_large(cls, ch: Change, size: int) -> UnstorableChange:
+        record = ch.record or {}
+        column = max(record, key=lambda k: len(dumps(record[k])), default="?")
+        return cls(
+            f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
+            f"at {lsn_to_str(ch.version)}: it is about {size:,} bytes as jsonb, above the "
+            f"store's limit of {MAX_JSON:,} (largest column: {column!r}); {cls.FIX}"
+        )
+
+    @classmethod
+    def refused(cls, changes: list[Change], error: Exception) -> UnstorableChange:
+        """The store refused a write of ``changes`` (a data error, a limit): which tables and
+        transactions, and what it said."""
+        tables = ", ".join(sorted({c.collection_id for c in changes}))
+        first, last = changes[0].version, changes[-1].version
+        at = lsn_to_str(first) if first == last else f"{lsn_to_str(first)}..{lsn_to_str(last)}"
+        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return cls(f"the store refused changes of {tables} committed at {at}: {said}; the value "
+                   f"is in those transactions: {cls.FIX}")  # fmt: skip
