@@ -126,7 +126,6 @@ KINDS: dict[str, Kind] = {
     "box": Kind("box", "text", st.sampled_from(["(1,1),(0,0)"])),
     "polygon": Kind("polygon", "text", st.sampled_from(["((0,0),(1,1),(1,0))"])),
     "tsvector": Kind("tsvector", "text", st.sampled_from(["'a' 'fat':2 'cat':3", ""])),
-    "xml": Kind("xml", "text", st.sampled_from(['<a b="1">é &amp; x</a>', "text only"])),
     "int4range": Kind("int4range", "text", st.sampled_from(["[1,5)", "empty", "(,3]"])),
     "tstzrange": Kind("tstzrange", "text", st.sampled_from(["[2026-01-01,infinity)"])),
     "multirange": Kind("int4multirange", "text", st.sampled_from(["{[1,2),[5,9)}", "{}"])),
