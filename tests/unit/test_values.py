@@ -83,3 +83,24 @@ def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> Non
         b"x\ny\\z",
         b"\r\b\f\v",
     ]
+
+
+def test_json_passes_through_digit_for_digit_or_as_its_text() -> None:
+    """DESIGN.md section 4: json/jsonb keep every digit; JSON that parsers (or the store's
+    jsonb) refuse arrives as a string holding the Postgres text."""
+    assert v.dumps({"j": v.to_jsonb(b'{"n": 123456789012345678901234567890}')}) == (
+        b'{"j":{"n": 123456789012345678901234567890}}'
+    )
+    for refused in (b'{"a": 1e400}', b"[" * 1025 + b"]" * 1025):
+        assert v.to_jsonb(refused) == refused.decode()
+    for refused in (b'{"a": "\\u0000"}', b'["\\ud800"]', b'{"tiny": 1e-16384}'):
+        assert v.to_json(refused) == refused.decode()
+    assert v.to_json(b'"a\\\\u0000"') == v.RawJson(b'"a\\\\u0000"')  # an escaped backslash
+
+
+def test_text_in_other_encodings_reads_whole() -> None:
+    cat = TypeCatalog([(1009, "_text", "b", 25, 0, ",", True)], "WIN1252")
+    assert cat.converter(25)("é".encode("cp1252")) == "é"
+    assert cat.converter(25)(b"\x81") == "\x81"  # no letter in WIN1252: one character a byte
+    assert v.to_text(b"\xe9") == "é"  # SQL_ASCII's non-UTF-8 bytes read as Latin-1
+    assert cat.converter(1009)(b'{"\xe9",x}') == ["é", "x"]  # text[] in WIN1252
