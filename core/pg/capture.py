@@ -27,6 +27,7 @@ import orjson
 import psycopg
 
 from core.config import PostgresSource
+from core.ids import collection_id_of
 from core.metrics import Metrics
 from core.pg import snapshot
 from core.pg.pgoutput import (
@@ -40,10 +41,12 @@ from core.pg.pgoutput import (
 from core.pg.relations import Relations, SourceSchemaError, change_of
 from core.pg.setup import (
     BACKFILL_PREFIX,
+    DROPPED_PREFIX,
     SlotBusyError,
     SourceSetupError,
     capturable_tables,
     prepare,
+    tables_wanted,
 )
 from core.pg.slot import check_slot
 from core.pg.store_thread import StoreThread
@@ -139,7 +142,9 @@ class PostgresCapture:
             # convert every byte a database may hold (core/pg/values.py decodes it).
             row = catalog.execute("SHOW server_encoding").fetchone()
             encoding = str(row[0]) if row else "UTF8"
-            relations = Relations(catalog, src.key_columns, encoding)
+            store_schema = self.store.schema if _same_database(catalog, store_conn) else None
+            wanted = tables_wanted(src, store_schema)
+            relations = Relations(catalog, src.key_columns, encoding, wanted, src.name)
             # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.
             repl = psycopg.connect(
                 url,
@@ -304,20 +309,51 @@ class _Stream:
             if not self.skip:
                 for relid in m[2]:
                     rel = self.relations.by_id[relid]
+                    if rel.ignored:
+                        continue
                     self._append(Change("truncate", rel.collection_id, None, None, None, (), None,
                                         self.txn_lsn, self.idx, self.txn_ts))  # fmt: skip
         elif tag == "R":
             self.relations.add(m)
         elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
             self._advance(m[2])
-        elif tag == "M" and m[3] == BACKFILL_PREFIX and not self.skip:
-            # A table joined the publication with rows of its own (core/pg/setup.py).
-            schema, table = orjson.loads(m[4])
-            self.store.submit("backfill", (schema, table))
+        elif tag == "M" and m[3] in (BACKFILL_PREFIX, DROPPED_PREFIX) and not self.skip:
+            self._table_message(m[3], bytes(m[4]))
         # 'Y' types and 'O' origins need nothing
+
+    def _table_message(self, prefix: str, content: bytes) -> None:
+        """A message of Weir's event trigger or setup (core/pg/setup.py): a table joined the
+        publication with rows of its own (backfill it), or was dropped (its records are gone).
+        Any role may write such a message, so only a table of this source's is taken."""
+        try:
+            schema, table = orjson.loads(content)
+            if not (isinstance(schema, str) and isinstance(table, str)):
+                raise ValueError(content)
+        except (ValueError, TypeError):
+            log.warning("source %s: ignored a %s message that names no table, in the "
+                        "transaction at %s", self.src.name, prefix,
+                        lsn_to_str(self.txn_lsn))  # fmt: skip
+            return
+        wanted = self.relations.wanted
+        if wanted is not None and not wanted(schema, table):
+            return
+        if prefix == BACKFILL_PREFIX:
+            self.store.submit("backfill", (schema, table))
+            return
+        # Dropped: after the changes before it in its transaction, every record a tombstone.
+        if self.committed is not None:
+            self._flush()
+        if self.pending:
+            self.store.submit("write", self.pending[:])
+            self.pending.clear()
+        collection = collection_id_of(schema, table)
+        self.store.submit("drop", (collection, self.txn_lsn, self.idx, self.txn_ts))
+        self.idx += 1
 
     def _change(self, m: tuple[Any, ...]) -> None:
         rel = self.relations.by_id[m[1]]
+        if rel.ignored:
+            return
         try:
             if rel.problem is not None:
                 raise SourceSchemaError(rel.problem)
@@ -390,6 +426,12 @@ class _Stream:
         timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
         sel.select(timeout)
         self.pgconn.consume_input()
+
+
+def _same_database(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> bool:
+    """Whether two connections are to one database of one server."""
+    same = "SELECT current_database(), pg_postmaster_start_time(), inet_server_port()"
+    return a.execute(same).fetchone() == b.execute(same).fetchone()
 
 
 def _moved(delete: Change, insert: Change) -> Change:

@@ -6,7 +6,8 @@ again after its schema changes; :class:`Relations` keeps what is needed to conve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
 from core.store.change import Change
 from core.tables import table_name
+
+log = logging.getLogger("weir.source")
 
 PRIMARY_KEY_SQL = """
 SELECT a.attname
@@ -45,6 +48,7 @@ class Relation:
     # Why its rows cannot be keyed; raised when a change of it arrives (pgoutput describes a
     # partition too before a change published under its partitioned table).
     problem: str | None = None
+    ignored: bool = False  # not a table of the source's config: its changes are left out
 
 
 class Relations:
@@ -59,12 +63,18 @@ class Relations:
         catalog: psycopg.Connection[Any],
         key_columns: dict[str, list[str]] | None = None,
         encoding: str = "UTF8",
+        wanted: Callable[[str, str], bool] | None = None,
+        source: str = "",
     ) -> None:
-        """``encoding``: what the stream's text is in (the server's, unless it converts)."""
+        """``encoding``: what the stream's text is in (the server's, unless it converts).
+        ``wanted(schema, table)``: whether its changes are captured (default: every table's);
+        ``source`` names the source in what is logged of the others."""
         self.catalog = catalog
         self.key_columns = key_columns or {}
         self.types = TypeCatalog(catalog.execute(TYPES_SQL).fetchall(), encoding)
         self.by_id: dict[int, Relation] = {}
+        self.wanted = wanted
+        self.source = source
 
     def _name(self, name: str) -> str:
         """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``)."""
@@ -109,6 +119,11 @@ class Relations:
         _, relid, schema, table, replident, cols = msg
         schema, table = self._name(schema), self._name(table)
         cols = [(c[0], self._name(c[1]), *c[2:]) for c in cols]
+        kind = self.catalog.execute(
+            "SELECT relkind, relispartition FROM pg_class WHERE oid = %s", (relid,)
+        ).fetchone()
+        if self.wanted is not None and not self.wanted(schema, table):
+            return self._ignore(relid, schema, table, bool(kind and kind[1]))
         if any(not self.types.knows(c[2]) for c in cols):
             self.types.refresh(self.catalog.execute(TYPES_SQL).fetchall())
         names = tuple(c[1] for c in cols)
@@ -118,9 +133,6 @@ class Relations:
             key, problem = self._key(relid, name, replident, names, identity), None
         except SourceSchemaError as e:
             key, problem = (), str(e)
-        kind = self.catalog.execute(
-            "SELECT relkind FROM pg_class WHERE oid = %s", (relid,)
-        ).fetchone()
         rel = Relation(
             relid,
             schema,
@@ -133,6 +145,25 @@ class Relations:
             kind is not None and kind[0] == "p",
             problem,
         )
+        self.by_id[relid] = rel
+        return rel
+
+    def _ignore(self, relid: int, schema: str, table: str, partition: bool) -> Relation:
+        """A table outside the source's config (a publication made for more, a table renamed
+        or moved away, the store itself): left out, and said so once."""
+        before = self.by_id.get(relid)
+        name = table_name(schema, table)
+        if before is not None and not before.ignored:
+            log.warning("source %s: table %s was renamed or moved to %s, which the config does "
+                        "not name: its changes are no longer captured (add it to tables:)",
+                        self.source, table_name(before.schema, before.table), name)  # fmt: skip
+        elif before is None and not partition:
+            log.warning(
+                "source %s: leaving out the changes of %s: it is in the publication but not in "
+                "the source's tables: or schemas:", self.source, name,
+            )  # fmt: skip
+        rel = Relation(relid, schema, table, collection_id_of(schema, table), (), (), (), (),
+                       ignored=True)  # fmt: skip
         self.by_id[relid] = rel
         return rel
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -26,6 +27,7 @@ log = logging.getLogger("weir.source")
 
 
 BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
+DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 
 
 class SourceSetupError(RuntimeError):
@@ -102,6 +104,20 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
     return None
 
 
+def tables_wanted(src: PostgresSource, store_schema: str | None) -> Callable[[str, str], bool]:
+    """Whether capture takes a table's changes: one the config names, or of a schema it
+    follows, and never the store's own schema (``store_schema``, when the store lives in the
+    source's database: capturing its writes would write them again, for ever). A publication
+    may hold more (made by a DBA, for all tables): those are left out."""
+    listed = {parse_table(t) for t in src.tables}
+    schemas = set(src.schemas)
+
+    def wanted(schema: str, table: str) -> bool:
+        return schema != store_schema and (schema in schemas or (schema, table) in listed)
+
+    return wanted
+
+
 def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
     """The source's tables that can be captured. A table named in ``tables:`` that cannot is
     an error; one of ``schemas:`` is reported and left out."""
@@ -141,8 +157,8 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = 
     conn.execute(lock[0], (key,))
     try:
         _ensure_publication(conn, src, capturable_tables(conn, src))
-        if src.schemas and src.create_publication:
-            follow_schemas(conn, src)
+        if src.create_publication:
+            follow_tables(conn, src)
     finally:
         conn.execute(lock[1], (key,))
     if slot:
@@ -169,7 +185,21 @@ def _ensure_publication(
         ).fetchall()
     }
     missing = [t for t in tables if t not in published]
-    idents = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in missing)
+    # ONLY: a table's inheritance children are tables of their own (a partitioned table's
+    # partitions are not, and ONLY does not apply to it).
+    kinds = {
+        (r[0], r[1]): r[2]
+        for r in conn.execute(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([s for s, _ in missing], [t for _, t in missing]),
+        ).fetchall()
+    }
+    idents = sql.SQL(", ").join(
+        sql.SQL("ONLY {}" if kinds.get((s, t)) == "r" else "{}").format(sql.Identifier(s, t))
+        for s, t in missing
+    )
     # A partitioned table is one collection: its partitions' rows are published under it.
     via_root = sql.SQL("WITH (publish_via_partition_root = true)")
     if row is None:
@@ -211,7 +241,7 @@ def _ensure_publication(
 # Adds a table created (or given a key) in a followed schema to the publication in the same
 # transaction, so its first row is captured; a table that could not publish its updates and
 # deletes is left out (with a warning to the session that made it), and no error of this
-# function ever reaches the user's statement (FOLLOW_SQL's parameters: see follow_schemas). A
+# function ever reaches the user's statement (its parameters: see follow_tables). A
 # table that may hold rows already (given a key
 # later, or made by CREATE TABLE AS) is named in a logical message in the same transaction:
 # capture reads it in order and asks for a backfill (BACKFILL_PREFIX).
@@ -221,14 +251,27 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $weir
 DECLARE
     t record;
 BEGIN
+    IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
+        FOR t IN
+            SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
+            WHERE o.object_type = 'table'
+              AND (o.schema_name = ANY ({schemas}) OR (o.schema_name, o.object_name) IN (
+                   SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
+        LOOP
+            PERFORM pg_logical_emit_message(true, {dropped},
+                                            json_build_array(t.schema_name, t.object_name)::text);
+        END LOOP;
+        RETURN;
+    END IF;
     FOR t IN
-        SELECT DISTINCT n.nspname, c.relname, d.command_tag
+        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag
         FROM pg_event_trigger_ddl_commands() d
         JOIN pg_class c ON c.oid = d.objid
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p')
           AND NOT c.relispartition AND c.relpersistence = 'p'
-          AND n.nspname = ANY ({schemas})
+          AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
+               SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
           AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p
                           WHERE p.pubname = {pub} AND p.schemaname = n.nspname
                             AND p.tablename = c.relname)
@@ -239,7 +282,8 @@ BEGIN
                    SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
     LOOP
         BEGIN
-            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pub}, t.nspname, t.relname);
+            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
+                           CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END, t.nspname, t.relname);
             IF t.command_tag <> 'CREATE TABLE' THEN
                 PERFORM pg_logical_emit_message(true, {prefix},
                                                 json_build_array(t.nspname, t.relname)::text);
@@ -255,51 +299,64 @@ $weir$
 """
 
 
-def follow_schemas(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
-    """Install the event trigger that adds tables created in ``schemas:`` to the publication.
+def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Install the event trigger that adds tables created in ``schemas:``, or made anew under a
+    name ``tables:`` lists (dropped and created again), to the publication.
 
     Creating an event trigger needs a superuser; without one, tables created while Weir runs
     are added at its next start and backfilled then (see capture), and a warning says so.
     """
-    fn = sql.Identifier(src.schemas[0], f"weir_follow_{src.publication}")
+    listed = [parse_table(t) for t in src.tables]
+    home = src.schemas[0] if src.schemas else listed[0][0]
+    fn = sql.Identifier(home, f"weir_follow_{src.publication}")
     trigger = sql.Identifier(f"weir_follow_{src.publication}")
+    drop = sql.Identifier(f"weir_drop_{src.publication}")
     body = sql.SQL(_FOLLOW_FUNCTION).format(
         fn=fn,
         pub=sql.Literal(src.publication),
         schemas=sql.Literal(list(src.schemas)),
+        listed_schemas=sql.Literal([s for s, _ in listed]),
+        listed_tables=sql.Literal([t for _, t in listed]),
         keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
         keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
         prefix=sql.Literal(BACKFILL_PREFIX),
+        dropped=sql.Literal(DROPPED_PREFIX),
     )
     # Made anew only when it changed (a hash of it is the function's comment): every capture
     # session comes here, and DDL takes locks the user's statements would wait for.
     version = "weir:" + hashlib.sha256(body.as_string(conn).encode()).hexdigest()[:16]
     installed = conn.execute(
-        "SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p"
-        " JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " JOIN pg_event_trigger t ON t.evtfoid = p.oid AND t.evtname = %s AND t.evtenabled <> 'D'"
+        "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
+        "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s))"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = %s AND p.proname = %s",
-        (f"weir_follow_{src.publication}", src.schemas[0], f"weir_follow_{src.publication}"),
-    ).fetchone()
-    if installed is not None and installed[0] == version:
+        (f"weir_follow_{src.publication}", f"weir_drop_{src.publication}", home,
+         f"weir_follow_{src.publication}"),
+    ).fetchone()  # fmt: skip
+    if installed == (version, 2):
         return
     try:
         with conn.transaction():
             conn.execute(body)
             conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
-            conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(trigger))
+            for name in (trigger, drop):
+                conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(name))
             conn.execute(
                 sql.SQL(
                     "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"
                     " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
                 ).format(trigger, fn)
             )
+            conn.execute(
+                sql.SQL("CREATE EVENT TRIGGER {} ON sql_drop EXECUTE FUNCTION {}()").format(
+                    drop, fn
+                )
+            )
     except psycopg.errors.InsufficientPrivilege:
         log.warning(
-            "source %s: cannot follow new tables of %s as they are created (an event trigger "
-            "needs a superuser): a table created while Weir runs is captured from Weir's next "
-            "start on, and its earlier rows are backfilled then",
-            src.name, ", ".join(src.schemas),
+            "source %s: cannot follow tables as they are created (an event trigger needs a "
+            "superuser): a table created (or made anew) while Weir runs is captured from "
+            "Weir's next start on, and its earlier rows are backfilled then", src.name,
         )  # fmt: skip
 
 

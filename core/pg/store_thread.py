@@ -22,10 +22,12 @@ REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program li
 class StoreThread:
     """Does the capture's store work on a thread, in the order given.
 
-    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))`` and ``("advance",
-    end_lsn)``. On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)``
-    after each commit or advance. A store error is raised in the capture thread at its next
-    call. At most ``DEPTH`` items wait, so memory stays bounded.
+    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
+    end_lsn)``, and ``("backfill", (schema, table))`` and ``("drop", (collection, lsn, idx,
+    committed_at))``, which go with the next commit. On this thread ``on_stored(n)`` runs
+    after each write and ``on_commit(end_lsn)`` after each commit or advance. A store error is
+    raised in the capture thread at its next call. At most ``DEPTH`` items wait, so memory
+    stays bounded.
     """
 
     DEPTH = 4
@@ -64,6 +66,8 @@ class StoreThread:
                     self.on_commit(arg[1])
                 elif kind == "backfill":  # committed with what comes next
                     self.writer.request_backfills([arg], BACKFILL_REASON)
+                elif kind == "drop":  # committed with what comes next
+                    self.writer.drop(*arg)
                 else:
                     self.writer.advance(arg)
                     self.on_commit(arg)

@@ -232,6 +232,17 @@ class SourceWriter:
         )
         self.records_seq += cur.rowcount
 
+    def drop(self, collection_id: str, version: int, idx: int, committed_at: str) -> None:
+        """The collection's table was dropped: every record of it becomes a tombstone (as a
+        truncate does, without an event: a drop changes no row). Committed with the next
+        commit."""
+        if not self._open:
+            self._begin()
+        drop = Change("truncate", collection_id, None, None, None, (), None, version, idx,
+                      committed_at)  # fmt: skip
+        with self.conn.cursor() as cur:
+            self._truncate_collection(cur, drop)
+
     def commit(self, commit_lsn: int, end_lsn: int) -> None:
         """Commit everything written since the last commit together with the checkpoint."""
         if not self._open:

@@ -5,6 +5,7 @@ the user's: the records stream (and a NATS subscriber) equal the table, capture 
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import psycopg
@@ -248,3 +249,46 @@ def test_databases_in_other_encodings(
         _exec(pg_server.url, "SELECT pg_drop_replication_slot(slot_name)"
                              f" FROM pg_replication_slots WHERE database = '{name}'",
               f"DROP DATABASE {name} WITH (FORCE)")  # fmt: skip
+
+
+def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any role may write logical messages: a forged backfill request (garbage, or naming a
+    table outside the source) is ignored and capture goes on. Inheritance children are tables
+    of their own (left out without a key, and the user's writes to them still work). A listed
+    table dropped and made anew is captured again at once, its old records tombstoned; one
+    renamed away is said to be left out."""
+    _exec(db_url, "CREATE ROLE forger LOGIN",
+          "CREATE TABLE a (id int PRIMARY KEY, v text)",
+          "CREATE TABLE private (id int PRIMARY KEY)", "INSERT INTO private VALUES (1)",
+          "CREATE TABLE parent (id int PRIMARY KEY, v text)",
+          "CREATE TABLE child (extra text) INHERITS (parent)",
+          "CREATE TABLE r (id int PRIMARY KEY)")  # fmt: skip
+    cfg = weir_config(db_url, [], schemas=[], tables=["public.a", "public.parent", "public.r"])
+    forger = db_url.replace("postgres@", "forger@")
+    with serving(cfg):
+        _exec(forger, "SELECT pg_logical_emit_message(true, 'weir:backfill', 'not json')",
+              """SELECT pg_logical_emit_message(true, 'weir:backfill', '["public", "private"]')""",
+              "SELECT pg_logical_emit_message(true, 'weir:dropped', '[1, 2]')")  # fmt: skip
+        _exec(db_url, "INSERT INTO a VALUES (1, 'x'), (2, 'y')",
+              "INSERT INTO child VALUES (7, 'c', 'e')", "UPDATE child SET v = 'd'",
+              "INSERT INTO parent VALUES (8, 'p')")  # fmt: skip
+        _wait_records(db_url, "public:parent", 1)
+        _exec(db_url, "DROP TABLE a", "CREATE TABLE a (id int PRIMARY KEY, v text)",
+              "INSERT INTO a VALUES (3, 'z')", "INSERT INTO r VALUES (1)",
+              "ALTER TABLE r RENAME TO r2", "INSERT INTO r2 VALUES (2)")  # fmt: skip
+        _wait_records(db_url, "public:a", 1)
+        time.sleep(1)  # a backfill of private, were it asked for, would show by now
+    records = {(c, r): d for c, r, d in _rows(db_url, "SELECT collection_id, record_id, deleted"
+                                                      " FROM weir.records")}  # fmt: skip
+    assert records == {("public:a", "1"): True, ("public:a", "2"): True,
+                       ("public:a", "3"): False, ("public:parent", "8"): False,
+                       ("public:r", "1"): False}  # fmt: skip
+    assert "ignored a weir:backfill message that names no table" in caplog.text
+    assert "table public.r was renamed or moved to public.r2" in caplog.text
+
+
+def _rows(url: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(query).fetchall()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 
 import psycopg
 import pytest
@@ -161,18 +162,26 @@ def test_transactions_land_in_commit_order_not_start_order(db_url: str) -> None:
     assert evs[0]["commit_lsn"] == evs[1]["commit_lsn"] < evs[2]["commit_lsn"]
 
 
-def test_a_table_added_to_the_publication_later_is_captured(db_url: str) -> None:
-    _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
-    src = pg_source(db_url, schemas=[], tables=["public.a"])
+def test_only_the_tables_of_the_config_are_captured(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publication may hold more tables than the config names (a DBA's, FOR ALL TABLES, one
+    removed from tables:): their changes are left out, and the log says so once. So is the
+    store's own schema when it lives in the source's database (its writes would be captured
+    over and over)."""
+    _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+          "CREATE PUBLICATION weir_pub FOR ALL TABLES")  # fmt: skip
+    src = pg_source(db_url, schemas=[], tables=["public.a"], create_publication=False)
     with capturing(src):
-        _exec(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)")
-        wait_for(lambda: count_events(db_url) == 1, what="the insert into a")
-        _exec(db_url, "ALTER PUBLICATION weir_pub ADD TABLE b", "INSERT INTO b VALUES (2)")
-        wait_for(lambda: count_events(db_url) == 2, what="the insert into b")
+        _exec(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)",
+              "INSERT INTO a VALUES (2)", "INSERT INTO b VALUES (2)")  # fmt: skip
+        wait_for(lambda: count_events(db_url) == 2, what="the inserts into a")
+        time.sleep(1)  # the store's own writes, were they captured, would show by now
     assert [(e["collection_id"], e["record_id"]) for e in events(db_url)] == [
         ("public:a", "1"),
-        ("public:b", "2"),
+        ("public:a", "2"),
     ]
+    assert "leaving out the changes of public.b: it is in the publication" in caplog.text
 
 
 def test_a_long_transaction_is_written_in_chunks_and_committed_once(db_url: str) -> None:
