@@ -8,7 +8,6 @@ stream sequences that make up :meth:`NatsSink.mark`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import re
@@ -185,23 +184,24 @@ class NatsSink:
         return dict(self._mark)
 
     async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
-        """Msg ids stored after ``mark`` in the streams that take this connector's subjects."""
+        """Msg ids stored after ``mark`` in every stream that takes some of this connector's
+        subjects (one stream for all, or one a table: whatever subjects they were given). A
+        stream whose sequence fell below the mark was made anew: it is read from its start."""
         js = self.nc.jetstream()
         keys: set[str] = set()
-        streams: dict[str, list[str]] = {}
         prefix = subject_prefix(self.cfg.stream, self.settings.namespace)
-        for sync_id in sync_ids:
-            probe = f"{prefix}.{sync_id}.p.c.r" + ("" if self.records else ".inserted")
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                name = await js.find_stream_name_by_subject(probe)
-                streams.setdefault(name, []).append(f"{prefix}.{sync_id}.>")
-        for name, filters in streams.items():
-            info = await js.stream_info(name)
+        for info in await js.streams_info():
+            name = info.config.name or ""
+            filters = {f for sync_id in sync_ids for taken in info.config.subjects or []
+                       if (f := intersect(f"{prefix}.{sync_id}.>", taken))}  # fmt: skip
+            last = info.state.last_seq
             start = mark.get(name, 0) + 1
-            if info.state.last_seq < start:
+            if last < start - 1:  # made anew since the mark
+                start = info.state.first_seq
+            if not filters or last < start:
                 continue
-            for filter_subject in filters:
-                await self._read_ids(name, filter_subject, start, info.state.last_seq, keys)
+            for filter_subject in sorted(filters):
+                await self._read_ids(name, filter_subject, start, last, keys)
         return keys
 
     async def _read_ids(
@@ -240,3 +240,19 @@ class NatsSink:
 
 def make_sink(cfg: NatsConnector) -> NatsSink:
     return NatsSink(cfg)
+
+
+def intersect(a: str, b: str) -> str | None:
+    """The subjects two NATS subject patterns (``*`` one token, ``>`` the rest) both match, as
+    one pattern; None when they share none."""
+    x, y = a.split("."), b.split(".")
+    out: list[str] = []
+    for i, (p, q) in enumerate(zip(x, y, strict=False)):
+        if p == ">":
+            return ".".join(out + y[i:])
+        if q == ">":
+            return ".".join(out + x[i:])
+        if p != q and "*" not in (p, q):
+            return None
+        out.append(q if p == "*" else p)
+    return ".".join(out) if len(x) == len(y) else None
