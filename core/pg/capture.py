@@ -48,7 +48,7 @@ from core.pg.setup import (
     prepare,
     tables_wanted,
 )
-from core.pg.slot import check_slot
+from core.pg.slot import SlotGapError, check_slot, unreadable
 from core.pg.store_thread import StoreThread
 from core.pg.values import SESSION_OPTIONS
 from core.store import Store
@@ -106,6 +106,8 @@ class PostgresCapture:
                 self.state, self.detail = "failed", str(e)
                 raise
             except (psycopg.OperationalError, SlotBusyError) as e:
+                if self._unreadable(str(e)):
+                    continue  # the slot was dropped: the next session makes it and backfills
                 first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 self.state, self.detail = "reconnecting", first_line
                 log.warning(
@@ -117,6 +119,17 @@ class PostgresCapture:
                 )
                 stop.wait(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, 30.0)
+
+    def _unreadable(self, error: str) -> bool:
+        """The slot can never be read past where it is (core/pg/slot.py ``unreadable``)."""
+        try:
+            with snapshot.connect(self.src.url.get_secret_value(), "weir-catalog") as conn:
+                return unreadable(conn, self.src, error)
+        except psycopg.OperationalError:
+            return False  # the source is away: the next session looks again
+        except SlotGapError as e:
+            self.state, self.detail = "failed", str(e)
+            raise
 
     # -- one replication session --------------------------------------------------------------
 

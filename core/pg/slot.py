@@ -14,6 +14,7 @@ So a slot found beyond ``end_lsn`` was moved by something else.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,3 +94,29 @@ def _position(conn: psycopg.Connection[Any], src: PostgresSource) -> tuple[int |
     if row is None:
         return None, False
     return (None if row[0] is None else int(row[0])), bool(row[1])
+
+
+# pgoutput reads the publication as it was at each change: one dropped and made anew, or a new
+# name in the config, is missing at the slot's position for ever.
+_PUBLICATION_GONE = re.compile(r'publication "[^"]*" does not exist')
+
+
+def unreadable(conn: psycopg.Connection[Any], src: PostgresSource, error: str) -> bool:
+    """When ``error`` (the replication stream's) says the slot can never be read past where it
+    is: raise :class:`SlotGapError`, or with ``on_slot_loss: backfill`` drop the slot, so
+    that the next session makes it anew and backfills (``check_slot``), and return True."""
+    if not _PUBLICATION_GONE.search(error):
+        return False
+    gap = (
+        f"replication slot {src.slot!r} cannot be read past a change made while publication "
+        f"{src.publication!r} did not exist (it was dropped and made anew, or the config names "
+        "another one)"
+    )
+    if src.on_slot_loss == "stop":
+        raise SlotGapError(
+            f"source {src.name!r}: {gap}: set on_slot_loss: backfill on the source to make the "
+            "slot anew and backfill every table (the events since cannot be recovered)"
+        )
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+    log.warning("source %s: %s; dropped the slot, to make it anew and backfill", src.name, gap)
+    return True

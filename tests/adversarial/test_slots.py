@@ -145,3 +145,28 @@ def test_an_invalidated_slot_is_named_and_backfilled() -> None:
         assert _Running(cfg).exit_status() == 1
         with serving(weir_config(url, [], on_slot_loss="backfill")):
             wait_for(lambda: _live(url) == _table(url), timeout=60, what="the backfill")
+
+
+@pytest.mark.parametrize("on_slot_loss", ["stop", "backfill"])
+def test_a_publication_dropped_and_made_anew_is_a_lost_slot(
+    db_url: str, on_slot_loss: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pgoutput reads the publication as it was at each change: past a change made while it
+    did not exist, the slot cannot be read. Weir says so (and with on_slot_loss: backfill
+    makes the slot anew and backfills), instead of reconnecting for ever."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    cfg = weir_config(db_url, [], on_slot_loss=on_slot_loss)
+    prepare(cfg)
+    weir = _Running(cfg)
+    _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+    wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
+    _exec(db_url, "DROP PUBLICATION weir_pub", "INSERT INTO t VALUES (2, 2)",
+          "CREATE PUBLICATION weir_pub FOR TABLE t WITH (publish_via_partition_root)",
+          "INSERT INTO t VALUES (3, 3)")  # fmt: skip
+    if on_slot_loss == "stop":
+        assert weir.exit_status() == 1
+        assert "did not exist (it was dropped and made anew" in caplog.text
+        return
+    wait_for(lambda: _live(db_url) == _table(db_url), timeout=60, what="the backfill")
+    weir.stop.set()
+    assert weir.exit_status() == 0
