@@ -44,6 +44,12 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
             reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
             hint = " (a % in a password is written %25)" if "percent" in reason else ""
             raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
+        authority = v.get_secret_value().partition("://")[2].partition("/")[0]
+        if authority.count("@") > 1:  # libpq would read a piece of the password as the host
+            raise ValueError(
+                "not a valid PostgreSQL URL: its user info holds an '@' (in a password it is "
+                "written %40)"
+            )
     return v
 
 

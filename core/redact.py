@@ -49,6 +49,15 @@ def _forms(value: str) -> set[str]:
     return out
 
 
+def _pieces(password: str) -> list[str]:
+    """A URL's password, and the runs of it between its ``@`` and ``:``: a password written
+    with them unencoded is split there by a URL parser, which then reports pieces of it as a
+    host or a port (``failed to resolve host 'piece'``)."""
+    cuts = [m.start() for m in re.finditer("[@:]", password)]
+    starts, ends = [0, *(c + 1 for c in cuts)], [*cuts, len(password)]
+    return [password[a:b] for a in starts for b in ends if b > a]
+
+
 class Secrets:
     """Secret values to hide wherever they appear, in each of their spellings."""
 
@@ -62,7 +71,7 @@ class Secrets:
         found: set[str] = set()
         for value in values:
             password = url_password(value)
-            for v in (value, password) if password else (value,):
+            for v in (value, *_pieces(password)) if password else (value,):
                 found |= {f for f in _forms(v) if len(f) >= MIN_LENGTH}
         with self._lock:
             if found <= self._known:

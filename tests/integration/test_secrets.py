@@ -118,6 +118,17 @@ def test_postgres_nobody_listens_on(tmp_path: Path) -> None:
         assert_clean(out)
 
 
+def test_a_password_with_an_unencoded_at_and_colon(tmp_path: Path) -> None:
+    """A URL parser splits such a password at its '@' and ':' and reports pieces of it as a
+    host or a port: no piece of it is printed either."""
+    url = f"postgresql://weir:Zq9@S3cr3tpw:canary99@127.0.0.1:{free_port()}/app"
+    path = write(tmp_path, {"sources": [source(url)]})
+    out = weir("config", "validate", path, code=2)
+    assert "its user info holds an '@' (in a password it is written %40)" in out
+    for args in (["status"], ["backfill", "--source", "app"]):
+        assert_clean(weir(*args, "--config", path, code=2))
+
+
 def test_run_and_its_api(tmp_path: Path, db_url: str, probe_url: str) -> None:
     """`weir run -v` with a source whose password is wrong (capture retries and logs), an
     unreachable webhook, and the API answering errors: nothing shows the secret."""

@@ -72,3 +72,12 @@ def test_log_records_are_redacted_and_tracebacks_only_when_asked() -> None:
     record.exc_text = None  # formatted anew
     full = RedactingFormatter(fmt, tracebacks=True).format(record)
     assert "Traceback (most recent call last)" in full and "s3cret" not in full
+
+
+def test_pieces_of_a_password_split_at_its_at_and_colon_are_hidden() -> None:
+    """A URL parser reads an unencoded '@' or ':' in a password as the end of the user info
+    or a port, and its errors then name pieces of the password as a host."""
+    s = Secrets()
+    s.remember(["postgresql://weir:Zq9@SECRETpw:Hunter2@127.0.0.1:5432/app"])
+    said = "cannot reach SECRETpw:Hunter2@127.0.0.1: failed to resolve host 'SECRETpw'"
+    assert "SECRET" not in s.redact(said) and "Hunter2" not in s.redact(said)
