@@ -378,11 +378,12 @@ class _Stream:
                 f"transaction at {lsn_to_str(self.txn_lsn)}: {e}"
             ) from e
         pending = self.pending
-        if rel.partitioned and ch.action == "insert" and pending:
+        if rel.partition_key is not None and ch.action == "insert" and pending:
             prev = pending[-1]
             if (prev.action == "delete" and prev.version == ch.version
                     and prev.collection_id == ch.collection_id
-                    and prev.record_id == ch.record_id):  # fmt: skip
+                    and prev.record_id == ch.record_id
+                    and _other_partition(rel.partition_key, prev, ch)):  # fmt: skip
                 pending[-1] = _moved(prev, ch)  # a row moved to another partition
                 return
         self._append(ch)
@@ -445,6 +446,13 @@ def _same_database(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> bo
     """Whether two connections are to one database of one server."""
     same = "SELECT current_database(), pg_postmaster_start_time(), inet_server_port()"
     return a.execute(same).fetchone() == b.execute(same).fetchone()
+
+
+def _other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:
+    """Whether the inserted row's partition key differs from the deleted one's: a row moved
+    between partitions, not one deleted and inserted anew (unknown for an expression key)."""
+    old, new = delete.record or {}, insert.record or {}
+    return not key or any(k in old and k in new and old[k] != new[k] for k in key)
 
 
 def _moved(delete: Change, insert: Change) -> Change:

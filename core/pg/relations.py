@@ -44,7 +44,8 @@ class Relation:
     converters: tuple[Converter, ...]
     key: tuple[int, ...]  # positions of the record-id columns
     identity: tuple[int, ...]  # positions of the replica identity columns (sent in 'K' tuples)
-    partitioned: bool = False  # a partitioned table: its partitions' rows arrive under it
+    # A partitioned table's partition key columns (its partitions' rows arrive under it).
+    partition_key: tuple[str, ...] | None = None
     # Why its rows cannot be keyed; raised when a change of it arrives (pgoutput describes a
     # partition too before a change published under its partitioned table).
     problem: str | None = None
@@ -142,11 +143,19 @@ class Relations:
             tuple(self.types.converter(c[2]) for c in cols),
             key,
             identity,
-            kind is not None and kind[0] == "p",
+            self._partition_key(relid) if kind is not None and kind[0] == "p" else None,
             problem,
         )
         self.by_id[relid] = rel
         return rel
+
+    def _partition_key(self, relid: int) -> tuple[str, ...]:
+        """The columns a partitioned table is partitioned by (none known for an expression)."""
+        rows = self.catalog.execute(
+            "SELECT a.attname FROM pg_partitioned_table p JOIN pg_attribute a"
+            " ON a.attrelid = p.partrelid AND a.attnum = ANY (p.partattrs)"
+            " WHERE p.partrelid = %s", (relid,)).fetchall()  # fmt: skip
+        return tuple(r[0] for r in rows)
 
     def _ignore(self, relid: int, schema: str, table: str, partition: bool) -> Relation:
         """A table outside the source's config (a publication made for more, a table renamed

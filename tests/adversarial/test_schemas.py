@@ -155,14 +155,17 @@ def test_partitioned_tables_are_one_collection(db_url: str, nats_server: Embedde
               "CREATE TABLE orders_ap PARTITION OF orders FOR VALUES IN ('ap')",
               "INSERT INTO orders VALUES (3, 'ap', 3)",
               "INSERT INTO moves VALUES (1, 'eu', 1)",
-              "UPDATE moves SET region = 'us', v = 2 WHERE id = 1")  # fmt: skip
+              "UPDATE moves SET region = 'us', v = 2 WHERE id = 1",
+              # Deleted and inserted anew in one partition: that is what happened.
+              "BEGIN; DELETE FROM moves WHERE id = 1;"
+              " INSERT INTO moves VALUES (1, 'us', 3); COMMIT")  # fmt: skip
         stack.sync()
         assert sorted(_live(stack, "public:orders")) == ["1,eu", "2,us", "3,ap"]
         assert stack.store_records("public:orders_eu") == {}
         events = stack.events("public:moves")
-        assert [e["action"] for e in events] == ["insert", "update"]
+        assert [e["action"] for e in events] == ["insert", "update", "delete", "insert"]
         assert events[1]["changes"] == {"region": "eu", "v": 1}
-        assert _live(stack, "public:moves") == {"1": {"id": 1, "region": "us", "v": 2}}
+        assert _live(stack, "public:moves") == {"1": {"id": 1, "region": "us", "v": 3}}
 
 
 def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> None:
