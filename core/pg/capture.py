@@ -38,7 +38,7 @@ from core.pg.pgoutput import (
     standby_status,
     start_replication,
 )
-from core.pg.relations import Relations, SourceSchemaError, change_of
+from core.pg.relations import Relations, SourceSchemaError, change_of, old_row
 from core.pg.setup import (
     BACKFILL_PREFIX,
     DROPPED_PREFIX,
@@ -377,6 +377,12 @@ class _Stream:
                 f"source {self.src.name!r}: cannot read a change of table {name} in the "
                 f"transaction at {lsn_to_str(self.txn_lsn)}: {e}"
             ) from e
+        if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
+            # The key changed: the old record is gone (a delete), the new one appears.
+            old, missing = old_row(m, rel)
+            self._append(Change("delete", ch.collection_id, ch.old_record_id, old, None, missing,
+                                None, ch.version, self.idx, ch.committed_at))  # fmt: skip
+            ch = ch._replace(action="insert", changes=None, idx=self.idx)
         pending = self.pending
         if rel.partition_key is not None and ch.action == "insert" and pending:
             prev = pending[-1]

@@ -228,6 +228,12 @@ def record_id_for(rel: Relation, rec: dict[str, Any], old: dict[str, Any] | None
         return record_id_of([rec[n] if n in rec else old[n] for n in names])
 
 
+def old_row(msg: tuple[Any, ...], rel: Relation) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The old values an Update carries (the whole row, or its key), and the columns left out."""
+    _, _, old_kind, old, _ = msg
+    return row_values(rel, old) if old_kind == "O" else key_values(rel, old)
+
+
 def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) -> Change:
     """The Change for one decoded Insert, Update or Delete message of ``rel``."""
     tag = msg[0]

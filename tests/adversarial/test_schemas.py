@@ -169,8 +169,9 @@ def test_partitioned_tables_are_one_collection(db_url: str, nats_server: Embedde
 
 
 def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> None:
-    """``UPDATE t SET id = 2``: the server leaves the TOASTed body out; the new record takes
-    it from the old one (stored earlier, or in the same batch)."""
+    """``UPDATE t SET id = 2``: events subscribers see the old record deleted and the new one
+    inserted; the server leaves the TOASTed body out, and the new record takes it from the
+    old one (stored earlier, or in the same batch)."""
     _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, body text)",
           "ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")  # fmt: skip
     with serving(weir_config(db_url, [])):
@@ -185,6 +186,10 @@ def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> Non
                             " ORDER BY record_id").fetchall()  # fmt: skip
     assert rows == [("1", True, 10000), ("2", False, 10000), ("5", True, 10000),
                     ("6", False, 10000)]  # fmt: skip
+    with psycopg.connect(db_url) as conn:
+        evs = conn.execute("SELECT record_id, action FROM weir.events ORDER BY seq").fetchall()
+    assert evs == [("1", "insert"), ("1", "delete"), ("2", "insert"), ("5", "insert"),
+                   ("5", "delete"), ("6", "insert")]  # fmt: skip
 
 
 def test_odd_keys_names_and_identities(db_url: str) -> None:
