@@ -50,6 +50,7 @@ class Relation:
     # partition too before a change published under its partitioned table).
     problem: str | None = None
     ignored: bool = False  # not a table of the source's config: its changes are left out
+    partition: bool = False  # a partition (its rows arrive under its table, via the root)
 
 
 class Relations:
@@ -145,6 +146,7 @@ class Relations:
             identity,
             self._partition_key(relid) if kind is not None and kind[0] == "p" else None,
             problem,
+            partition=bool(kind and kind[1]),
         )
         self.by_id[relid] = rel
         return rel

@@ -23,11 +23,11 @@ class StoreThread:
     """Does the capture's store work on a thread, in the order given.
 
     Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
-    end_lsn)``, and ``("backfill", (schema, table))`` and ``("drop", (collection, lsn, idx,
-    committed_at))``, which go with the next commit. On this thread ``on_stored(n)`` runs
-    after each write and ``on_commit(end_lsn)`` after each commit or advance. A store error is
-    raised in the capture thread at its next call. At most ``DEPTH`` items wait, so memory
-    stays bounded.
+    end_lsn)``, and ``("backfill", (schema, table))``, ``("drop", (collection, lsn, idx,
+    committed_at))`` and ``("key", (collection, columns))``, which go with the next commit.
+    On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
+    commit or advance. A store error is raised in the capture thread at its next call. At
+    most ``DEPTH`` items wait, so memory stays bounded.
     """
 
     DEPTH = 4
@@ -68,6 +68,8 @@ class StoreThread:
                     self.writer.request_backfills([arg], BACKFILL_REASON)
                 elif kind == "drop":  # committed with what comes next
                     self.writer.drop(*arg)
+                elif kind == "key":  # committed with what comes next
+                    self.writer.set_key(*arg)
                 else:
                     self.writer.advance(arg)
                     self.on_commit(arg)

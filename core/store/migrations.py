@@ -275,7 +275,7 @@ ALTER TABLE {s}.records DROP CONSTRAINT records_pkey,
     (
         8,
         "long record ids kept whole beside their key; slots held to the store; backfill requests;"
-        " the state of each work",
+        " the state of each work; the key of each collection",
         """
 -- A record id longer than 256 bytes is keyed by '~' and its SHA-256 hex (core/envelope.py
 -- record_token), as subjects name it: an index entry cannot hold more than ~2.7 kB. The id
@@ -292,6 +292,16 @@ ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false;
 
 -- What weir status says of each work: its state and why, as its owner last reported them.
 ALTER TABLE {s}.owners ADD COLUMN state text, ADD COLUMN detail text;
+
+-- The columns each collection's records are keyed by, as capture last saw them: when they
+-- change (key_columns edited, another primary key or replica identity), the table is
+-- backfilled, so its records are keyed anew and the old ones become tombstones.
+CREATE TABLE {s}.collection_keys (
+    sync_id        uuid NOT NULL,
+    collection_id  text NOT NULL,
+    key_columns    text[] NOT NULL,
+    PRIMARY KEY (sync_id, collection_id)
+);
 
 -- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a
 -- followed schema while Weir was not running. Deleted when the backfill finishes.

@@ -88,6 +88,14 @@ class SourceWriter:
             "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true WHERE sync_id = %s"
         ).format(sources)
         self._request = sql.SQL(REQUEST_BACKFILL).format(store.table("backfill_requests"))
+        keys = store.table("collection_keys")
+        self._keys = sql.SQL("SELECT collection_id, key_columns FROM {} WHERE sync_id = %s").format(
+            keys
+        )
+        self._set_key = sql.SQL(
+            "INSERT INTO {} (sync_id, collection_id, key_columns) VALUES (%s, %s, %s)"
+            " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns = excluded.key_columns"
+        ).format(keys)
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(
@@ -119,6 +127,16 @@ class SourceWriter:
         the slot never passes the store (core/pg/slot.py)."""
         self.conn.execute(self._advance, (end_lsn, self.sync_id))
         self.conn.commit()
+
+    def keys(self) -> dict[str, tuple[str, ...]]:
+        """The columns each collection of the source is keyed by, as last stored."""
+        rows = self.conn.execute(self._keys, (self.sync_id,)).fetchall()
+        self.conn.commit()
+        return {str(r[0]): tuple(r[1]) for r in rows}  # type: ignore[arg-type]
+
+    def set_key(self, collection_id: str, columns: tuple[str, ...]) -> None:
+        """Store the columns a collection is keyed by, with the next commit."""
+        self.conn.execute(self._set_key, (self.sync_id, collection_id, list(columns)))
 
     def request_backfills(self, tables: list[tuple[str, str]], reason: str) -> None:
         """Ask for a backfill of these (schema, table)s, with the next commit (core/backfill.py

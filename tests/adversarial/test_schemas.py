@@ -300,3 +300,28 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
 def _rows(url: str, query: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query).fetchall()
+
+
+def test_records_are_keyed_anew_when_the_key_changes(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """key_columns edited between runs (or another primary key or replica identity): the table
+    is backfilled, its records under the new key live, those under the old one tombstones."""
+    _exec(db_url, "CREATE TABLE t (a int NOT NULL, b text NOT NULL, v int)",
+          "ALTER TABLE t REPLICA IDENTITY FULL",
+          "INSERT INTO t VALUES (1, 'x', 1), (2, 'y', 2)")  # fmt: skip
+    with serving(weir_config(db_url, [], key_columns={"public.t": ["a"]},
+                             backfill={"tables": ["public.t"]})):  # fmt: skip
+        _wait_records(db_url, "public:t", 2)
+        _exec(db_url, "INSERT INTO t VALUES (3, 'z', 3)")
+        _wait_records(db_url, "public:t", 3)
+    with serving(weir_config(db_url, [], key_columns={"public.t": ["b"]})):
+        _exec(db_url, "UPDATE t SET v = 30 WHERE a = 3")  # a change under the new key
+
+        def keyed_anew() -> bool:
+            rows = _rows(db_url, "SELECT record_id, deleted FROM weir.records")
+            return sorted(rows) == [("1", True), ("2", True), ("3", True), ("x", False),
+                                    ("y", False), ("z", False)]  # fmt: skip
+
+        wait_for(keyed_anew, timeout=60, what="the records keyed anew")
+    assert "table public.t is keyed by b now, no longer by a" in caplog.text

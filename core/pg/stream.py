@@ -1,0 +1,320 @@
+"""One replication session's stream: pgoutput messages in, whole transactions out to the
+store (core/pg/store_thread.py), positions confirmed to Postgres once the store has them.
+
+Its state is a few fields, each step a method: a message of each kind, a change (with the two
+rewrites it makes: a key change is a delete and an insert, a row moved between partitions one
+update), a flush of the complete transactions, an idle tick (status, heartbeat, a batch that
+waited long enough).
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+
+from core.ids import collection_id_of
+from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
+from core.pg.relations import Relation, Relations, SourceSchemaError, change_of, old_row
+from core.pg.setup import BACKFILL_PREFIX, DROPPED_PREFIX
+from core.pg.store_thread import StoreThread
+from core.store.change import Change
+from core.store.writer import SourceWriter
+from core.tables import table_name
+
+if TYPE_CHECKING:
+    from core.pg.capture import PostgresCapture
+
+log = logging.getLogger("weir.source")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
+ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
+
+
+class CaptureError(SourceSchemaError):
+    """A change could not be read; the message names the table and LSN."""
+
+
+def _iso(us: int) -> str:
+    return (_EPOCH + timedelta(microseconds=us)).isoformat()
+
+
+class Stream:
+    """One session's stream: decodes messages and hands whole transactions to the store.
+
+    ``pending`` holds changes not yet handed over; ``pending[:complete]`` belong to
+    transactions whose Commit has arrived, the last of them ``committed`` (commit_lsn,
+    end_lsn). A position no commit carries (keepalives and heartbeats while nothing is
+    captured) is written to the store before it is confirmed, so the slot never passes it.
+    """
+
+    def __init__(
+        self,
+        capture: PostgresCapture,
+        repl: psycopg.Connection[Any],
+        catalog: psycopg.Connection[Any],
+        writer: SourceWriter,
+        relations: Relations,
+        stop: threading.Event,
+    ) -> None:
+        self.capture = capture
+        self.src = src = capture.src
+        self.pgconn = repl.pgconn
+        self.catalog = catalog
+        self.relations = relations
+        self.checkpoint_lsn = writer.checkpoint().commit_lsn
+        self.keys = writer.keys()  # by collection: what its records are keyed by
+        self.stop = stop
+        self.max_batch, self.max_wait = src.max_batch, src.max_batch_wait.total_seconds()
+        self.status_every = src.status_interval.total_seconds()
+        self.heartbeat_every = src.heartbeat_interval.total_seconds()
+        self.pending: list[Change] = []
+        self.complete = 0
+        self.committed: tuple[int, int] | None = None
+        self.in_txn = False
+        self.skip = False  # this transaction is already in the store
+        self.txn_lsn = 0
+        self.txn_ts = ""
+        self.idx = 0
+        self.batch_started = 0.0
+        self.last_status = self.last_data = self.last_advance = time.monotonic()
+        self.uncommitted = 0  # changes written to the store and not yet committed
+        self.store = StoreThread(writer, self._stored, self._confirmed)
+
+    def _stored(self, n: int) -> None:
+        self.capture.stored_changes += n
+        self.uncommitted += n
+
+    def _confirmed(self, end_lsn: int) -> None:
+        cap = self.capture
+        cap.flushed_lsn = max(cap.flushed_lsn, end_lsn)
+        cap.changes.inc(self.uncommitted)
+        self.uncommitted = 0
+
+    def run(self) -> None:
+        pgconn = self.pgconn
+        sel = selectors.DefaultSelector()
+        sel.register(pgconn.socket, selectors.EVENT_READ)
+        try:
+            while not self.stop.is_set():
+                nbytes, data = pgconn.get_copy_data(1)
+                if nbytes > 0:
+                    if data[0] == 107:  # 'k' keepalive
+                        self._keepalive(bytes(data))
+                    else:
+                        self._message(decode(bytes(data[XLOG_HEADER:])))  # XLogData
+                elif nbytes == 0:
+                    self._idle(sel)
+                else:
+                    result = pgconn.get_result()
+                    message = result.error_message.decode(errors="replace") if result else ""
+                    raise psycopg.OperationalError(f"replication stream ended: {message.strip()}")
+            # Stop: keep what is complete, drop the partial transaction (it will be sent again).
+            if self.committed is not None:
+                self._flush()
+            self.store.finish()
+            self.capture.send_status(pgconn)
+            self.capture.state = "stopped"
+        except BaseException:
+            self.store.abort()
+            raise
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def _keepalive(self, data: bytes) -> None:
+        _, wal_end, reply = decode_copy_data(data)
+        self._advance(wal_end)
+        if reply:
+            self.capture.send_status(self.pgconn)
+            self.last_status = time.monotonic()
+
+    def _message(self, m: tuple[Any, ...]) -> None:
+        tag = m[0]
+        if tag in ("I", "U", "D"):
+            if not self.skip:
+                self._change(m)
+        elif tag == "B":
+            self.in_txn = True
+            self.txn_lsn, self.txn_ts, self.idx = m[1], _iso(m[2]), 0
+            self.skip = self.txn_lsn <= self.checkpoint_lsn
+            if self.committed is None:
+                self.batch_started = time.monotonic()
+        elif tag == "C":
+            self.in_txn = False
+            self.last_data = time.monotonic()
+            if not self.skip:
+                self.committed, self.complete = (m[2], m[3]), len(self.pending)
+                if (self.complete >= self.max_batch
+                        or self.last_data - self.batch_started >= self.max_wait):  # fmt: skip
+                    self._flush()
+        elif tag == "T":
+            if not self.skip:
+                for relid in m[2]:
+                    rel = self.relations.by_id[relid]
+                    if rel.ignored:
+                        continue
+                    self._append(Change("truncate", rel.collection_id, None, None, None, (), None,
+                                        self.txn_lsn, self.idx, self.txn_ts))  # fmt: skip
+        elif tag == "R":
+            self._keyed(self.relations.add(m))
+        elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
+            self._advance(m[2])
+        elif tag == "M" and m[3] in (BACKFILL_PREFIX, DROPPED_PREFIX) and not self.skip:
+            self._table_message(m[3], bytes(m[4]))
+        # 'Y' types and 'O' origins need nothing
+
+    def _keyed(self, rel: Relation) -> None:
+        """Note the columns a table's records are keyed by; when they changed (key_columns
+        edited, another primary key or replica identity), backfill it, so its records are
+        keyed anew and the old ones become tombstones (the backfill's sweep)."""
+        if rel.ignored or rel.problem is not None or rel.partition:
+            return
+        key = tuple(rel.names[i] for i in rel.key)
+        known = self.keys.get(rel.collection_id)
+        if known == key:
+            return
+        if known is not None:
+            name = table_name(rel.schema, rel.table)
+            log.warning("source %s: table %s is keyed by %s now, no longer by %s: its records "
+                        "are keyed anew by a backfill", self.src.name, name, ", ".join(key),
+                        ", ".join(known))  # fmt: skip
+            self.store.submit("backfill", (rel.schema, rel.table))
+        self.keys[rel.collection_id] = key
+        self.store.submit("key", (rel.collection_id, key))
+
+    def _table_message(self, prefix: str, content: bytes) -> None:
+        """A message of Weir's event trigger or setup (core/pg/setup.py): a table joined the
+        publication with rows of its own (backfill it), or was dropped (its records are gone).
+        Any role may write such a message, so only a table of this source's is taken."""
+        try:
+            schema, table = orjson.loads(content)
+            if not (isinstance(schema, str) and isinstance(table, str)):
+                raise ValueError(content)
+        except (ValueError, TypeError):
+            log.warning("source %s: ignored a %s message that names no table, in the "
+                        "transaction at %s", self.src.name, prefix,
+                        lsn_to_str(self.txn_lsn))  # fmt: skip
+            return
+        wanted = self.relations.wanted
+        if wanted is not None and not wanted(schema, table):
+            return
+        if prefix == BACKFILL_PREFIX:
+            self.store.submit("backfill", (schema, table))
+            return
+        # Dropped: after the changes before it in its transaction, every record a tombstone.
+        if self.committed is not None:
+            self._flush()
+        if self.pending:
+            self.store.submit("write", self.pending[:])
+            self.pending.clear()
+        collection = collection_id_of(schema, table)
+        self.store.submit("drop", (collection, self.txn_lsn, self.idx, self.txn_ts))
+        self.idx += 1
+
+    def _change(self, m: tuple[Any, ...]) -> None:
+        rel = self.relations.by_id[m[1]]
+        if rel.ignored:
+            return
+        try:
+            if rel.problem is not None:
+                raise SourceSchemaError(rel.problem)
+            ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
+        except Exception as e:
+            name = table_name(rel.schema, rel.table)
+            raise CaptureError(
+                f"source {self.src.name!r}: cannot read a change of table {name} in the "
+                f"transaction at {lsn_to_str(self.txn_lsn)}: {e}"
+            ) from e
+        if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
+            # The key changed: the old record is gone (a delete), the new one appears.
+            old, missing = old_row(m, rel)
+            self._append(Change("delete", ch.collection_id, ch.old_record_id, old, None, missing,
+                                None, ch.version, self.idx, ch.committed_at))  # fmt: skip
+            ch = ch._replace(action="insert", changes=None, idx=self.idx)
+        pending = self.pending
+        if rel.partition_key is not None and ch.action == "insert" and pending:
+            prev = pending[-1]
+            if (prev.action == "delete" and prev.version == ch.version
+                    and prev.collection_id == ch.collection_id
+                    and prev.record_id == ch.record_id
+                    and _other_partition(rel.partition_key, prev, ch)):  # fmt: skip
+                pending[-1] = _moved(prev, ch)  # a row moved to another partition
+                return
+        self._append(ch)
+
+    def _append(self, ch: Change) -> None:
+        pending = self.pending
+        pending.append(ch)
+        self.idx += 1
+        if len(pending) > self.max_batch:
+            # A long transaction: commit the finished ones, then write this one in chunks into
+            # the open store transaction. The last change stays, to meet a move's insert.
+            if self.committed is not None:
+                self._flush()
+            self.store.submit("write", pending[:-1])
+            del pending[:-1]
+
+    def _flush(self) -> None:
+        """Commit the complete transactions with their checkpoint (on the store thread); the
+        flush LSN moves once they are committed, and goes out with the next status.
+        """
+        assert self.committed is not None
+        self.store.submit("write", self.pending[: self.complete])
+        self.store.submit("commit", self.committed)
+        del self.pending[: self.complete]
+        self.committed, self.complete = None, 0
+        self.capture.send_status(self.pgconn)
+
+    def _advance(self, lsn: int) -> None:
+        """Everything before ``lsn`` is in the store: let the slot move there, once the store
+        has it too (rate-limited: a position a second at most)."""
+        now = time.monotonic()
+        if (not self.in_txn and self.committed is None and lsn > self.capture.flushed_lsn
+                and now - self.last_advance >= ADVANCE_EVERY and self.store.idle()):  # fmt: skip
+            self.last_advance = now
+            self.store.submit("advance", lsn)
+
+    def _idle(self, sel: selectors.BaseSelector) -> None:
+        """Nothing more to read right now: commit what is complete (latency) and wait. While
+        the store thread is busy a batch gains nothing by going early: it grows instead (to
+        max_batch_wait), so a backlog is written in large batches rather than one per gap."""
+        cap, now = self.capture, time.monotonic()
+        if self.committed is not None and (
+            self.store.idle() or now - self.batch_started >= self.max_wait
+        ):
+            self._flush()
+        if now - self.last_status >= self.status_every or cap.flushed_lsn > cap.sent_lsn:
+            cap.send_status(self.pgconn)  # periodic, or a commit is to confirm
+            self.last_status = now
+        if now - self.last_data >= self.heartbeat_every and not self.in_txn:
+            self.catalog.execute(
+                "SELECT pg_logical_emit_message(false, 'weir_heartbeat', now()::text)"
+            )
+            self.last_data = now
+        timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
+        sel.select(timeout)
+        self.pgconn.consume_input()
+
+
+def _other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:
+    """Whether the inserted row's partition key differs from the deleted one's: a row moved
+    between partitions, not one deleted and inserted anew (unknown for an expression key)."""
+    old, new = delete.record or {}, insert.record or {}
+    return not key or any(k in old and k in new and old[k] != new[k] for k in key)
+
+
+def _moved(delete: Change, insert: Change) -> Change:
+    """A row moved between partitions (a delete and an insert of one record, one after the
+    other in a transaction) is an update of the record (DESIGN.md section 3)."""
+    changes = None
+    if not delete.missing and delete.record is not None and insert.record is not None:
+        old, new = delete.record, insert.record
+        changes = {k: v for k, v in old.items() if k in new and new[k] != v}
+    return insert._replace(action="update", changes=changes, idx=delete.idx)
