@@ -183,7 +183,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         lsn = lsn_to_str(s.commit_lsn) if s.kind == "postgres" else str(s.commit_lsn)
         w = works.get(f"source:{s.name}", idle) if s.kind == "postgres" else None
         slot_note = "" if s.slot_active in (None, True) else "slot not being read"
-        note = (w.detail if w else "") or s.error or slot_note
+        failed = f"{s.failed} changes on weir.source_failures" if s.failed else ""
+        note = (w.detail if w else "") or s.error or failed or slot_note
         rows.append((s.name, s.kind, w.state if w else "-", str(s.events_seq),
                      str(s.records_seq), lsn, lag, s.owner or "-", note))  # fmt: skip
     _table(rows)

@@ -100,6 +100,11 @@ class PostgresSource(SourceBase):
     schemas: list[str] = []
     key_columns: dict[TableName, list[str]] = {}
     create_publication: bool = True
+    on_unstorable: Literal["stop", "fail"] = Field(
+        "stop",
+        description="a change the store cannot hold (a record over 256 MiB as jsonb): stop "
+        "naming it, or put it on the source's failed list (weir.source_failures) and go on",
+    )
     on_slot_loss: Literal["stop", "backfill"] = Field(
         "stop",
         description="when the slot was dropped, invalidated or moved by another program: stop "

@@ -33,6 +33,7 @@ class SourceStatus:
     slot_active: bool | None
     error: str | None
     owner: str | None  # the instance capturing it (core/leases.py), None when none is
+    failed: int  # changes the store could not hold (on_unstorable: fail)
 
 
 @dataclass(frozen=True)
@@ -90,18 +91,19 @@ def sources(cfg: WeirConfig, store: Store) -> list[SourceStatus]:
             sql.SQL(
                 "SELECT s.name, s.kind, s.events_seq, s.records_seq, s.commit_lsn, "
                 + OWNER
-                + " FROM {} s LEFT JOIN {} o ON o.work = 'source:' || s.name ORDER BY s.name"
-            ).format(store.table("sources"), store.table("owners"))
+                + ", (SELECT count(*) FROM {} f WHERE f.sync_id = s.sync_id)"
+                " FROM {} s LEFT JOIN {} o ON o.work = 'source:' || s.name ORDER BY s.name"
+            ).format(store.table("source_failures"), store.table("sources"), store.table("owners"))
         ).fetchall()
     out = []
     declared = {s.name: s for s in cfg.sources}
-    for name, kind, events_seq, records_seq, lsn, owner in rows:
+    for name, kind, events_seq, records_seq, lsn, owner, failed in rows:
         src = declared.get(str(name))
         slot: tuple[int | None, bool | None, str | None] = (None, None, None)
         if isinstance(src, PostgresSource):
             slot = slot_lag(src)
         out.append(SourceStatus(str(name), str(kind), int(events_seq), int(records_seq),
-                                int(lsn), *slot, owner))  # fmt: skip
+                                int(lsn), *slot, owner, int(failed)))  # fmt: skip
     return out
 
 

@@ -122,7 +122,7 @@ class PostgresCapture:
             snapshot.connect(url, "weir-catalog") as catalog,
             self.store.connect() as store_conn,
         ):  # fmt: skip
-            writer = SourceWriter(store_conn, self.store, src.sync_id)
+            writer = SourceWriter(store_conn, self.store, src.sync_id, src.on_unstorable)
             # Step 1: one capture per source, whatever the slot says.
             writer.lock(src.name)
             # Step 2

@@ -54,7 +54,10 @@ def jsonb_size(text: str, value: Any) -> int:
 class UnstorableChange(RuntimeError):
     """A change the store refuses; the message names it and the fix. Capture stops on it."""
 
-    FIX = "leave that column out of the publication (a column list) or keep its values smaller"
+    FIX = (
+        "set on_unstorable: fail on the source to put such a change on its failed list and go "
+        "on (the change is in the WAL as it is; a column list made now does not apply to it)"
+    )
 
     @classmethod
     def too_large(cls, ch: Change, size: int) -> UnstorableChange:
@@ -75,4 +78,4 @@ class UnstorableChange(RuntimeError):
         at = lsn_to_str(first) if first == last else f"{lsn_to_str(first)}..{lsn_to_str(last)}"
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return cls(f"the store refused changes of {tables} committed at {at}: {said}; the value "
-                   f"is in those transactions: {cls.FIX}")  # fmt: skip
+                   "is in those transactions")  # fmt: skip

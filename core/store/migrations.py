@@ -275,7 +275,7 @@ ALTER TABLE {s}.records DROP CONSTRAINT records_pkey,
     (
         8,
         "long record ids kept whole beside their key; slots held to the store; backfill requests;"
-        " the state of each work; the key of each collection",
+        " the state of each work; the key of each collection; source failures",
         """
 -- A record id longer than 256 bytes is keyed by '~' and its SHA-256 hex (core/envelope.py
 -- record_token), as subjects name it: an index entry cannot hold more than ~2.7 kB. The id
@@ -301,6 +301,19 @@ CREATE TABLE {s}.collection_keys (
     collection_id  text NOT NULL,
     key_columns    text[] NOT NULL,
     PRIMARY KEY (sync_id, collection_id)
+);
+
+-- Changes of a source the store could not hold (on_unstorable: fail), with why.
+CREATE TABLE {s}.source_failures (
+    sync_id        uuid NOT NULL,
+    commit_lsn     bigint NOT NULL,
+    commit_idx     integer NOT NULL,
+    collection_id  text NOT NULL,
+    record_id      text,
+    action         text NOT NULL,
+    error          text NOT NULL,
+    failed_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sync_id, commit_lsn, commit_idx)
 );
 
 -- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a

@@ -67,10 +67,15 @@ class SourceWriter:
     when the process is killed.
     """
 
-    def __init__(self, conn: Conn, store: Store, sync_id: uuid.UUID) -> None:
+    def __init__(
+        self, conn: Conn, store: Store, sync_id: uuid.UUID, on_unstorable: str = "stop"
+    ) -> None:
+        """``on_unstorable``: a change too large for the store stops the writer (``stop``), or
+        goes to the source's failed list (``fail``, with its reason) and the rest goes on."""
         self.conn = conn
         self.store = store
         self.sync_id = sync_id
+        self.on_unstorable = on_unstorable
         self.events_seq = 0
         self.records_seq = 0
         self._open = False
@@ -88,6 +93,10 @@ class SourceWriter:
             "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true WHERE sync_id = %s"
         ).format(sources)
         self._request = sql.SQL(REQUEST_BACKFILL).format(store.table("backfill_requests"))
+        self._refuse = sql.SQL(
+            "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action,"
+            " error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(store.table("source_failures"))
         keys = store.table("collection_keys")
         self._keys = sql.SQL("SELECT collection_id, key_columns FROM {} WHERE sync_id = %s").format(
             keys
@@ -165,17 +174,22 @@ class SourceWriter:
         # Records-stream work in order: upserts of the newest versions, split at truncates.
         latest: dict[tuple[str, str], list[Any]] = {}
         steps: list[dict[tuple[str, str], list[Any]] | Change] = [latest]
+        refused: list[tuple[Change, str]] = []
         with self.conn.cursor() as cur:
             with cur.copy(self._copy_events) as copy:
                 write_row = copy.write_row
                 for ch in changes:
-                    seq += 1
                     record_json = None if ch.record is None else dumps(ch.record).decode()
                     changes_json = None if ch.changes is None else dumps(ch.changes).decode()
                     if record_json is not None and len(record_json) > MAX_JSON // JSONB_ITEM:
                         size = jsonb_size(record_json, ch.record)  # only a large one is weighed
                         if size > MAX_JSON:
-                            raise UnstorableChange.too_large(ch, size)
+                            err = UnstorableChange.too_large(ch, size)
+                            if self.on_unstorable != "fail":
+                                raise err
+                            refused.append((ch, str(err)))
+                            continue
+                    seq += 1
                     write_row(
                         (
                             sid,
@@ -204,6 +218,10 @@ class SourceWriter:
                     self._upsert_records(cur, step)
                 else:
                     self._truncate_collection(cur, step)
+            if refused:
+                cur.executemany(self._refuse, [
+                    (self.sync_id, ch.version, ch.idx, ch.collection_id, ch.record_id, ch.action,
+                     reason) for ch, reason in refused])  # fmt: skip
         self.events_seq = seq
 
     def _upsert_records(self, cur: Any, latest: dict[tuple[str, str], list[Any]]) -> None:

@@ -170,3 +170,35 @@ def test_a_publication_dropped_and_made_anew_is_a_lost_slot(
     wait_for(lambda: _live(db_url) == _table(db_url), timeout=60, what="the backfill")
     weir.stop.set()
     assert weir.exit_status() == 0
+
+
+@pytest.mark.parametrize("on_unstorable", ["stop", "fail"])
+def test_a_change_too_large_for_the_store(
+    db_url: str,
+    on_unstorable: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record over the store's jsonb limit (here lowered to 1 MiB, as 256 MiB values are too
+    heavy for a test) stops capture naming it, or goes to the source's failed list with its
+    reason while the rest is captured."""
+    monkeypatch.setattr("core.store.writer.MAX_JSON", 1 << 20)
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+          "CREATE TABLE big (id int PRIMARY KEY, body text)")  # fmt: skip
+    cfg = weir_config(db_url, [], on_unstorable=on_unstorable)
+    prepare(cfg)
+    weir = _Running(cfg)
+    _exec(db_url, "INSERT INTO big VALUES (1, repeat('x', 2000000))", "INSERT INTO t VALUES (1, 1)")
+    if on_unstorable == "stop":
+        assert weir.exit_status() == 1
+        assert "cannot store the insert of public:big record 1 committed at 0/" in caplog.text
+        assert "set on_unstorable: fail on the source" in caplog.text
+        return
+    wait_for(lambda: _live(db_url) == _table(db_url), what="the change after it")
+    weir.stop.set()
+    assert weir.exit_status() == 0
+    with psycopg.connect(db_url) as conn:
+        failed = conn.execute("SELECT collection_id, record_id, action, error"
+                              " FROM weir.source_failures").fetchall()  # fmt: skip
+    assert [f[:3] for f in failed] == [("public:big", "1", "insert")]
+    assert "above the store's limit" in failed[0][3]
