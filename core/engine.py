@@ -72,6 +72,7 @@ class Forwarder:
         self.notified = False
         self.state = "starting"
         self.detail = ""
+        self.said = False  # that start_position no longer applies
         # Idempotency keys of messages in a batch whose connection was lost: each is sent
         # alone until it is acknowledged; the value counts the connections it lost alone, and
         # keeps the last error.
@@ -212,6 +213,11 @@ class _Session:
         for lane in self.lanes:
             cur = await lane.reader.cursor(self.cfg.start_position)
             lane.fetched, lane.loaded = cur.seq, True
+            if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
+                self.fw.said = True
+                log.info("connector %s: going on from its saved position (seq %d of source %s); "
+                         "start_position applies to a connector's first start only",
+                         self.fw.name, cur.seq, lane.reader.sync_id)  # fmt: skip
             if cur.mark is not None:
                 marks.append(cur.mark)
         if not marks:
@@ -345,6 +351,7 @@ class _Session:
                 self.fw.lost_connection([m for _, m in batch], exc)
                 raise exc
             committed = []
+            retried: BaseException | None = None
             for i, (lane, msg) in enumerate(batch):
                 err = failed.get(i)
                 if suspects:
@@ -353,19 +360,20 @@ class _Session:
                     committed.append(msg.committed)
                     self._settled(lane, msg)
                     self._release(msg.group)
-                else:
-                    await self._failed(lane, msg, err)
+                elif await self._failed(lane, msg, err):
+                    retried = err
             self.delivered += len(committed)
             self.fw.metrics.delivered_batch(self.fw.name, committed)
-            if failed and not self.failing:
+            if retried is not None and not self.failing:
                 self.failing = True
-                first = next(iter(failed.values()))
-                self.fw.set_state("retrying", f"{type(first).__name__}: {first}")
-            elif not failed and self.failing:
+                self.fw.set_state("retrying", f"{type(retried).__name__}: {retried}")
+            elif retried is None and self.failing:
                 self.failing = False
                 self.fw.set_state("streaming", "the broker takes messages again")
 
-    async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> None:
+    async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> bool:
+        """A message the broker did not take: retried later (True), or, at its last attempt
+        or when it never fits, moved to the failed list (False)."""
         retry = self.cfg.retry
         fatal = isinstance(err, FatalError)
         if fatal or (retry.max_attempts is not None and msg.attempts >= retry.max_attempts):
@@ -376,10 +384,11 @@ class _Session:
             self._settled(lane, msg)
             self._release(msg.group)
             self.count_failed()
-            return
+            return False
         self.count_retried()
         due = time.monotonic() + retry.delay(msg.attempts, random.random())
         heapq.heappush(self.retries, (due, next(self.tick), lane, msg))
+        return True
 
     async def _save(self) -> None:
         for lane in self.lanes:

@@ -163,8 +163,13 @@ class PostgresCapture:
         start = check_slot(catalog, src, cp)
         if start.gap is not None:
             writer.request_backfills(capturable_tables(catalog, src), start.gap)
-        if start.gap is not None or not cp.tracked or start.lsn != cp.end_lsn:
-            writer.advance(start.lsn)
+        if (
+            start.gap is not None
+            or not cp.tracked
+            or start.lsn != cp.end_lsn
+            or cp.slot != src.slot
+        ):
+            writer.advance(start.lsn, src.slot)
         self.flushed_lsn = max(self.flushed_lsn, start.lsn)
         return start.lsn
 

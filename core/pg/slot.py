@@ -62,7 +62,13 @@ def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoin
         ensure_slot(conn, src)  # refuses a slot of another plugin or database, or a busy one
     if confirmed is not None and not lost and confirmed <= cp.end_lsn:
         return SlotStart(cp.end_lsn)
-    if confirmed is None:
+    if cp.slot is not None and cp.slot != src.slot:
+        what = (
+            f"the source's slot is now {src.slot!r}, but the store was captured through "
+            f"{cp.slot!r} (if it still exists it holds WAL until dropped: "
+            f"SELECT pg_drop_replication_slot('{cp.slot}'))"
+        )
+    elif confirmed is None:
         what = f"replication slot {src.slot!r} does not exist (it was dropped)"
     elif lost:
         what = f"replication slot {src.slot!r} was invalidated (the WAL it needed was removed)"

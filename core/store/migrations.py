@@ -288,7 +288,8 @@ WHERE octet_length(record_id) > 256;
 
 -- Set once capture holds the replication slot to end_lsn (core/pg/slot.py): from then on a
 -- slot found beyond end_lsn, dropped or invalidated has lost changes.
-ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false;
+ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false,
+    ADD COLUMN slot_name text;
 
 -- What weir status says of each work: its state and why, as its owner last reported them.
 ALTER TABLE {s}.owners ADD COLUMN state text, ADD COLUMN detail text;

@@ -51,9 +51,10 @@ class Cursor:
     (or failed, or filtered out). ``state`` is what the broker held then (see core/sink.py).
     """
 
-    def __init__(self, seq: int, state: dict[str, Any] | None) -> None:
+    def __init__(self, seq: int, state: dict[str, Any] | None, new: bool = False) -> None:
         self.seq = seq
         self.state = state or {}
+        self.new = new  # made now, from the connector's start_position
 
     @property
     def mark(self) -> BrokerMark | None:
@@ -135,7 +136,7 @@ class StreamReader:
             ).format(table),
             (self.connector, self.sync_id, self.stream, seq),
         )
-        return Cursor(seq, None)
+        return Cursor(seq, None, new=True)
 
     async def _start_seq(self, start: Any) -> int:
         if start == "beginning":

@@ -32,6 +32,7 @@ class Checkpoint:
     end_lsn: int
     tracked: bool
     at: datetime | None
+    slot: str | None  # the slot it was held to
 
 
 class WriterBusyError(RuntimeError):
@@ -90,7 +91,8 @@ class SourceWriter:
         self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
         self._checkpoint = _advance(store, ("events_seq", "records_seq", "commit_lsn", "end_lsn"))
         self._advance = sql.SQL(
-            "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true WHERE sync_id = %s"
+            "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true,"
+            " slot_name = coalesce(%s, slot_name) WHERE sync_id = %s"
         ).format(sources)
         self._request = sql.SQL(REQUEST_BACKFILL).format(store.table("backfill_requests"))
         self._refuse = sql.SQL(
@@ -122,19 +124,20 @@ class SourceWriter:
         """The last transaction committed to the store, and where replication resumes."""
         row = self.conn.execute(
             sql.SQL(
-                "SELECT commit_lsn, end_lsn, slot_tracked, updated_at FROM {} WHERE sync_id = %s"
+                "SELECT commit_lsn, end_lsn, slot_tracked, updated_at, slot_name FROM {}"
+                " WHERE sync_id = %s"
             ).format(self._sources),
             (self.sync_id,),
         ).fetchone()
         self.conn.commit()
         assert row is not None, "source not registered"
-        return Checkpoint(int(row[0]), int(row[1]), bool(row[2]), row[3])  # type: ignore[call-overload, arg-type]
+        return Checkpoint(int(row[0]), int(row[1]), bool(row[2]), row[3], row[4])  # type: ignore[call-overload, arg-type]
 
-    def advance(self, end_lsn: int) -> None:
+    def advance(self, end_lsn: int, slot: str | None = None) -> None:
         """Let replication resume at ``end_lsn`` (nothing captured lies between), and commit:
         capture calls it before it confirms a position to Postgres that no commit carried, so
-        the slot never passes the store (core/pg/slot.py)."""
-        self.conn.execute(self._advance, (end_lsn, self.sync_id))
+        the slot never passes the store (core/pg/slot.py). ``slot``: the one now held so."""
+        self.conn.execute(self._advance, (end_lsn, slot, self.sync_id))
         self.conn.commit()
 
     def keys(self) -> dict[str, tuple[str, ...]]:

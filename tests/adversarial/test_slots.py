@@ -202,3 +202,18 @@ def test_a_change_too_large_for_the_store(
                               " FROM weir.source_failures").fetchall()  # fmt: skip
     assert [f[:3] for f in failed] == [("public:big", "1", "insert")]
     assert "above the store's limit" in failed[0][3]
+
+
+def test_a_slot_renamed_in_the_config_is_named_with_the_old_one(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new slot starts where it is made: what was committed since the old one is not in it.
+    Weir says so, naming the old slot, which holds WAL until it is dropped."""
+    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    with serving(weir_config(db_url, [])):
+        _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+        wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
+    assert _Running(weir_config(db_url, [], slot="weir_slot_v2")).exit_status() == 1
+    assert "the source's slot is now 'weir_slot_v2', but the store was captured through " \
+           "'weir_slot'" in caplog.text  # fmt: skip
+    assert "SELECT pg_drop_replication_slot('weir_slot')" in caplog.text
