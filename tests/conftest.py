@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -53,14 +54,14 @@ def broker(request: pytest.FixtureRequest) -> Harness:
     return harness(request.getfixturevalue(server))
 
 
-@pytest.fixture
-def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
-    """A fresh database on the shared server; its replication slots are dropped afterwards."""
+@contextmanager
+def fresh_database(server: EmbeddedPostgres) -> Iterator[str]:
+    """A new database on ``server``; its replication slots and itself are dropped after."""
     name = f"t{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    yield server.url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
             "WHERE database = %s AND active_pid IS NOT NULL",
@@ -72,6 +73,13 @@ def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
             (name,),
         )
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database on the shared server, for one test."""
+    with fresh_database(pg_server) as url:
+        yield url
 
 
 @pytest.fixture
