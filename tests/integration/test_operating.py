@@ -119,7 +119,8 @@ def test_weir_status_shows_lag_rate_and_failures(tmp_path: Path, table: str,
         wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="hooks past the refusals")
         now = status()
         assert now["hooks"]["OWNER"].startswith(socket.gethostname() + ":")  # this process
-        assert now["app"]["STATE"] == "streaming"
+        # weir run writes what it runs is doing once a second: "streaming" soon, if not yet.
+        wait_for(lambda: status()["app"]["STATE"] == "streaming", what="app streaming")
     insert_t(table, range(3, 10))  # captured later: lag on the slot, none in the store yet
     rows = status()
     assert {k: rows["app"][k] for k in ("KIND", "STATE", "EVENTS SEQ", "RECORDS SEQ", "NOTE")} == {
