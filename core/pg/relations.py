@@ -115,7 +115,7 @@ class Relations:
                 f"table {name}: key columns {missing} are not in the table (as of the change "
                 "being captured): set key_columns to columns it has"
             )
-        return tuple(names.index(k) for k in wanted)  # fmt: skip
+        return tuple(names.index(k) for k in wanted)
 
     def add(self, msg: tuple[Any, ...]) -> Relation:
         _, relid, schema, table, replident, cols = msg
@@ -204,11 +204,8 @@ def key_values(rel: Relation, values: Tuple) -> tuple[dict[str, Any], tuple[str,
     """The identity columns of an old-key ('K') tuple (the server sends the others as null),
     and the other columns, whose values it leaves unknown."""
     rec, _ = row_values(rel, values)
-    kept = set(rel.identity)
-    return (
-        {n: v for i, (n, v) in enumerate(rec.items()) if i in kept},
-        tuple(n for i, n in enumerate(rel.names) if i not in kept),
-    )
+    kept = {rel.names[i] for i in rel.identity}
+    return {n: v for n, v in rec.items() if n in kept}, tuple(n for n in rel.names if n not in kept)
 
 
 class UnknownKeyError(SourceSchemaError):
