@@ -174,7 +174,7 @@ class Relations:
                 "the source's tables: or schemas:", self.source, name,
             )  # fmt: skip
         rel = Relation(relid, schema, table, collection_id_of(schema, table), (), (), (), (),
-                       ignored=True)  # fmt: skip
+                       ignored=True, partition=partition)  # fmt: skip
         self.by_id[relid] = rel
         return rel
 

@@ -15,7 +15,6 @@ import psycopg
 from core.store.change import UnstorableChange
 from core.store.writer import SourceWriter
 
-BACKFILL_REASON = "the table joined the publication with rows already in it"
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
 
 
@@ -23,8 +22,9 @@ class StoreThread:
     """Does the capture's store work on a thread, in the order given.
 
     Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
-    end_lsn)``, and ``("backfill", (schema, table))``, ``("drop", (collection, lsn, idx,
-    committed_at))`` and ``("key", (collection, columns))``, which go with the next commit.
+    end_lsn)``, and ``("backfill", ((schema, table), reason, again))``, ``("drop", (collection,
+    lsn, idx, committed_at))`` and ``("table", (collection, key, relid))``, which go with the
+    next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
     commit or advance. A store error is raised in the capture thread at its next call. At
     most ``DEPTH`` items wait, so memory stays bounded.
@@ -65,11 +65,12 @@ class StoreThread:
                     self.writer.commit(*arg)
                     self.on_commit(arg[1])
                 elif kind == "backfill":  # committed with what comes next
-                    self.writer.request_backfills([arg], BACKFILL_REASON)
+                    table, reason, again = arg
+                    self.writer.request_backfills([table], reason, again=again)
                 elif kind == "drop":  # committed with what comes next
                     self.writer.drop(*arg)
-                elif kind == "key":  # committed with what comes next
-                    self.writer.set_key(*arg)
+                elif kind == "table":  # committed with what comes next
+                    self.writer.set_table(*arg)
                 else:
                     self.writer.advance(arg)
                     self.on_commit(arg)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
+from psycopg import sql
 
 from core.ids import collection_id_of
 from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
@@ -70,7 +71,9 @@ class Stream:
         self.catalog = catalog
         self.relations = relations
         self.checkpoint_lsn = writer.checkpoint().commit_lsn
-        self.keys = writer.keys()  # by collection: what its records are keyed by
+        # Each collection's table as last seen (its key's columns, its oid), and back.
+        self.tables = writer.tables()
+        self.by_relid = {relid: c for c, (_, relid) in self.tables.items()}
         self.stop = stop
         self.max_batch, self.max_wait = src.max_batch, src.max_batch_wait.total_seconds()
         self.status_every = src.status_interval.total_seconds()
@@ -163,36 +166,65 @@ class Stream:
                     self._append(Change("truncate", rel.collection_id, None, None, None, (), None,
                                         self.txn_lsn, self.idx, self.txn_ts))  # fmt: skip
         elif tag == "R":
-            self._keyed(self.relations.add(m))
+            self._seen(self.relations.add(m))
         elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
             self._advance(m[2])
         elif tag == "M" and m[3] in (BACKFILL_PREFIX, DROPPED_PREFIX) and not self.skip:
             self._table_message(m[3], bytes(m[4]))
         # 'Y' types and 'O' origins need nothing
 
-    def _keyed(self, rel: Relation) -> None:
-        """Note the columns a table's records are keyed by; when they changed (key_columns
-        edited, another primary key or replica identity), backfill it, so its records are
-        keyed anew and the old ones become tombstones (the backfill's sweep)."""
-        if rel.ignored or rel.problem is not None or rel.partition:
+    def _seen(self, rel: Relation) -> None:
+        """A table described (again): note its key and oid. When its key changed (key_columns
+        edited, another primary key or replica identity), backfill it, so its records are keyed
+        anew and the old ones become tombstones (the backfill's sweep). When it had another
+        name (renamed, moved to another schema), the old name's records are gone, and the new
+        name's are backfilled."""
+        if rel.problem is not None or rel.partition:
+            return
+        before = self.by_relid.get(rel.relid)
+        if before is not None and before != rel.collection_id:
+            self._drop(before)
+            self.tables.pop(before, None)
+            self.store.submit("table", (before, None, rel.relid))
+            if not rel.ignored:
+                self._backfill(rel.schema, rel.table, "the table was renamed")
+        if rel.ignored:
             return
         key = tuple(rel.names[i] for i in rel.key)
-        known = self.keys.get(rel.collection_id)
-        if known == key:
+        known = self.tables.get(rel.collection_id)
+        if known == (key, rel.relid):
             return
-        if known is not None:
-            name = table_name(rel.schema, rel.table)
+        if known is not None and known[0] != key:
             log.warning("source %s: table %s is keyed by %s now, no longer by %s: its records "
-                        "are keyed anew by a backfill", self.src.name, name, ", ".join(key),
-                        ", ".join(known))  # fmt: skip
-            self.store.submit("backfill", (rel.schema, rel.table))
-        self.keys[rel.collection_id] = key
-        self.store.submit("key", (rel.collection_id, key))
+                        "are keyed anew by a backfill", self.src.name,
+                        table_name(rel.schema, rel.table), ", ".join(key),
+                        ", ".join(known[0]))  # fmt: skip
+            self._backfill(rel.schema, rel.table, "the table's key changed")
+        elif known is not None:  # another table took the name (one renamed to it, say)
+            self._backfill(rel.schema, rel.table, "another table took the name")
+        self.tables[rel.collection_id] = (key, rel.relid)
+        self.by_relid[rel.relid] = rel.collection_id
+        self.store.submit("table", (rel.collection_id, key, rel.relid))
+
+    def _backfill(self, schema: str, table: str, reason: str, *, again: bool = True) -> None:
+        self.store.submit("backfill", ((schema, table), reason, again))
+
+    def _drop(self, collection: str) -> None:
+        """Every record of the collection becomes a tombstone, after the changes before this
+        point of the transaction."""
+        if self.committed is not None:
+            self._flush()
+        if self.pending:
+            self.store.submit("write", self.pending[:])
+            self.pending.clear()
+        self.store.submit("drop", (collection, self.txn_lsn, self.idx, self.txn_ts))
+        self.idx += 1
 
     def _table_message(self, prefix: str, content: bytes) -> None:
         """A message of Weir's event trigger or setup (core/pg/setup.py): a table joined the
         publication with rows of its own (backfill it), or was dropped (its records are gone).
-        Any role may write such a message, so only a table of this source's is taken."""
+        Any role may write such a message: only a table of this source's is taken, a backfill
+        asked for already stands, and a drop is taken only of a table that is gone."""
         try:
             schema, table = orjson.loads(content)
             if not (isinstance(schema, str) and isinstance(table, str)):
@@ -206,17 +238,25 @@ class Stream:
         if wanted is not None and not wanted(schema, table):
             return
         if prefix == BACKFILL_PREFIX:
-            self.store.submit("backfill", (schema, table))
+            self._backfill(schema, table, "the table joined the publication with rows in it",
+                           again=False)  # fmt: skip
             return
-        # Dropped: after the changes before it in its transaction, every record a tombstone.
-        if self.committed is not None:
-            self._flush()
-        if self.pending:
-            self.store.submit("write", self.pending[:])
-            self.pending.clear()
         collection = collection_id_of(schema, table)
-        self.store.submit("drop", (collection, self.txn_lsn, self.idx, self.txn_ts))
-        self.idx += 1
+        known = self.tables.get(collection)
+        if known is not None:
+            gone = self.catalog.execute(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = %s)", (known[1],)
+            ).fetchone()
+        else:
+            name = sql.Identifier(schema, table).as_string(self.catalog)
+            gone = self.catalog.execute("SELECT to_regclass(%s) IS NULL", (name,)).fetchone()
+        if gone is None or not gone[0]:
+            return  # the table is there: nothing was dropped
+        self._drop(collection)
+        if known is not None:
+            self.tables.pop(collection)
+            self.by_relid.pop(known[1], None)
+            self.store.submit("table", (collection, None, known[1]))
 
     def _change(self, m: tuple[Any, ...]) -> None:
         rel = self.relations.by_id[m[1]]

@@ -294,13 +294,14 @@ ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false,
 -- What weir status says of each work: its state and why, as its owner last reported them.
 ALTER TABLE {s}.owners ADD COLUMN state text, ADD COLUMN detail text;
 
--- The columns each collection's records are keyed by, as capture last saw them: when they
--- change (key_columns edited, another primary key or replica identity), the table is
--- backfilled, so its records are keyed anew and the old ones become tombstones.
-CREATE TABLE {s}.collection_keys (
+-- Each collection's table as capture last saw it: the columns its records are keyed by (when
+-- they change, the table is backfilled, so its records are keyed anew and the old ones become
+-- tombstones) and its oid (a table renamed, or dropped, is known by it).
+CREATE TABLE {s}.collections (
     sync_id        uuid NOT NULL,
     collection_id  text NOT NULL,
     key_columns    text[] NOT NULL,
+    relid          bigint NOT NULL,
     PRIMARY KEY (sync_id, collection_id)
 );
 

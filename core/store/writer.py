@@ -94,19 +94,25 @@ class SourceWriter:
             "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true,"
             " slot_name = coalesce(%s, slot_name) WHERE sync_id = %s"
         ).format(sources)
-        self._request = sql.SQL(REQUEST_BACKFILL).format(store.table("backfill_requests"))
+        requests = store.table("backfill_requests")
+        self._request = sql.SQL(REQUEST_BACKFILL + REPLACE_REQUEST).format(requests)
+        self._request_once = sql.SQL(REQUEST_BACKFILL + "DO NOTHING").format(requests)
         self._refuse = sql.SQL(
             "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action,"
             " error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         ).format(store.table("source_failures"))
-        keys = store.table("collection_keys")
-        self._keys = sql.SQL("SELECT collection_id, key_columns FROM {} WHERE sync_id = %s").format(
-            keys
-        )
-        self._set_key = sql.SQL(
-            "INSERT INTO {} (sync_id, collection_id, key_columns) VALUES (%s, %s, %s)"
-            " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns = excluded.key_columns"
-        ).format(keys)
+        collections = store.table("collections")
+        self._tables = sql.SQL(
+            "SELECT collection_id, key_columns, relid FROM {} WHERE sync_id = %s"
+        ).format(collections)
+        self._set_table = sql.SQL(
+            "INSERT INTO {} (sync_id, collection_id, key_columns, relid) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns ="
+            " excluded.key_columns, relid = excluded.relid"
+        ).format(collections)
+        self._forget_table = sql.SQL(
+            "DELETE FROM {} WHERE sync_id = %s AND collection_id = %s"
+        ).format(collections)
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(
@@ -140,21 +146,29 @@ class SourceWriter:
         self.conn.execute(self._advance, (end_lsn, slot, self.sync_id))
         self.conn.commit()
 
-    def keys(self) -> dict[str, tuple[str, ...]]:
-        """The columns each collection of the source is keyed by, as last stored."""
-        rows = self.conn.execute(self._keys, (self.sync_id,)).fetchall()
+    def tables(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """Each collection's table as capture last saw it: (its key's columns, its oid)."""
+        rows = self.conn.execute(self._tables, (self.sync_id,)).fetchall()
         self.conn.commit()
-        return {str(r[0]): tuple(r[1]) for r in rows}  # type: ignore[arg-type]
+        return {str(r[0]): (tuple(r[1]), int(r[2])) for r in rows}  # type: ignore[arg-type, call-overload]
 
-    def set_key(self, collection_id: str, columns: tuple[str, ...]) -> None:
-        """Store the columns a collection is keyed by, with the next commit."""
-        self.conn.execute(self._set_key, (self.sync_id, collection_id, list(columns)))
+    def set_table(self, collection_id: str, key: tuple[str, ...] | None, relid: int) -> None:
+        """Store a collection's table as capture sees it now (``key`` None: it is gone), with
+        the next commit."""
+        if key is None:
+            self.conn.execute(self._forget_table, (self.sync_id, collection_id))
+        else:
+            self.conn.execute(self._set_table, (self.sync_id, collection_id, list(key), relid))
 
-    def request_backfills(self, tables: list[tuple[str, str]], reason: str) -> None:
+    def request_backfills(
+        self, tables: list[tuple[str, str]], reason: str, *, again: bool = True
+    ) -> None:
         """Ask for a backfill of these (schema, table)s, with the next commit (core/backfill.py
-        runs it)."""
+        runs it). ``again``: also when one is asked for already (it starts over); else that one
+        stands (a request any role may write into the WAL cannot keep a backfill from ending)."""
+        statement = self._request if again else self._request_once
         self.conn.cursor().executemany(
-            self._request, [(self.sync_id, schema, table, reason) for schema, table in tables]
+            statement, [(self.sync_id, schema, table, reason) for schema, table in tables]
         )
 
     def _begin(self) -> None:
@@ -399,5 +413,5 @@ WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
 REQUEST_BACKFILL = """
 INSERT INTO {} (sync_id, schema_name, table_name, reason) VALUES (%s, %s, %s, %s)
 ON CONFLICT (sync_id, schema_name, table_name)
-DO UPDATE SET reason = excluded.reason, requested_at = now()
 """
+REPLACE_REQUEST = "DO UPDATE SET reason = excluded.reason, requested_at = now()"

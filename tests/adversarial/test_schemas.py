@@ -266,7 +266,7 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
     table outside the source) is ignored and capture goes on. Inheritance children are tables
     of their own (left out without a key, and the user's writes to them still work). A listed
     table dropped and made anew is captured again at once, its old records tombstoned; one
-    renamed away is said to be left out."""
+    renamed away is said to be left out, and its records become tombstones."""
     _exec(db_url, "CREATE ROLE forger LOGIN",
           "CREATE TABLE a (id int PRIMARY KEY, v text)",
           "CREATE TABLE private (id int PRIMARY KEY)", "INSERT INTO private VALUES (1)",
@@ -279,6 +279,14 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
         _exec(forger, "SELECT pg_logical_emit_message(true, 'weir:backfill', 'not json')",
               """SELECT pg_logical_emit_message(true, 'weir:backfill', '["public", "private"]')""",
               "SELECT pg_logical_emit_message(true, 'weir:dropped', '[1, 2]')")  # fmt: skip
+        _exec(db_url, "INSERT INTO parent VALUES (9, 'q')")
+        _wait_records(db_url, "public:parent", 1)
+        # A forged drop of a table that is there changes nothing.
+        _exec(
+            forger,
+            """SELECT pg_logical_emit_message(true, 'weir:dropped', '["public", "parent"]')""",
+        )
+        _exec(db_url, "DELETE FROM parent WHERE id = 9")
         _exec(db_url, "INSERT INTO a VALUES (1, 'x'), (2, 'y')",
               "INSERT INTO child VALUES (7, 'c', 'e')", "UPDATE child SET v = 'd'",
               "INSERT INTO parent VALUES (8, 'p')")  # fmt: skip
@@ -286,13 +294,17 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
         _exec(db_url, "DROP TABLE a", "CREATE TABLE a (id int PRIMARY KEY, v text)",
               "INSERT INTO a VALUES (3, 'z')", "INSERT INTO r VALUES (1)",
               "ALTER TABLE r RENAME TO r2", "INSERT INTO r2 VALUES (2)")  # fmt: skip
-        _wait_records(db_url, "public:a", 1)
+        want = {("public:a", "1"): True, ("public:a", "2"): True, ("public:a", "3"): False,
+                ("public:parent", "8"): False, ("public:parent", "9"): True,
+                ("public:r", "1"): True}  # fmt: skip
+
+        def records() -> dict[tuple[str, str], bool]:
+            rows = _rows(db_url, "SELECT collection_id, record_id, deleted FROM weir.records")
+            return {(c, r): d for c, r, d in rows}
+
+        wait_for(lambda: records() == want, what="the records as the tables have them")
         time.sleep(1)  # a backfill of private, were it asked for, would show by now
-    records = {(c, r): d for c, r, d in _rows(db_url, "SELECT collection_id, record_id, deleted"
-                                                      " FROM weir.records")}  # fmt: skip
-    assert records == {("public:a", "1"): True, ("public:a", "2"): True,
-                       ("public:a", "3"): False, ("public:parent", "8"): False,
-                       ("public:r", "1"): False}  # fmt: skip
+        assert records() == want
     assert "ignored a weir:backfill message that names no table" in caplog.text
     assert "table public.r was renamed or moved to public.r2" in caplog.text
 
@@ -325,3 +337,28 @@ def test_records_are_keyed_anew_when_the_key_changes(
 
         wait_for(keyed_anew, timeout=60, what="the records keyed anew")
     assert "table public.t is keyed by b now, no longer by a" in caplog.text
+
+
+def test_the_swap_migration_leaves_the_records_stream_equal_to_the_table(db_url: str) -> None:
+    """Build a new table, rename the old one away and the new one into its place, drop the old:
+    the collection's records are the new table's rows, whatever changed when."""
+    _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY, v text)",
+          "INSERT INTO a VALUES (1, 'old'), (2, 'old')")  # fmt: skip
+    with serving(weir_config(db_url, [], backfill={"tables": ["public.a"]})):
+        _wait_records(db_url, "public:a", 2)
+        _exec(db_url, "CREATE TABLE a_new (id int PRIMARY KEY, v text)",
+              "INSERT INTO a_new VALUES (2, 'new'), (3, 'new')",
+              "BEGIN; ALTER TABLE a RENAME TO a_old; ALTER TABLE a_new RENAME TO a; COMMIT",
+              "DROP TABLE a_old", "INSERT INTO a VALUES (4, 'after')")  # fmt: skip
+
+        def live() -> dict[str, Any]:
+            return dict(
+                _rows(
+                    db_url,
+                    "SELECT record_id, record->>'v' FROM weir.records"
+                    " WHERE collection_id = 'public:a' AND NOT deleted",
+                )
+            )
+
+        wait_for(lambda: live() == {"2": "new", "3": "new", "4": "after"}, timeout=60,
+                 what="public:a as the new table has it")  # fmt: skip
