@@ -8,7 +8,6 @@ source that follows ``schemas:`` reports such a table instead of stopping.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.pg.follow import BACKFILL_PREFIX, follow_tables
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
@@ -24,10 +24,6 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
 
 
 log = logging.getLogger("weir.source")
-
-
-BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
-DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 
 
 class SourceSetupError(RuntimeError):
@@ -150,19 +146,27 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = 
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    # One at a time per publication (capture, a backfill and a seed may all start at once).
+    complete_publication(conn, src, follow=True)
+    if slot:
+        ensure_slot(conn, src)
+
+
+def complete_publication(
+    conn: psycopg.Connection[Any], src: PostgresSource, *, follow: bool = False
+) -> None:
+    """Add the source's capturable tables missing from its publication (each backfilled), and
+    (``follow``) install the event trigger; one caller at a time per publication (capture, a
+    backfill and a seed may all start at once)."""
     lock = ("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
             "SELECT pg_advisory_unlock(hashtextextended(%s, 0))")  # fmt: skip
     key = f"weir:prepare:{src.publication}"
     conn.execute(lock[0], (key,))
     try:
         _ensure_publication(conn, src, capturable_tables(conn, src))
-        if src.create_publication:
+        if follow and src.create_publication:
             follow_tables(conn, src)
     finally:
         conn.execute(lock[1], (key,))
-    if slot:
-        ensure_slot(conn, src)
 
 
 def _ensure_publication(
@@ -236,128 +240,6 @@ def _ensure_publication(
             ", ".join(table_name(s, t) for s, t in missing),
             src.publication,
         )
-
-
-# Adds a table created (or given a key) in a followed schema to the publication in the same
-# transaction, so its first row is captured; a table that could not publish its updates and
-# deletes is left out (with a warning to the session that made it), and no error of this
-# function ever reaches the user's statement (its parameters: see follow_tables). A
-# table that may hold rows already (given a key
-# later, or made by CREATE TABLE AS) is named in a logical message in the same transaction:
-# capture reads it in order and asks for a backfill (BACKFILL_PREFIX).
-_FOLLOW_FUNCTION = """
-CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $weir$
-DECLARE
-    t record;
-BEGIN
-    IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
-        FOR t IN
-            SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
-            WHERE o.object_type = 'table'
-              AND (o.schema_name = ANY ({schemas}) OR (o.schema_name, o.object_name) IN (
-                   SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
-        LOOP
-            PERFORM pg_logical_emit_message(true, {dropped},
-                                            json_build_array(t.schema_name, t.object_name)::text);
-        END LOOP;
-        RETURN;
-    END IF;
-    FOR t IN
-        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag
-        FROM pg_event_trigger_ddl_commands() d
-        JOIN pg_class c ON c.oid = d.objid
-        JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p')
-          AND NOT c.relispartition AND c.relpersistence = 'p'
-          AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
-               SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
-          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p
-                          WHERE p.pubname = {pub} AND p.schemaname = n.nspname
-                            AND p.tablename = c.relname)
-          AND (c.relreplident = 'i'
-               OR (c.relreplident IN ('d', 'f') AND EXISTS (
-                   SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
-               OR (c.relreplident = 'f' AND (n.nspname, c.relname) IN (
-                   SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
-    LOOP
-        BEGIN
-            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
-                           CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END, t.nspname, t.relname);
-            IF t.command_tag <> 'CREATE TABLE' THEN
-                PERFORM pg_logical_emit_message(true, {prefix},
-                                                json_build_array(t.nspname, t.relname)::text);
-            END IF;
-        EXCEPTION WHEN others THEN
-            RAISE WARNING 'weir: % not added to publication %: %', t.relname, {pub}, SQLERRM;
-        END;
-    END LOOP;
-EXCEPTION WHEN others THEN
-    RAISE WARNING 'weir: %', SQLERRM;
-END
-$weir$
-"""
-
-
-def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
-    """Install the event trigger that adds tables created in ``schemas:``, or made anew under a
-    name ``tables:`` lists (dropped and created again), to the publication.
-
-    Creating an event trigger needs a superuser; without one, tables created while Weir runs
-    are added at its next start and backfilled then (see capture), and a warning says so.
-    """
-    listed = [parse_table(t) for t in src.tables]
-    home = src.schemas[0] if src.schemas else listed[0][0]
-    fn = sql.Identifier(home, f"weir_follow_{src.publication}")
-    trigger = sql.Identifier(f"weir_follow_{src.publication}")
-    drop = sql.Identifier(f"weir_drop_{src.publication}")
-    body = sql.SQL(_FOLLOW_FUNCTION).format(
-        fn=fn,
-        pub=sql.Literal(src.publication),
-        schemas=sql.Literal(list(src.schemas)),
-        listed_schemas=sql.Literal([s for s, _ in listed]),
-        listed_tables=sql.Literal([t for _, t in listed]),
-        keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
-        keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
-        prefix=sql.Literal(BACKFILL_PREFIX),
-        dropped=sql.Literal(DROPPED_PREFIX),
-    )
-    # Made anew only when it changed (a hash of it is the function's comment): every capture
-    # session comes here, and DDL takes locks the user's statements would wait for.
-    version = "weir:" + hashlib.sha256(body.as_string(conn).encode()).hexdigest()[:16]
-    installed = conn.execute(
-        "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
-        "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s))"
-        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = %s AND p.proname = %s",
-        (f"weir_follow_{src.publication}", f"weir_drop_{src.publication}", home,
-         f"weir_follow_{src.publication}"),
-    ).fetchone()  # fmt: skip
-    if installed == (version, 2):
-        return
-    try:
-        with conn.transaction():
-            conn.execute(body)
-            conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
-            for name in (trigger, drop):
-                conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(name))
-            conn.execute(
-                sql.SQL(
-                    "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"
-                    " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
-                ).format(trigger, fn)
-            )
-            conn.execute(
-                sql.SQL("CREATE EVENT TRIGGER {} ON sql_drop EXECUTE FUNCTION {}()").format(
-                    drop, fn
-                )
-            )
-    except psycopg.errors.InsufficientPrivilege:
-        log.warning(
-            "source %s: cannot follow tables as they are created (an event trigger needs a "
-            "superuser): a table created (or made anew) while Weir runs is captured from "
-            "Weir's next start on, and its earlier rows are backfilled then", src.name,
-        )  # fmt: skip
 
 
 def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:

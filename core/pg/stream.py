@@ -21,9 +21,10 @@ import psycopg
 from psycopg import sql
 
 from core.ids import collection_id_of
+from core.pg.follow import BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX
 from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
 from core.pg.relations import Relation, Relations, SourceSchemaError, change_of, old_row
-from core.pg.setup import BACKFILL_PREFIX, DROPPED_PREFIX
+from core.pg.setup import complete_publication
 from core.pg.store_thread import StoreThread
 from core.store.change import Change
 from core.store.writer import SourceWriter
@@ -37,6 +38,7 @@ log = logging.getLogger("weir.source")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
+_TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX)
 
 
 class CaptureError(SourceSchemaError):
@@ -169,7 +171,7 @@ class Stream:
             self._seen(self.relations.add(m))
         elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
             self._advance(m[2])
-        elif tag == "M" and m[3] in (BACKFILL_PREFIX, DROPPED_PREFIX) and not self.skip:
+        elif tag == "M" and m[3] in _TABLE_MESSAGES and not self.skip:
             self._table_message(m[3], bytes(m[4]))
         # 'Y' types and 'O' origins need nothing
 
@@ -226,8 +228,8 @@ class Stream:
         Any role may write such a message: only a table of this source's is taken, a backfill
         asked for already stands, and a drop is taken only of a table that is gone."""
         try:
-            schema, table = orjson.loads(content)
-            if not (isinstance(schema, str) and isinstance(table, str)):
+            schema, table, *why = orjson.loads(content)
+            if not all(isinstance(v, str) for v in (schema, table, *why)):
                 raise ValueError(content)
         except (ValueError, TypeError):
             log.warning("source %s: ignored a %s message that names no table, in the "
@@ -240,6 +242,9 @@ class Stream:
         if prefix == BACKFILL_PREFIX:
             self._backfill(schema, table, "the table joined the publication with rows in it",
                            again=False)  # fmt: skip
+            return
+        if prefix == MISSED_PREFIX:
+            self._missed(table_name(schema, table), " ".join(why))
             return
         collection = collection_id_of(schema, table)
         known = self.tables.get(collection)
@@ -257,6 +262,21 @@ class Stream:
             self.tables.pop(collection)
             self.by_relid.pop(known[1], None)
             self.store.submit("table", (collection, None, known[1]))
+
+    def _missed(self, name: str, why: str) -> None:
+        """The event trigger could not add a new table to the publication (a lock timeout,
+        say): add it now (it is backfilled); its changes in between are not captured."""
+        log.warning("source %s: table %s could not join the publication as it was made (%s); "
+                    "adding it now (its rows are backfilled, its changes until now are not "
+                    "captured)", self.src.name, name, why)  # fmt: skip
+        try:
+            self.catalog.execute("SET lock_timeout = '5s'")
+            complete_publication(self.catalog, self.src)
+        except psycopg.Error as e:
+            log.warning("source %s: could not add %s to the publication either (%s): it joins "
+                        "at Weir's next start", self.src.name, name, str(e).strip())  # fmt: skip
+        finally:
+            self.catalog.execute("RESET lock_timeout")
 
     def _change(self, m: tuple[Any, ...]) -> None:
         rel = self.relations.by_id[m[1]]

@@ -1,0 +1,159 @@
+"""The event trigger that keeps a source's publication following its tables as the user's DDL
+makes and drops them (DESIGN.md section 3), and the logical messages it tells capture by.
+
+It adds a table created in a followed schema, or made anew under a listed name, to the
+publication in the same transaction, so its first row is captured; a table that could not
+publish its updates and deletes is left out (with a warning to the session that made it), and
+no error of it ever reaches the user's statement. Messages, read by capture in order:
+``BACKFILL_PREFIX`` (a table joined with rows of its own), ``DROPPED_PREFIX`` (a captured
+table was dropped), ``MISSED_PREFIX`` (one could not join: a lock timeout, say).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from core.tables import parse_table
+
+if TYPE_CHECKING:
+    from core.config import PostgresSource
+
+log = logging.getLogger("weir.source")
+
+BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
+DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
+MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
+HOME = "weir"  # the schema of the trigger's function, in the source database
+
+# The trigger's function (its parameters: see follow_tables). A table that may hold rows
+# already (given a key later, or made by CREATE TABLE AS) is named in a BACKFILL_PREFIX message.
+_FOLLOW_FUNCTION = """
+CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $weir$
+DECLARE
+    t record;
+BEGIN
+    IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
+        FOR t IN
+            SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
+            WHERE o.object_type = 'table'
+              AND (o.schema_name = ANY ({schemas}) OR (o.schema_name, o.object_name) IN (
+                   SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
+        LOOP
+            PERFORM pg_logical_emit_message(true, {dropped},
+                                            json_build_array(t.schema_name, t.object_name)::text);
+        END LOOP;
+        RETURN;
+    END IF;
+    FOR t IN
+        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag
+        FROM pg_event_trigger_ddl_commands() d
+        JOIN pg_class c ON c.oid = d.objid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p')
+          AND NOT c.relispartition AND c.relpersistence = 'p'
+          AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
+               SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
+          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p
+                          WHERE p.pubname = {pub} AND p.schemaname = n.nspname
+                            AND p.tablename = c.relname)
+          AND (c.relreplident = 'i'
+               OR (c.relreplident IN ('d', 'f') AND EXISTS (
+                   SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
+               OR (c.relreplident = 'f' AND (n.nspname, c.relname) IN (
+                   SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
+    LOOP
+        BEGIN
+            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
+                           CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END, t.nspname, t.relname);
+            IF t.command_tag <> 'CREATE TABLE' THEN
+                PERFORM pg_logical_emit_message(true, {prefix},
+                                                json_build_array(t.nspname, t.relname)::text);
+            END IF;
+        EXCEPTION WHEN others THEN  -- a lock timeout, say: capture hears of it, and adds it
+            RAISE WARNING 'weir: % not added to publication %: %', t.relname, {pub}, SQLERRM;
+            PERFORM pg_logical_emit_message(true, {missed},
+                                            json_build_array(t.nspname, t.relname, SQLERRM)::text);
+        END;
+    END LOOP;
+EXCEPTION WHEN others THEN
+    RAISE WARNING 'weir: %', SQLERRM;
+END
+$weir$
+"""
+
+
+def object_name(kind: str, publication: str) -> str:
+    """``weir_{kind}_{publication}``, or when that is past Postgres's 63 bytes, the start of the
+    publication's name and a hash of all of it (names that share a start stay apart)."""
+    name = f"weir_{kind}_{publication}"
+    if len(name.encode()) <= 63:
+        return name
+    return f"weir_{kind}_{publication[:40]}_{hashlib.sha256(publication.encode()).hexdigest()[:8]}"
+
+
+def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Install the event trigger that adds tables created in ``schemas:``, or made anew under a
+    name ``tables:`` lists (dropped and created again), to the publication. Its function lives
+    in a schema of Weir's own (``HOME``), where no reset of the user's schemas takes it away.
+
+    Creating an event trigger needs a superuser; without one, tables created while Weir runs
+    are added at its next start and backfilled then (see capture), and a warning says so.
+    """
+    listed = [parse_table(t) for t in src.tables]
+    names = {k: object_name(k, src.publication) for k in ("follow", "drop")}
+    fn = sql.Identifier(HOME, names["follow"])
+    trigger, drop = sql.Identifier(names["follow"]), sql.Identifier(names["drop"])
+    body = sql.SQL(_FOLLOW_FUNCTION).format(
+        fn=fn,
+        pub=sql.Literal(src.publication),
+        schemas=sql.Literal(list(src.schemas)),
+        listed_schemas=sql.Literal([s for s, _ in listed]),
+        listed_tables=sql.Literal([t for _, t in listed]),
+        keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
+        keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
+        prefix=sql.Literal(BACKFILL_PREFIX),
+        dropped=sql.Literal(DROPPED_PREFIX),
+        missed=sql.Literal(MISSED_PREFIX),
+    )
+    # Made anew only when it changed (a hash of it is the function's comment): every capture
+    # session comes here, and DDL takes locks the user's statements would wait for.
+    version = "weir:" + hashlib.sha256(body.as_string(conn).encode()).hexdigest()[:16]
+    installed = conn.execute(
+        "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
+        "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s))"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s AND p.proname = %s",
+        (names["follow"], names["drop"], HOME, names["follow"]),
+    ).fetchone()  # fmt: skip
+    if installed == (version, 2):
+        return
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(HOME)))
+            conn.execute(body)
+            conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
+            for name in (trigger, drop):
+                conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(name))
+            conn.execute(
+                sql.SQL(
+                    "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"
+                    " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
+                ).format(trigger, fn)
+            )
+            conn.execute(
+                sql.SQL("CREATE EVENT TRIGGER {} ON sql_drop EXECUTE FUNCTION {}()").format(
+                    drop, fn
+                )
+            )
+    except psycopg.errors.InsufficientPrivilege:
+        log.warning(
+            "source %s: cannot follow tables as they are created (an event trigger needs a "
+            "superuser): a table created (or made anew) while Weir runs is captured from "
+            "Weir's next start on, and its earlier rows are backfilled then", src.name,
+        )  # fmt: skip
