@@ -19,13 +19,8 @@ from core.embedded import EmbeddedNats, free_port
 from tests.helpers.brokers import NatsHarness, _read_stream
 from tests.helpers.capture import wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
+from tests.helpers.sql import execute
 from tests.helpers.weir import cursor_of, failed_messages, serving, weir_config
-
-
-def _exec(url: str, *statements: str, params: tuple[Any, ...] = ()) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s, params or None)
 
 
 def _server(tmp_path: Path, conf: str) -> EmbeddedNats:
@@ -64,7 +59,7 @@ def test_two_namespaces_publishing_into_one_stream_are_both_stored(
         a = _connector("alpha", server.url, "alpha", "ALL-EVENTS")
         b = _connector("beta", server.url, "beta", "ALL-EVENTS")
         with serving(weir_config(table, [a, b])):
-            _exec(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
+            execute(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
             _settled(table, "alpha", 20)
             _settled(table, "beta", 20)
         got = asyncio.run(_read_stream(server.url, "ALL-EVENTS", {}))
@@ -96,7 +91,7 @@ def test_messages_the_server_refuses_go_to_the_failed_list_and_the_rest_goes_on(
     }
     """
     long_table = "t" + "é" * 31  # its collection token is 190 characters once encoded
-    _exec(table, f'CREATE TABLE "{long_table}" (id text PRIMARY KEY)',
+    execute(table, f'CREATE TABLE "{long_table}" (id text PRIMARY KEY)',
           "CREATE TABLE denied (id int PRIMARY KEY)")  # fmt: skip
     with _server(tmp_path, conf) as server:
         reader = {"user": "reader", "password": "reader-secret"}
@@ -105,9 +100,9 @@ def test_messages_the_server_refuses_go_to_the_failed_list_and_the_rest_goes_on(
         c["nats"] |= {"user": "weir", "password": "weir-secret"}
         with serving(weir_config(table, [c])):
             for n in range(1400, 1800, 25):  # some fit with their header, some do not
-                _exec(table, "INSERT INTO t VALUES (%s, %s)", params=(n, "x" * n))
-            _exec(table, f'INSERT INTO "{long_table}" VALUES (%s)', params=("k" * 250,))
-            _exec(table, "INSERT INTO denied VALUES (1)", "INSERT INTO t VALUES (1, 'last')")
+                execute(table, "INSERT INTO t VALUES (%s, %s)", params=(n, "x" * n))
+            execute(table, f'INSERT INTO "{long_table}" VALUES (%s)', params=("k" * 250,))
+            execute(table, "INSERT INTO denied VALUES (1)", "INSERT INTO t VALUES (1, 'last')")
             _settled(table, "hooks", 16 + 3)
         got = asyncio.run(_read_stream(server.url, "EVENTS", reader))
     failed = failed_messages(table, "hooks")
@@ -130,7 +125,7 @@ def test_a_broker_down_at_start_is_waited_for_and_said(table: str) -> None:
     server = EmbeddedNats(port=port)
     c = NatsHarness(server).connector("late", "events")
     with serving(weir_config(table, [c])):
-        _exec(table, "INSERT INTO t VALUES (1, 'x')")
+        execute(table, "INSERT INTO t VALUES (1, 'x')")
 
         def said() -> bool:
             with psycopg.connect(table) as conn:
@@ -155,7 +150,7 @@ def test_generated_keys_make_one_record_each(table: str, nats_server: EmbeddedNa
     """Keys of every shape (NULL, empty, look-alikes of NULL, unicode, kilobytes long, in two
     columns): each row is one record with one subject, its id in metadata whole, and every
     subject well within NATS's limits."""
-    _exec(table, "CREATE TABLE k (a text, b text, v int)", "ALTER TABLE k REPLICA IDENTITY FULL")
+    execute(table, "CREATE TABLE k (a text, b text, v int)", "ALTER TABLE k REPLICA IDENTITY FULL")
     harness = NatsHarness(nats_server)
     c = harness.connector("keys", "records")
     harness.prepare(c)
@@ -165,7 +160,7 @@ def test_generated_keys_make_one_record_each(table: str, nats_server: EmbeddedNa
         @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
         @given(st.lists(st.tuples(_KEY_PART, _KEY_PART), min_size=1, max_size=6, unique=True))
         def case(keys: list[tuple[str | None, str | None]]) -> None:
-            _exec(table, "DELETE FROM k")
+            execute(table, "DELETE FROM k")
             tag = next(counter)
             with psycopg.connect(table, autocommit=True) as conn, conn.transaction():
                 for a, b in keys:

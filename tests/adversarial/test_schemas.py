@@ -15,13 +15,8 @@ from core.embedded import EmbeddedNats, EmbeddedPostgres
 from core.service import prepare
 from tests.adversarial.stack import Stack
 from tests.helpers.capture import wait_for
+from tests.helpers.sql import execute, rows, wait_records
 from tests.helpers.weir import serving, weir_config
-
-
-def _exec(url: str, *statements: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)
 
 
 def _table(url: str, query: str) -> dict[str, dict[str, Any]]:
@@ -39,15 +34,15 @@ def test_columns_added_dropped_and_renamed_leave_the_records_stream(
 ) -> None:
     """After DDL, the next version of a record has exactly the table's columns, also when the
     update leaves a TOASTed value out (the stored one is kept, the dropped ones are not)."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, a text, b text, big text)",
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, a text, b text, big text)",
           "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")  # fmt: skip
     stack = Stack(db_url, nats_server, None)
     with stack.running():
-        _exec(
+        execute(
             db_url, "INSERT INTO t VALUES (1, 'a1', 'b1', repeat('x', 5000)), (2, 'a2', 'b2', 'y')"
         )
         stack.sync()
-        _exec(db_url, "ALTER TABLE t DROP COLUMN b", "ALTER TABLE t RENAME COLUMN a TO a2",
+        execute(db_url, "ALTER TABLE t DROP COLUMN b", "ALTER TABLE t RENAME COLUMN a TO a2",
               "ALTER TABLE t ADD COLUMN c int DEFAULT 7",
               "UPDATE t SET c = 8 WHERE id = 1",  # big is sent as an unchanged TOAST value
               "UPDATE t SET a2 = 'z' WHERE id = 2")  # fmt: skip
@@ -61,10 +56,10 @@ def test_columns_added_dropped_and_renamed_leave_the_records_stream(
 def test_key_renamed_or_replaced_while_capture_lags(db_url: str) -> None:
     """Changes read after their table's key was renamed or replaced are keyed as they were
     made (pgoutput describes the relation as of the change), not as the catalog has it now."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, n int)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, n int)")
     cfg = weir_config(db_url, [])
     prepare(cfg)  # the slot: what follows waits in the WAL
-    _exec(db_url, "BEGIN; INSERT INTO t VALUES (1, 1); ALTER TABLE t RENAME COLUMN id TO uid;"
+    execute(db_url, "BEGIN; INSERT INTO t VALUES (1, 1); ALTER TABLE t RENAME COLUMN id TO uid;"
                   " INSERT INTO t VALUES (2, 2); COMMIT",
           "ALTER TABLE t ADD COLUMN k text NOT NULL DEFAULT 'k'",
           "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (k, uid)",
@@ -85,7 +80,7 @@ def test_tables_created_while_weir_runs_are_captured_from_their_first_row(
     backfilled and its changes captured from then on."""
     stack = Stack(db_url, nats_server, None)
     with stack.running():
-        _exec(db_url, "BEGIN; CREATE TABLE fresh (id int PRIMARY KEY, v text);"
+        execute(db_url, "BEGIN; CREATE TABLE fresh (id int PRIMARY KEY, v text);"
                       " INSERT INTO fresh VALUES (1, 'first'); COMMIT",
               "INSERT INTO fresh VALUES (2, 'second')",
               "CREATE TABLE loose (a int, b text)", "INSERT INTO loose VALUES (1, 'x')",
@@ -102,48 +97,38 @@ def test_tables_created_while_weir_runs_are_captured_from_their_first_row(
         assert stack.store_records("public:scratch") == {}
         got = stack.subscriber_records("public:fresh")["nats-records"]
         assert sorted(got) == ["1", "2"]
-        _wait_records(db_url, "public:later", 2)  # the row from before its key: a backfill
+        wait_records(db_url, "public:later", 2)  # the row from before its key: a backfill
         assert _live(stack, "public:later") == _table(db_url, "SELECT * FROM later")
-        _wait_records(db_url, "public:copied", 30)
+        wait_records(db_url, "public:copied", 30)
 
 
 def test_a_table_created_while_weir_was_down_is_backfilled(db_url: str) -> None:
     """Its rows from before Weir came back never reached the WAL under the publication: a
     backfill brings them into the records stream; later rows are captured."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        _exec(db_url, "INSERT INTO t VALUES (1)")
-        _wait_records(db_url, "public:t", 1)
+        execute(db_url, "INSERT INTO t VALUES (1)")
+        wait_records(db_url, "public:t", 1)
     # Down: the event trigger is dropped (as without a superuser), then a table appears.
-    _exec(db_url, "DROP EVENT TRIGGER weir_follow_weir_pub",
+    execute(db_url, "DROP EVENT TRIGGER weir_follow_weir_pub",
           "CREATE TABLE late (id int PRIMARY KEY, v text)",
           "INSERT INTO late SELECT i, 'v' FROM generate_series(1, 50) i")  # fmt: skip
     with serving(cfg):
-        _exec(db_url, "INSERT INTO late VALUES (51, 'live')")
-        _wait_records(db_url, "public:late", 51)
-
-
-def _wait_records(url: str, collection: str, n: int) -> None:
-    def count() -> bool:
-        with psycopg.connect(url) as conn:
-            row = conn.execute("SELECT count(*) FROM weir.records WHERE collection_id = %s"
-                               " AND NOT deleted", (collection,)).fetchone()  # fmt: skip
-        return row == (n,)
-
-    wait_for(count, timeout=60, what=f"{n} records of {collection}")
+        execute(db_url, "INSERT INTO late VALUES (51, 'live')")
+        wait_records(db_url, "public:late", 51)
 
 
 def test_partitioned_tables_are_one_collection(db_url: str, nats_server: EmbeddedNats) -> None:
     """Rows of every partition (one made while Weir runs too) arrive under the parent's
     collection, and a row moved to another partition is an update of one record."""
-    _exec(db_url, "CREATE TABLE orders (id int, region text, v int, PRIMARY KEY (id, region))"
+    execute(db_url, "CREATE TABLE orders (id int, region text, v int, PRIMARY KEY (id, region))"
                   " PARTITION BY LIST (region)",
           "CREATE TABLE orders_eu PARTITION OF orders FOR VALUES IN ('eu')",
           "CREATE TABLE orders_us PARTITION OF orders FOR VALUES IN ('us')")  # fmt: skip
     # Keyed by id alone (key_columns; a partitioned table's primary key must hold the partition
     # column), so a row can move between partitions and stay one record.
-    _exec(db_url, "CREATE TABLE moves (id int NOT NULL, region text NOT NULL, v int)"
+    execute(db_url, "CREATE TABLE moves (id int NOT NULL, region text NOT NULL, v int)"
                   " PARTITION BY LIST (region)",
           "CREATE TABLE moves_eu PARTITION OF moves FOR VALUES IN ('eu')",
           "CREATE TABLE moves_us PARTITION OF moves FOR VALUES IN ('us')",
@@ -151,7 +136,7 @@ def test_partitioned_tables_are_one_collection(db_url: str, nats_server: Embedde
           "ALTER TABLE moves_us REPLICA IDENTITY FULL")  # fmt: skip
     stack = Stack(db_url, nats_server, None)
     with stack.running(key_columns={"public.moves": ["id"]}):
-        _exec(db_url, "INSERT INTO orders VALUES (1, 'eu', 1), (2, 'us', 2)",
+        execute(db_url, "INSERT INTO orders VALUES (1, 'eu', 1), (2, 'us', 2)",
               "CREATE TABLE orders_ap PARTITION OF orders FOR VALUES IN ('ap')",
               "INSERT INTO orders VALUES (3, 'ap', 3)",
               "INSERT INTO moves VALUES (1, 'eu', 1)",
@@ -172,15 +157,15 @@ def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> Non
     """``UPDATE t SET id = 2``: events subscribers see the old record deleted and the new one
     inserted; the server leaves the TOASTed body out, and the new record takes it from the
     old one (stored earlier, or in the same batch)."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, body text)",
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, body text)",
           "ALTER TABLE t ALTER COLUMN body SET STORAGE EXTERNAL")  # fmt: skip
     with serving(weir_config(db_url, [])):
-        _exec(db_url, "INSERT INTO t VALUES (1, repeat('x', 10000))")
-        _wait_records(db_url, "public:t", 1)
-        _exec(db_url, "UPDATE t SET id = 2 WHERE id = 1",
+        execute(db_url, "INSERT INTO t VALUES (1, repeat('x', 10000))")
+        wait_records(db_url, "public:t", 1)
+        execute(db_url, "UPDATE t SET id = 2 WHERE id = 1",
               "BEGIN; INSERT INTO t VALUES (5, repeat('y', 10000));"
               " UPDATE t SET id = 6 WHERE id = 5; COMMIT")  # fmt: skip
-        _wait_records(db_url, "public:t", 2)
+        wait_records(db_url, "public:t", 2)
     with psycopg.connect(db_url) as conn:
         rows = conn.execute("SELECT record_id, deleted, length(record->>'body') FROM weir.records"
                             " ORDER BY record_id").fetchall()  # fmt: skip
@@ -196,7 +181,7 @@ def test_odd_keys_names_and_identities(db_url: str) -> None:
     """A replica identity other than the primary key keys records by its columns (a delete
     carries nothing else); schemas with ':' are collections of their own; an unlogged table
     is left out; domains nest deep; array elements keep non-ASCII spaces."""
-    _exec(db_url,
+    execute(db_url,
           "CREATE TABLE ident (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)",
           "ALTER TABLE ident REPLICA IDENTITY USING INDEX ident_email_key",
           'CREATE SCHEMA "a:b"', 'CREATE TABLE "a:b".c (id int PRIMARY KEY)',
@@ -206,12 +191,12 @@ def test_odd_keys_names_and_identities(db_url: str) -> None:
           "CREATE TABLE deep (id int PRIMARY KEY, v d12, tags text[])")  # fmt: skip
     cfg = weir_config(db_url, [], schemas=["public", "a:b", "a"])
     with serving(cfg):
-        _exec(db_url, "INSERT INTO ident VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B')",
+        execute(db_url, "INSERT INTO ident VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B')",
               "DELETE FROM ident WHERE id = 2", 'INSERT INTO "a:b".c VALUES (1)',
               'INSERT INTO a."b:c" VALUES (2)', "INSERT INTO scratch VALUES (1)",
               "INSERT INTO deep VALUES"
               " (1, 7, ARRAY[E'\\u00a0NULL', E'a\\u001f', E'\\u3000x'])")  # fmt: skip
-        _wait_records(db_url, "public:deep", 1)
+        wait_records(db_url, "public:deep", 1)
         with psycopg.connect(db_url) as conn:
             recs = conn.execute("SELECT collection_id, record_id, deleted, record FROM weir.records"
                                 " ORDER BY collection_id, record_id").fetchall()  # fmt: skip
@@ -237,24 +222,24 @@ def test_databases_in_other_encodings(
     """Text comes through whatever the database's encoding, names included, and no byte it
     holds can stop capture. (The store itself is a UTF-8 database.)"""
     name = f"enc_{hashlib.md5(column.encode()).hexdigest()[:8]}"
-    _exec(pg_server.url, f"DROP DATABASE IF EXISTS {name}",
+    execute(pg_server.url, f"DROP DATABASE IF EXISTS {name}",
           f"CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"
           " TEMPLATE template0")  # fmt: skip
     url = pg_server.url.rsplit("/", 1)[0] + "/" + name
     table = '"té"' if encoding == "LATIN1" else "t"
-    _exec(url, f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    execute(url, f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
     cfg = weir_config(url, [], store={"url": db_url})
     try:
         with serving(cfg):
-            _exec(url, f"INSERT INTO {table} VALUES (1, {column})")
+            execute(url, f"INSERT INTO {table} VALUES (1, {column})")
             collection = "public:té" if encoding == "LATIN1" else "public:t"
-            _wait_records(db_url, collection, 1)
+            wait_records(db_url, collection, 1)
         with psycopg.connect(db_url) as conn:
             row = conn.execute("SELECT record->>'v' FROM weir.records WHERE collection_id = %s",
                                (collection,)).fetchone()  # fmt: skip
         assert row == (stored,)
     finally:
-        _exec(pg_server.url, "SELECT pg_drop_replication_slot(slot_name)"
+        execute(pg_server.url, "SELECT pg_drop_replication_slot(slot_name)"
                              f" FROM pg_replication_slots WHERE database = '{name}'",
               f"DROP DATABASE {name} WITH (FORCE)")  # fmt: skip
 
@@ -267,7 +252,7 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
     of their own (left out without a key, and the user's writes to them still work). A listed
     table dropped and made anew is captured again at once, its old records tombstoned; one
     renamed away is said to be left out, and its records become tombstones."""
-    _exec(db_url, "CREATE ROLE forger LOGIN",
+    execute(db_url, "CREATE ROLE forger LOGIN",
           "CREATE TABLE a (id int PRIMARY KEY, v text)",
           "CREATE TABLE private (id int PRIMARY KEY)", "INSERT INTO private VALUES (1)",
           "CREATE TABLE parent (id int PRIMARY KEY, v text)",
@@ -276,22 +261,22 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
     cfg = weir_config(db_url, [], schemas=[], tables=["public.a", "public.parent", "public.r"])
     forger = db_url.replace("postgres@", "forger@")
     with serving(cfg):
-        _exec(forger, "SELECT pg_logical_emit_message(true, 'weir:backfill', 'not json')",
+        execute(forger, "SELECT pg_logical_emit_message(true, 'weir:backfill', 'not json')",
               """SELECT pg_logical_emit_message(true, 'weir:backfill', '["public", "private"]')""",
               "SELECT pg_logical_emit_message(true, 'weir:dropped', '[1, 2]')")  # fmt: skip
-        _exec(db_url, "INSERT INTO parent VALUES (9, 'q')")
-        _wait_records(db_url, "public:parent", 1)
+        execute(db_url, "INSERT INTO parent VALUES (9, 'q')")
+        wait_records(db_url, "public:parent", 1)
         # A forged drop of a table that is there changes nothing.
-        _exec(
+        execute(
             forger,
             """SELECT pg_logical_emit_message(true, 'weir:dropped', '["public", "parent"]')""",
         )
-        _exec(db_url, "DELETE FROM parent WHERE id = 9")
-        _exec(db_url, "INSERT INTO a VALUES (1, 'x'), (2, 'y')",
+        execute(db_url, "DELETE FROM parent WHERE id = 9")
+        execute(db_url, "INSERT INTO a VALUES (1, 'x'), (2, 'y')",
               "INSERT INTO child VALUES (7, 'c', 'e')", "UPDATE child SET v = 'd'",
               "INSERT INTO parent VALUES (8, 'p')")  # fmt: skip
-        _wait_records(db_url, "public:parent", 1)
-        _exec(db_url, "DROP TABLE a", "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        wait_records(db_url, "public:parent", 1)
+        execute(db_url, "DROP TABLE a", "CREATE TABLE a (id int PRIMARY KEY, v text)",
               "INSERT INTO a VALUES (3, 'z')", "INSERT INTO r VALUES (1)",
               "ALTER TABLE r RENAME TO r2", "INSERT INTO r2 VALUES (2)")  # fmt: skip
         want = {("public:a", "1"): True, ("public:a", "2"): True, ("public:a", "3"): False,
@@ -299,8 +284,8 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
                 ("public:r", "1"): True}  # fmt: skip
 
         def records() -> dict[tuple[str, str], bool]:
-            rows = _rows(db_url, "SELECT collection_id, record_id, deleted FROM weir.records")
-            return {(c, r): d for c, r, d in rows}
+            got = rows(db_url, "SELECT collection_id, record_id, deleted FROM weir.records")
+            return {(c, r): d for c, r, d in got}
 
         wait_for(lambda: records() == want, what="the records as the tables have them")
         time.sleep(1)  # a backfill of private, were it asked for, would show by now
@@ -309,30 +294,25 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
     assert "table public.r was renamed or moved to public.r2" in caplog.text
 
 
-def _rows(url: str, query: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(query).fetchall()
-
-
 def test_records_are_keyed_anew_when_the_key_changes(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """key_columns edited between runs (or another primary key or replica identity): the table
     is backfilled, its records under the new key live, those under the old one tombstones."""
-    _exec(db_url, "CREATE TABLE t (a int NOT NULL, b text NOT NULL, v int)",
+    execute(db_url, "CREATE TABLE t (a int NOT NULL, b text NOT NULL, v int)",
           "ALTER TABLE t REPLICA IDENTITY FULL",
           "INSERT INTO t VALUES (1, 'x', 1), (2, 'y', 2)")  # fmt: skip
     with serving(weir_config(db_url, [], key_columns={"public.t": ["a"]},
                              backfill={"tables": ["public.t"]})):  # fmt: skip
-        _wait_records(db_url, "public:t", 2)
-        _exec(db_url, "INSERT INTO t VALUES (3, 'z', 3)")
-        _wait_records(db_url, "public:t", 3)
+        wait_records(db_url, "public:t", 2)
+        execute(db_url, "INSERT INTO t VALUES (3, 'z', 3)")
+        wait_records(db_url, "public:t", 3)
     with serving(weir_config(db_url, [], key_columns={"public.t": ["b"]})):
-        _exec(db_url, "UPDATE t SET v = 30 WHERE a = 3")  # a change under the new key
+        execute(db_url, "UPDATE t SET v = 30 WHERE a = 3")  # a change under the new key
 
         def keyed_anew() -> bool:
-            rows = _rows(db_url, "SELECT record_id, deleted FROM weir.records")
-            return sorted(rows) == [("1", True), ("2", True), ("3", True), ("x", False),
+            got = rows(db_url, "SELECT record_id, deleted FROM weir.records")
+            return sorted(got) == [("1", True), ("2", True), ("3", True), ("x", False),
                                     ("y", False), ("z", False)]  # fmt: skip
 
         wait_for(keyed_anew, timeout=60, what="the records keyed anew")
@@ -342,18 +322,18 @@ def test_records_are_keyed_anew_when_the_key_changes(
 def test_the_swap_migration_leaves_the_records_stream_equal_to_the_table(db_url: str) -> None:
     """Build a new table, rename the old one away and the new one into its place, drop the old:
     the collection's records are the new table's rows, whatever changed when."""
-    _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY, v text)",
+    execute(db_url, "CREATE TABLE a (id int PRIMARY KEY, v text)",
           "INSERT INTO a VALUES (1, 'old'), (2, 'old')")  # fmt: skip
     with serving(weir_config(db_url, [], backfill={"tables": ["public.a"]})):
-        _wait_records(db_url, "public:a", 2)
-        _exec(db_url, "CREATE TABLE a_new (id int PRIMARY KEY, v text)",
+        wait_records(db_url, "public:a", 2)
+        execute(db_url, "CREATE TABLE a_new (id int PRIMARY KEY, v text)",
               "INSERT INTO a_new VALUES (2, 'new'), (3, 'new')",
               "BEGIN; ALTER TABLE a RENAME TO a_old; ALTER TABLE a_new RENAME TO a; COMMIT",
               "DROP TABLE a_old", "INSERT INTO a VALUES (4, 'after')")  # fmt: skip
 
         def live() -> dict[str, Any]:
             return dict(
-                _rows(
+                rows(
                     db_url,
                     "SELECT record_id, record->>'v' FROM weir.records"
                     " WHERE collection_id = 'public:a' AND NOT deleted",

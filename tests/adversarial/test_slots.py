@@ -16,13 +16,8 @@ from core.config import WeirConfig
 from core.embedded import EmbeddedPostgres
 from core.service import prepare, serve
 from tests.helpers.capture import wait_for
+from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
-
-
-def _exec(url: str, *statements: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)
 
 
 class _Running:
@@ -65,7 +60,7 @@ def _drop_slot(url: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            _exec(url, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+            execute(url, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
                        " WHERE slot_name = 'weir_slot' AND active_pid IS NOT NULL",
                   "SELECT pg_drop_replication_slot('weir_slot')")  # fmt: skip
             return
@@ -79,19 +74,19 @@ def _drop_slot(url: str) -> None:
 def test_a_lost_slot_stops_capture_naming_the_gap(
     db_url: str, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     cfg = weir_config(db_url, [])
     prepare(cfg)
     weir = _Running(cfg)
-    _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+    execute(db_url, "INSERT INTO t VALUES (1, 1)")
     wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
     if how != "dropped while running":
         weir.stop.set()
         assert weir.exit_status() == 0
     _drop_slot(db_url)
-    _exec(db_url, "INSERT INTO t VALUES (2, 2)")  # lost to capture
+    execute(db_url, "INSERT INTO t VALUES (2, 2)")  # lost to capture
     if how == "re-created":
-        _exec(db_url, "SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
+        execute(db_url, "SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
     if how != "dropped while running":
         weir = _Running(cfg)
     assert weir.exit_status() == 1
@@ -105,17 +100,17 @@ def test_a_lost_slot_stops_capture_naming_the_gap(
 def test_on_slot_loss_backfill_brings_the_records_stream_back_to_the_table(db_url: str) -> None:
     """Rows inserted, updated and deleted while the slot was gone: after the backfill the
     records stream equals the table, deleted rows as tombstones; capture goes on."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
           "INSERT INTO t SELECT i, 0 FROM generate_series(1, 100) i")  # fmt: skip
     cfg = weir_config(db_url, [], on_slot_loss="backfill", backfill={"tables": ["public.t"]})
     with serving(cfg):
         wait_for(lambda: _live(db_url) == _table(db_url), what="the first backfill")
     _drop_slot(db_url)
-    _exec(db_url, "UPDATE t SET v = 1 WHERE id <= 10", "DELETE FROM t WHERE id > 90",
+    execute(db_url, "UPDATE t SET v = 1 WHERE id <= 10", "DELETE FROM t WHERE id > 90",
           "INSERT INTO t VALUES (101, 7)")  # fmt: skip
     with serving(cfg):
         wait_for(lambda: _live(db_url) == _table(db_url), timeout=60, what="the backfill")
-        _exec(db_url, "INSERT INTO t VALUES (102, 8)")  # and capture goes on
+        execute(db_url, "INSERT INTO t VALUES (102, 8)")  # and capture goes on
         wait_for(lambda: _live(db_url) == _table(db_url), what="a change after it")
     with psycopg.connect(db_url) as conn:
         gone = conn.execute("SELECT count(*) FROM weir.records WHERE deleted").fetchone()
@@ -129,16 +124,16 @@ def test_an_invalidated_slot_is_named_and_backfilled() -> None:
                 "min_wal_size": "32MB"}  # fmt: skip
     with EmbeddedPostgres(settings=settings) as server:
         url = server.url
-        _exec(url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+        execute(url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
         cfg = weir_config(url, [])
         with serving(cfg):
-            _exec(url, "INSERT INTO t VALUES (1, 1)")
+            execute(url, "INSERT INTO t VALUES (1, 1)")
             wait_for(lambda: _live(url) == _table(url), what="the first row")
         for _ in range(6):  # WAL the slot holds back, past its limit
-            _exec(url, "CREATE TABLE IF NOT EXISTS filler (x text)",
+            execute(url, "CREATE TABLE IF NOT EXISTS filler (x text)",
                   "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
                   "SELECT pg_switch_wal()", "CHECKPOINT")  # fmt: skip
-        _exec(url, "INSERT INTO t VALUES (2, 2)", "CHECKPOINT")
+        execute(url, "INSERT INTO t VALUES (2, 2)", "CHECKPOINT")
         with psycopg.connect(url) as conn:
             status = conn.execute("SELECT wal_status FROM pg_replication_slots").fetchone()
         assert status == ("lost",)
@@ -154,13 +149,13 @@ def test_a_publication_dropped_and_made_anew_is_a_lost_slot(
     """pgoutput reads the publication as it was at each change: past a change made while it
     did not exist, the slot cannot be read. Weir says so (and with on_slot_loss: backfill
     makes the slot anew and backfills), instead of reconnecting for ever."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     cfg = weir_config(db_url, [], on_slot_loss=on_slot_loss)
     prepare(cfg)
     weir = _Running(cfg)
-    _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+    execute(db_url, "INSERT INTO t VALUES (1, 1)")
     wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
-    _exec(db_url, "DROP PUBLICATION weir_pub", "INSERT INTO t VALUES (2, 2)",
+    execute(db_url, "DROP PUBLICATION weir_pub", "INSERT INTO t VALUES (2, 2)",
           "CREATE PUBLICATION weir_pub FOR TABLE t WITH (publish_via_partition_root)",
           "INSERT INTO t VALUES (3, 3)")  # fmt: skip
     if on_slot_loss == "stop":
@@ -183,12 +178,13 @@ def test_a_change_too_large_for_the_store(
     heavy for a test) stops capture naming it, or goes to the source's failed list with its
     reason while the rest is captured."""
     monkeypatch.setattr("core.store.writer.MAX_JSON", 1 << 20)
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)",
           "CREATE TABLE big (id int PRIMARY KEY, body text)")  # fmt: skip
     cfg = weir_config(db_url, [], on_unstorable=on_unstorable)
     prepare(cfg)
     weir = _Running(cfg)
-    _exec(db_url, "INSERT INTO big VALUES (1, repeat('x', 2000000))", "INSERT INTO t VALUES (1, 1)")
+    execute(db_url, "INSERT INTO big VALUES (1, repeat('x', 2000000))",
+            "INSERT INTO t VALUES (1, 1)")  # fmt: skip
     if on_unstorable == "stop":
         assert weir.exit_status() == 1
         assert "cannot store the insert of public:big record 1 committed at 0/" in caplog.text
@@ -209,9 +205,9 @@ def test_a_slot_renamed_in_the_config_is_named_with_the_old_one(
 ) -> None:
     """A new slot starts where it is made: what was committed since the old one is not in it.
     Weir says so, naming the old slot, which holds WAL until it is dropped."""
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     with serving(weir_config(db_url, [])):
-        _exec(db_url, "INSERT INTO t VALUES (1, 1)")
+        execute(db_url, "INSERT INTO t VALUES (1, 1)")
         wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
     assert _Running(weir_config(db_url, [], slot="weir_slot_v2")).exit_status() == 1
     assert "the source's slot is now 'weir_slot_v2', but the store was captured through " \

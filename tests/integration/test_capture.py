@@ -19,16 +19,11 @@ from tests.helpers.capture import (
     records,
     wait_for,
 )
-
-
-def _exec(url: str, *statements: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)
+from tests.helpers.sql import execute
 
 
 def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
-    _exec(
+    execute(
         db_url,
         "CREATE TABLE users (id int PRIMARY KEY, name text)",
         "CREATE TABLE full_users (id int PRIMARY KEY, name text, plan text)",
@@ -36,7 +31,7 @@ def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
     )
     src = pg_source(db_url)
     with capturing(src):
-        _exec(
+        execute(
             db_url,
             "INSERT INTO users VALUES (1, 'Paul'), (2, 'Jessica')",
             "UPDATE users SET name = 'Leto' WHERE id = 1",
@@ -76,10 +71,10 @@ def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
 
 
 def test_every_value_type_is_encoded_as_documented(db_url: str) -> None:
-    _exec(db_url, *KINDS_DDL)
+    execute(db_url, *KINDS_DDL)
     src = pg_source(db_url)
     with capturing(src):
-        _exec(db_url, KINDS_ROW)
+        execute(db_url, KINDS_ROW)
         wait_for(lambda: count_events(db_url) == 1, what="the insert")
     rec = events(db_url)[0]["record"]
     assert rec == {
@@ -114,7 +109,7 @@ def test_every_value_type_is_encoded_as_documented(db_url: str) -> None:
 
 def test_unchanged_toast_is_omitted_and_the_records_stream_keeps_it(db_url: str) -> None:
     big = "x" * 100_000  # stored out of line (TOAST), not sent again when unchanged
-    _exec(
+    execute(
         db_url,
         "CREATE TABLE docs (id int PRIMARY KEY, title text, body text)",
         "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL",
@@ -133,16 +128,16 @@ def test_unchanged_toast_is_omitted_and_the_records_stream_keeps_it(db_url: str)
 
 
 def test_composite_and_odd_keys_become_subject_safe_record_ids(db_url: str) -> None:
-    _exec(db_url, "CREATE TABLE pairs (a text, b int, PRIMARY KEY (a, b))")
+    execute(db_url, "CREATE TABLE pairs (a text, b int, PRIMARY KEY (a, b))")
     src = pg_source(db_url)
     with capturing(src):
-        _exec(db_url, "INSERT INTO pairs VALUES ('a.b c', 1), ('', 2), ('é>*', 3)")
+        execute(db_url, "INSERT INTO pairs VALUES ('a.b c', 1), ('', 2), ('é>*', 3)")
         wait_for(lambda: count_events(db_url) == 3, what="3 events")
     assert [e["record_id"] for e in events(db_url)] == ["a%2Eb%20c,1", "%EMPTY,2", "%C3%A9%3E%2A,3"]
 
 
 def test_transactions_land_in_commit_order_not_start_order(db_url: str) -> None:
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     src = pg_source(db_url)
     with (
         capturing(src),
@@ -169,11 +164,11 @@ def test_only_the_tables_of_the_config_are_captured(
     removed from tables:): their changes are left out, and the log says so once. So is the
     store's own schema when it lives in the source's database (its writes would be captured
     over and over)."""
-    _exec(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+    execute(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
           "CREATE PUBLICATION weir_pub FOR ALL TABLES")  # fmt: skip
     src = pg_source(db_url, schemas=[], tables=["public.a"], create_publication=False)
     with capturing(src):
-        _exec(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)",
+        execute(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)",
               "INSERT INTO a VALUES (2)", "INSERT INTO b VALUES (2)")  # fmt: skip
         wait_for(lambda: count_events(db_url) == 2, what="the inserts into a")
         time.sleep(1)  # the store's own writes, were they captured, would show by now
@@ -185,10 +180,10 @@ def test_only_the_tables_of_the_config_are_captured(
 
 
 def test_a_long_transaction_is_written_in_chunks_and_committed_once(db_url: str) -> None:
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     src = pg_source(db_url, max_batch=100)
     with capturing(src):
-        _exec(
+        execute(
             db_url,
             "INSERT INTO t SELECT g, 0 FROM generate_series(1, 1050) g",
             "UPDATE t SET v = 1 WHERE id <= 10",
@@ -215,7 +210,7 @@ KILL = {  # a connection of the capture that the server drops under load
 def test_capture_reconnects_after_a_connection_is_dropped_and_loses_nothing(
     db_url: str, victim: str
 ) -> None:
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url)
     stop = threading.Event()
 
@@ -238,7 +233,7 @@ def test_capture_reconnects_after_a_connection_is_dropped_and_loses_nothing(
 def test_heartbeats_keep_the_slot_moving_on_an_idle_database(
     db_url: str, pg_server: object
 ) -> None:
-    _exec(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY)")
     src = pg_source(db_url, heartbeat_interval="200ms", status_interval="200ms")
     other_db = db_url.rsplit("/", 1)[0] + "/postgres"
 
