@@ -238,13 +238,6 @@ class WeirConfig(Model):
             raise ValueError("consumers and http sources are served by the API: add api:")
         if self.store.url is None and not any(isinstance(s, PostgresSource) for s in self.sources):
             raise ValueError("store.url is required when no postgres source is declared")
-        for src in self.sources:
-            if (isinstance(src, PostgresSource) and self.store.schema_ in src.schemas
-                    and src.url.get_secret_value() == self.store_url):  # fmt: skip
-                raise ValueError(
-                    f"source {src.name!r} follows schema {self.store.schema_!r}, the store's "
-                    "own: Weir would capture its own writes; give the store another schema"
-                )
         return self
 
     @property

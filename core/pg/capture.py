@@ -126,7 +126,8 @@ class PostgresCapture:
             # Step 1: one capture per source, whatever the slot says.
             writer.lock(src.name)
             # Step 2
-            prepare(catalog, src, slot=False)
+            waiting = prepare(catalog, src, slot=False)
+            writer.request_backfills(waiting, "it was not in the publication", again=False)
             # Step 3
             start = self._hold_slot(catalog, writer)
             # Step 4. Text comes in the database's own encoding, unconverted: the server cannot

@@ -3,10 +3,11 @@ makes and drops them (DESIGN.md section 3), and the logical messages it tells ca
 
 It adds a table created in a followed schema, or made anew under a listed name, to the
 publication in the same transaction, so its first row is captured; a table that could not
-publish its updates and deletes is left out (with a warning to the session that made it), and
-no error of it ever reaches the user's statement. Messages, read by capture in order:
-``BACKFILL_PREFIX`` (a table joined with rows of its own), ``DROPPED_PREFIX`` (a captured
-table was dropped), ``MISSED_PREFIX`` (one could not join: a lock timeout, say).
+publish its updates and deletes is left out, or taken out when it loses its key (so the user's
+writes to it never fail), and no error of it ever reaches the user's statement. Messages, read
+by capture in order: ``BACKFILL_PREFIX`` (a table joined with rows of its own),
+``DROPPED_PREFIX`` (a captured table was dropped), ``MISSED_PREFIX`` (the publication could not
+be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.store.migrations import STORE_DDL
 from core.tables import parse_table
 
 if TYPE_CHECKING:
@@ -28,16 +30,25 @@ log = logging.getLogger("weir.source")
 BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
 DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
+LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
 HOME = "weir"  # the schema of the trigger's function, in the source database
 
-# The trigger's function (its parameters: see follow_tables). A table that may hold rows
-# already (given a key later, or made by CREATE TABLE AS) is named in a BACKFILL_PREFIX message.
+# The trigger's function (its parameters: see follow_tables; {q} is a dollar quote its body holds
+# nowhere else). It skips the store's own DDL (core/store/migrations.py). A table that may hold
+# rows already (given a key later, or made by CREATE TABLE AS) is named in a BACKFILL_PREFIX
+# message; one that can no longer publish its updates and deletes (its primary key dropped, say)
+# leaves the publication, so the user's writes to it go on, with a LEFT_PREFIX message. The
+# rule for a capturable table is core/pg/setup.py:table_problem's.
 _FOLLOW_FUNCTION = """
 CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $weir$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {q}
 DECLARE
     t record;
+    pub oid;
 BEGIN
+    IF current_setting({store_ddl}, true) = 'on' THEN
+        RETURN;
+    END IF;
     IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
         FOR t IN
             SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
@@ -50,8 +61,21 @@ BEGIN
         END LOOP;
         RETURN;
     END IF;
+    SELECT p.oid INTO pub FROM pg_publication p WHERE p.pubname = {pub};
     FOR t IN
-        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag
+        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag,
+            EXISTS (SELECT 1 FROM pg_publication_rel r
+                    WHERE r.prpubid = pub AND r.prrelid = c.oid) AS published,
+            (c.relreplident = 'i' AND EXISTS (
+                 SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident))
+            OR (c.relreplident = 'd' AND EXISTS (
+                 SELECT 1 FROM pg_index i
+                 WHERE i.indrelid = c.oid AND i.indisprimary AND i.indimmediate))
+            OR (c.relreplident = 'f' AND (EXISTS (
+                 SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+                 OR (n.nspname, c.relname) IN (
+                 SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
+            AS capturable
         FROM pg_event_trigger_ddl_commands() d
         JOIN pg_class c ON c.oid = d.objid
         JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -59,24 +83,25 @@ BEGIN
           AND NOT c.relispartition AND c.relpersistence = 'p'
           AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
                SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
-          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables p
-                          WHERE p.pubname = {pub} AND p.schemaname = n.nspname
-                            AND p.tablename = c.relname)
-          AND (c.relreplident = 'i'
-               OR (c.relreplident IN ('d', 'f') AND EXISTS (
-                   SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
-               OR (c.relreplident = 'f' AND (n.nspname, c.relname) IN (
-                   SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
     LOOP
+        CONTINUE WHEN pub IS NULL OR t.published = t.capturable;
         BEGIN
-            EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
-                           CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END, t.nspname, t.relname);
-            IF t.command_tag <> 'CREATE TABLE' THEN
-                PERFORM pg_logical_emit_message(true, {prefix},
+            IF t.capturable THEN
+                EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
+                               CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END,
+                               t.nspname, t.relname);
+                IF t.command_tag <> 'CREATE TABLE' THEN
+                    PERFORM pg_logical_emit_message(true, {prefix},
+                                                    json_build_array(t.nspname, t.relname)::text);
+                END IF;
+            ELSE
+                EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I.%I', {pub}, t.nspname,
+                               t.relname);
+                PERFORM pg_logical_emit_message(true, {left},
                                                 json_build_array(t.nspname, t.relname)::text);
             END IF;
-        EXCEPTION WHEN others THEN  -- a lock timeout, say: capture hears of it, and adds it
-            RAISE WARNING 'weir: % not added to publication %: %', t.relname, {pub}, SQLERRM;
+        EXCEPTION WHEN others THEN  -- a lock timeout, say: capture hears of it
+            RAISE WARNING 'weir: publication % not changed for %: %', {pub}, t.relname, SQLERRM;
             PERFORM pg_logical_emit_message(true, {missed},
                                             json_build_array(t.nspname, t.relname, SQLERRM)::text);
         END;
@@ -84,7 +109,7 @@ BEGIN
 EXCEPTION WHEN others THEN
     RAISE WARNING 'weir: %', SQLERRM;
 END
-$weir$
+{q}
 """
 
 
@@ -109,21 +134,32 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
     names = {k: object_name(k, src.publication) for k in ("follow", "drop")}
     fn = sql.Identifier(HOME, names["follow"])
     trigger, drop = sql.Identifier(names["follow"]), sql.Identifier(names["drop"])
-    body = sql.SQL(_FOLLOW_FUNCTION).format(
-        fn=fn,
-        pub=sql.Literal(src.publication),
-        schemas=sql.Literal(list(src.schemas)),
-        listed_schemas=sql.Literal([s for s, _ in listed]),
-        listed_tables=sql.Literal([t for _, t in listed]),
-        keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
-        keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
-        prefix=sql.Literal(BACKFILL_PREFIX),
-        dropped=sql.Literal(DROPPED_PREFIX),
-        missed=sql.Literal(MISSED_PREFIX),
+    composed = (
+        sql.SQL(_FOLLOW_FUNCTION)
+        .format(
+            q=sql.SQL("\0"),  # no literal holds a NUL: where the quotes go
+            fn=fn,
+            store_ddl=sql.Literal(STORE_DDL),
+            pub=sql.Literal(src.publication),
+            schemas=sql.Literal(list(src.schemas)),
+            listed_schemas=sql.Literal([s for s, _ in listed]),
+            listed_tables=sql.Literal([t for _, t in listed]),
+            keyed_schemas=sql.Literal([parse_table(t)[0] for t in src.key_columns]),
+            keyed_tables=sql.Literal([parse_table(t)[1] for t in src.key_columns]),
+            prefix=sql.Literal(BACKFILL_PREFIX),
+            dropped=sql.Literal(DROPPED_PREFIX),
+            missed=sql.Literal(MISSED_PREFIX),
+            left=sql.Literal(LEFT_PREFIX),
+        )
+        .as_string(conn)
     )
+    quote = "$weir$"
+    while quote in composed:  # a name may hold one
+        quote = quote[:-1] + "_$"
+    body = composed.replace("\0", quote)
     # Made anew only when it changed (a hash of it is the function's comment): every capture
     # session comes here, and DDL takes locks the user's statements would wait for.
-    version = "weir:" + hashlib.sha256(body.as_string(conn).encode()).hexdigest()[:16]
+    version = "weir:" + hashlib.sha256(body.encode()).hexdigest()[:16]
     installed = conn.execute(
         "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
         "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s))"

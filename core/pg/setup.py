@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from core.pg.follow import BACKFILL_PREFIX, follow_tables
+from core.store.migrations import STORE_MARK, STORE_TABLES
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
@@ -34,22 +35,30 @@ class SlotBusyError(RuntimeError):
     """The replication slot is used by another connection; this may pass (e.g. a restart)."""
 
 
-TABLE_INFO_SQL = """
-SELECT c.oid::bigint, c.relreplident, c.relkind,
+# What decides whether a table can be captured (table_problem; the follow trigger keeps the same
+# rule). A deferrable primary key is no replica identity: Postgres refuses the updates and
+# deletes of a published table keyed only so, unless its identity is FULL.
+TABLE_INFO_SQL = f"""
+SELECT c.oid::bigint, c.relreplident, c.relkind, c.relpersistence,
+       obj_description(c.oid, 'pg_class') = '{STORE_MARK}',
        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
-       c.relpersistence
+       EXISTS (SELECT 1 FROM pg_index i
+               WHERE i.indrelid = c.oid AND i.indisprimary AND i.indimmediate),
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
 """
 
 # The tables of a schema Weir follows: ordinary and partitioned ones; a partition's rows are
 # published under its root (publish_via_partition_root), so partitions are not listed. Unlogged
-# and temporary tables write no WAL, so there is nothing of theirs to capture.
-SCHEMA_TABLES_SQL = """
+# and temporary tables write no WAL, so there is nothing of theirs to capture. The store's own
+# tables (a store kept in a followed schema) are never the source's.
+SCHEMA_TABLES_SQL = f"""
 SELECT n.nspname, c.relname
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND c.relpersistence = 'p'
+  AND obj_description(c.oid, 'pg_class') IS DISTINCT FROM '{STORE_MARK}'
 ORDER BY c.relname
 """
 
@@ -79,21 +88,24 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
     """
     if row is None:
         return f"table {name} does not exist (check 'tables:' in the config)"
-    _, replident, relkind, has_pk, persistence = row
+    _, replident, relkind, persistence, store, has_pk, immediate_pk, identity_index = row
     if relkind not in ("r", "p"):
         return f"{name} is not a table"
+    if store:
+        return f"{name} is one of Weir's store tables: Weir never captures its own writes"
     if persistence != "p":
         return f"table {name} is UNLOGGED (or temporary): its changes are not in the WAL"
-    if replident == "n":
+    if replident == "n" or (replident == "i" and not identity_index):
         return (
-            f"table {name} has REPLICA IDENTITY NOTHING, so its updates and deletes cannot be "
-            f"captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
+            f"table {name} has REPLICA IDENTITY NOTHING (or its identity index is gone), so its "
+            f"updates and deletes cannot be captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
         )
-    if replident == "d" and not has_pk:
+    if replident == "d" and not immediate_pk:
+        deferrable = " (only a DEFERRABLE one)" if has_pk else ""
         return (
-            f"table {name} has no primary key, so Postgres refuses its updates and deletes "
-            f"once it is published: add one, or ALTER TABLE {name} REPLICA IDENTITY FULL and "
-            f"set key_columns: {{{name}: [...]}} in the source's config"
+            f"table {name} has no primary key{deferrable}, so Postgres refuses its updates and "
+            f"deletes once it is published: add one, or ALTER TABLE {name} REPLICA IDENTITY "
+            f"FULL and set key_columns: {{{name}: [...]}} in the source's config"
         )
     if replident == "f" and not has_pk and name not in src.key_columns:
         return f"table {name} has no primary key: set key_columns: {{{name}: [...]}}"
@@ -102,14 +114,16 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
 
 def tables_wanted(src: PostgresSource, store_schema: str | None) -> Callable[[str, str], bool]:
     """Whether capture takes a table's changes: one the config names, or of a schema it
-    follows, and never the store's own schema (``store_schema``, when the store lives in the
-    source's database: capturing its writes would write them again, for ever). A publication
-    may hold more (made by a DBA, for all tables): those are left out."""
+    follows, and never one of the store's own tables (in ``store_schema``, when the store lives
+    in the source's database: capturing its writes would write them again, for ever). A
+    publication may hold more (made by a DBA, for all tables): those are left out."""
     listed = {parse_table(t) for t in src.tables}
     schemas = set(src.schemas)
 
     def wanted(schema: str, table: str) -> bool:
-        return schema != store_schema and (schema in schemas or (schema, table) in listed)
+        if schema == store_schema and table in STORE_TABLES:
+            return False
+        return schema in schemas or (schema, table) in listed
 
     return wanted
 
@@ -131,10 +145,13 @@ def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> lis
     return tables
 
 
-def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = True) -> None:
+def prepare(
+    conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = True
+) -> list[tuple[str, str]]:
     """Check the server and the tables, create or complete the publication, and (``slot``)
     create the slot if missing. A table added to an existing publication is backfilled
-    (``_ensure_publication``).
+    (``_ensure_publication``). Returns the tables left out of a publication Weir does not
+    manage (``create_publication: false``), to backfill once a DBA adds them.
 
     ``conn`` is an ordinary autocommit connection to the source database. Tables named in
     ``tables:`` must be capturable; tables of ``schemas:`` that are not are reported and left.
@@ -146,32 +163,40 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = 
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    complete_publication(conn, src, follow=True)
+    waiting = complete_publication(conn, src, follow=True)
     if slot:
         ensure_slot(conn, src)
+    return waiting
 
 
 def complete_publication(
     conn: psycopg.Connection[Any], src: PostgresSource, *, follow: bool = False
-) -> None:
+) -> list[tuple[str, str]]:
     """Add the source's capturable tables missing from its publication (each backfilled), and
     (``follow``) install the event trigger; one caller at a time per publication (capture, a
-    backfill and a seed may all start at once)."""
+    backfill and a seed may all start at once). Returns the tables missing from a publication
+    Weir does not manage."""
     lock = ("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
             "SELECT pg_advisory_unlock(hashtextextended(%s, 0))")  # fmt: skip
     key = f"weir:prepare:{src.publication}"
     conn.execute(lock[0], (key,))
     try:
-        _ensure_publication(conn, src, capturable_tables(conn, src))
+        waiting = _ensure_publication(conn, src, capturable_tables(conn, src))
         if follow and src.create_publication:
             follow_tables(conn, src)
+        elif follow:
+            log.info("source %s: publication %s is not Weir's (create_publication: false): "
+                     "tables created, dropped or made anew while Weir runs are not followed; "
+                     "one the config names is backfilled once it is added to the publication",
+                     src.name, src.publication)  # fmt: skip
+        return waiting
     finally:
         conn.execute(lock[1], (key,))
 
 
 def _ensure_publication(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
-) -> None:
+) -> list[tuple[str, str]]:
     pub = sql.Identifier(src.publication)
     row = conn.execute(
         "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
@@ -189,6 +214,8 @@ def _ensure_publication(
         ).fetchall()
     }
     missing = [t for t in tables if t not in published]
+    if src.create_publication:
+        _leave(conn, src, tables)
     # ONLY: a table's inheritance children are tables of their own (a partitioned table's
     # partitions are not, and ONLY does not apply to it).
     kinds = {
@@ -214,7 +241,7 @@ def _ensure_publication(
         else:
             conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(pub, via_root))
         log.info("source %s: created publication %s", src.name, src.publication)
-        return
+        return []
     if src.create_publication and not row[0]:
         conn.execute(
             sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub)
@@ -223,10 +250,12 @@ def _ensure_publication(
                  src.name, src.publication)  # fmt: skip
     if missing and not src.create_publication:
         log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
-                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ...",
+                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ... (Weir "
+                    "backfills it then)",
                     src.name, ", ".join(table_name(s, t) for s, t in missing), src.publication,
                     src.publication)  # fmt: skip
-    elif missing:
+        return missing
+    if missing:
         # A table joining a publication that capture reads already may hold rows nothing
         # captured: the message, read in order by capture, asks for its backfill.
         with conn.transaction():
@@ -240,6 +269,28 @@ def _ensure_publication(
             ", ".join(table_name(s, t) for s, t in missing),
             src.publication,
         )
+    return []
+
+
+def _leave(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> None:
+    """Take out of the publication the source's tables that cannot be captured (one that lost
+    its key while Weir was down, say): Postgres would refuse their updates and deletes."""
+    in_scope = tables_wanted(src, None)
+    members = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_publication_rel r"
+        " JOIN pg_publication p ON p.oid = r.prpubid JOIN pg_class c ON c.oid = r.prrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s",
+        (src.publication,),
+    ).fetchall()
+    leaving = [(s, t) for s, t in members if (s, t) not in tables and in_scope(s, t)]
+    if leaving:
+        conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+            sql.Identifier(src.publication),
+            sql.SQL(", ").join(sql.Identifier(s, t) for s, t in leaving)))  # fmt: skip
+        log.info("source %s: took %s out of publication %s", src.name,
+                 ", ".join(table_name(s, t) for s, t in leaving), src.publication)  # fmt: skip
 
 
 def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:

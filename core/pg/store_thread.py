@@ -10,12 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
-from core.store.change import UnstorableChange
 from core.store.writer import SourceWriter
-
-REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
 
 
 class StoreThread:
@@ -23,8 +18,8 @@ class StoreThread:
 
     Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
     end_lsn)``, and ``("backfill", ((schema, table), reason, again))``, ``("drop", (collection,
-    lsn, idx, committed_at))`` and ``("table", (collection, key, relid))``, which go with the
-    next commit.
+    lsn, idx, committed_at))``, ``("table", (collection, key, relid))`` and ``("refuse", (lsn,
+    idx, collection, action, reason))``, which go with the next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
     commit or advance. A store error is raised in the capture thread at its next call. At
     most ``DEPTH`` items wait, so memory stays bounded.
@@ -54,12 +49,7 @@ class StoreThread:
             kind, arg = item
             try:
                 if kind == "write":
-                    try:
-                        self.writer.write(arg)
-                    except psycopg.Error as e:  # a value it cannot hold: retrying cannot help
-                        if (e.sqlstate or "")[:2] not in REFUSED:
-                            raise
-                        raise UnstorableChange.refused(arg, e) from e
+                    self.writer.write(arg)
                     self.on_stored(len(arg))
                 elif kind == "commit":
                     self.writer.commit(*arg)
@@ -71,6 +61,8 @@ class StoreThread:
                     self.writer.drop(*arg)
                 elif kind == "table":  # committed with what comes next
                     self.writer.set_table(*arg)
+                elif kind == "refuse":  # committed with what comes next
+                    self.writer.refuse(*arg)
                 else:
                     self.writer.advance(arg)
                     self.on_commit(arg)

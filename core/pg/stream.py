@@ -21,12 +21,12 @@ import psycopg
 from psycopg import sql
 
 from core.ids import collection_id_of
-from core.pg.follow import BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX
+from core.pg.follow import BACKFILL_PREFIX, DROPPED_PREFIX, LEFT_PREFIX, MISSED_PREFIX
 from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
 from core.pg.relations import Relation, Relations, SourceSchemaError, change_of, old_row
 from core.pg.setup import complete_publication
 from core.pg.store_thread import StoreThread
-from core.store.change import Change
+from core.store.change import Change, UnstorableChange
 from core.store.writer import SourceWriter
 from core.tables import table_name
 
@@ -38,7 +38,8 @@ log = logging.getLogger("weir.source")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
-_TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX)
+_TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX)
+_ACTIONS = {"I": "insert", "U": "update", "D": "delete"}
 
 
 class CaptureError(SourceSchemaError):
@@ -246,6 +247,12 @@ class Stream:
         if prefix == MISSED_PREFIX:
             self._missed(table_name(schema, table), " ".join(why))
             return
+        if prefix == LEFT_PREFIX:
+            log.warning("source %s: table %s left the publication: it has no key now (a "
+                        "primary key or replica identity), so Postgres would refuse its updates "
+                        "and deletes; it is captured again, and backfilled, once it has one",
+                        self.src.name, table_name(schema, table))  # fmt: skip
+            return
         collection = collection_id_of(schema, table)
         known = self.tables.get(collection)
         if known is not None:
@@ -282,9 +289,10 @@ class Stream:
         rel = self.relations.by_id[m[1]]
         if rel.ignored:
             return
+        if rel.problem is not None:
+            self._keyless(rel, _ACTIONS[m[0]])
+            return
         try:
-            if rel.problem is not None:
-                raise SourceSchemaError(rel.problem)
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
         except Exception as e:
             name = table_name(rel.schema, rel.table)
@@ -308,6 +316,19 @@ class Stream:
                 pending[-1] = _moved(prev, ch)  # a row moved to another partition
                 return
         self._append(ch)
+
+    def _keyless(self, rel: Relation, action: str) -> None:
+        """A change of a table whose rows have no key (a publication Weir does not manage, or
+        a change made before the table left the publication): stop naming it, or put it on the
+        source's failed list (``on_unstorable``)."""
+        err = UnstorableChange(
+            f"cannot capture the {action} of table {table_name(rel.schema, rel.table)} "
+            f"committed at {lsn_to_str(self.txn_lsn)}: {rel.problem}; {UnstorableChange.FIX}"
+        )
+        if self.src.on_unstorable != "fail":
+            raise err
+        self.store.submit("refuse", (self.txn_lsn, self.idx, rel.collection_id, action, str(err)))
+        self.idx += 1
 
     def _append(self, ch: Change) -> None:
         pending = self.pending

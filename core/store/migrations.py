@@ -7,6 +7,7 @@ once apply each exactly once. A migration is never edited after it has shipped: 
 from __future__ import annotations
 
 import logging
+import re
 
 import psycopg
 from psycopg import sql
@@ -305,17 +306,18 @@ CREATE TABLE {s}.collections (
     PRIMARY KEY (sync_id, collection_id)
 );
 
--- Changes of a source the store could not hold (on_unstorable: fail), with why.
+-- Changes of a source the store could not hold or capture could not key (on_unstorable: fail),
+-- and rows a backfill could not store (action 'backfill', at its snapshot), with why.
 CREATE TABLE {s}.source_failures (
     sync_id        uuid NOT NULL,
     commit_lsn     bigint NOT NULL,
     commit_idx     integer NOT NULL,
     collection_id  text NOT NULL,
-    record_id      text,
+    record_id      text NOT NULL,  -- '' when the change has none (a table without a key)
     action         text NOT NULL,
     error          text NOT NULL,
     failed_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (sync_id, commit_lsn, commit_idx)
+    PRIMARY KEY (sync_id, commit_lsn, commit_idx, collection_id, record_id)
 );
 
 -- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a
@@ -333,6 +335,20 @@ CREATE TABLE {s}.backfill_requests (
 ]
 
 
+# The store's own tables, as the migrations make them: capture never takes their changes, when
+# the store lives in a source's database (its writes would be captured and written again).
+# Each bears STORE_MARK as its comment, so a source's catalog tells them apart (core/pg/setup.py),
+# and the store's DDL runs with the setting STORE_DDL on, which the follow trigger ignores.
+STORE_TABLES = frozenset(
+    [
+        "schema_migrations",
+        *re.findall(r"CREATE TABLE \{s\}\.(\w+)", "".join(m[2] for m in MIGRATIONS)),
+    ]
+)
+STORE_MARK = "weir store"
+STORE_DDL = "weir.store_ddl"
+
+
 def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
     """Bring ``schema`` up to the newest migration. Returns the schema version.
 
@@ -346,6 +362,7 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
     s = sql.Identifier(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('weir:migrate:' || %s))", (schema,))
+        conn.execute("SELECT set_config(%s, 'on', true)", (STORE_DDL,))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
         conn.execute(
             sql.SQL(
@@ -370,4 +387,16 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
                 (version, description),
             )
             current = version
+        unmarked = conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"
+            " AND obj_description(c.oid, 'pg_class') IS DISTINCT FROM %s",
+            (schema, sorted(STORE_TABLES), STORE_MARK),
+        ).fetchall()
+        for (table,) in unmarked:
+            conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                    sql.Identifier(schema, str(table)), sql.Literal(STORE_MARK)
+                )
+            )
     return current
