@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from psycopg import sql
 
 from core.config import BackfillConfig, PostgresSource
@@ -22,6 +23,7 @@ from core.pg.relations import SourceSchemaError
 from core.pg.setup import SourceSetupError, capturable_tables
 from core.progress import Progress
 from core.store import Conn, Store
+from core.store.change import REFUSED
 from core.store.snapshot_writer import SnapshotWriter
 from core.tables import parse_table, table_name
 
@@ -87,6 +89,10 @@ class Backfill:
             " rows_written = rows_written + %s, updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
+        self._refuse = sql.SQL(
+            "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action,"
+            " error) VALUES (%s, %s, -1, %s, %s, 'backfill', %s) ON CONFLICT DO NOTHING"
+        ).format(store.table("source_failures"))
         self._finish = sql.SQL(
             "UPDATE {} SET finished_at = now(), updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
@@ -155,7 +161,8 @@ class Backfill:
                     swept = f", {gone:,} gone from the table" if gone else ""
                     progress.finish(f"{read:,} rows read, {written:,} written{swept}")
                     return BackfillResult(self.table, read, written, True)
-                _, accepted = writer.write(rel.collection_id, snapshot.records_of(rel, rows))
+                lines = list(snapshot.records_of(rel, rows))
+                accepted = self._write(store_conn, writer, rel.collection_id, lines, st.version)
                 last = plan.key_of(rows[-1])
                 store_conn.execute(self._step, (last, len(rows), accepted, sid, rel.collection_id))
                 store_conn.commit()
@@ -163,6 +170,28 @@ class Backfill:
                 written += accepted
                 progress.update(read)
             return BackfillResult(self.table, read, written, False)
+
+    def _write(
+        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[bytes], version: int
+    ) -> int:
+        """Write a page; when the store refuses it (a value or size it cannot hold), a row at a
+        time, and those it refuses go to the source's failed list. Returns how many were
+        accepted."""
+        try:
+            with conn.transaction():  # a savepoint
+                return writer.write(collection, lines)[1]
+        except psycopg.Error as e:
+            if (e.sqlstate or "")[:2] not in REFUSED:
+                raise
+            if len(lines) > 1:
+                return sum(self._write(conn, writer, collection, [line], version) for line in lines)
+            record_id = lines[0].split(b"\t", 1)[0].decode()
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            log.warning("backfill %s: the store refused record %s (%s): it is on the source's "
+                        "failed list", self.table, record_id, said)  # fmt: skip
+            why = f"the store refused the row read by a backfill: {said}"
+            conn.execute(self._refuse, (self.src.sync_id, version, collection, record_id, why))
+            return 0
 
 
 def configured_tables(src: PostgresSource) -> list[str]:
@@ -195,14 +224,21 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
             ).format(requests),
             (src.sync_id,),
         ).fetchall()
+        published = _published(src) if rows and not src.create_publication else None
         for schema, table, requested_at in rows:
             if stop.is_set():
                 return
+            if published is not None and (schema, table) not in published:
+                continue  # one a DBA is to add to the publication (core/pg/setup.py)
             name = table_name(schema, table)
             try:
                 finished = Backfill(src, store, name).run(stop, since=requested_at).finished
-            except (SourceSetupError, SourceSchemaError) as e:
-                log.error("backfill of %s asked for by capture: %s; not retried", name, e)
+            except (SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+                if isinstance(e, psycopg.Error) and _lost(e):
+                    raise  # resumed at its last page after a pause (core/service.py)
+                log.error("backfill of %s asked for by capture: %s; not retried (run weir "
+                          "backfill --table %s once that is fixed)", name, str(e).strip(),
+                          name)  # fmt: skip
                 finished = True
             if finished:
                 conn.execute(
@@ -212,3 +248,15 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
                     ).format(requests),
                     (src.sync_id, schema, table, requested_at),
                 )
+
+
+def _lost(e: psycopg.Error) -> bool:
+    """Whether the error is a connection lost (or a server going down), not the work's own."""
+    return isinstance(e, psycopg.OperationalError) and (e.sqlstate or "08")[:2] in ("08", "57")
+
+
+def _published(src: PostgresSource) -> set[tuple[str, str]]:
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables"
+                            " WHERE pubname = %s", (src.publication,)).fetchall()  # fmt: skip
+    return {(str(r[0]), str(r[1])) for r in rows}

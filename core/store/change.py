@@ -35,6 +35,7 @@ class Change(NamedTuple):
     event_lsn: int | None = None
 
 
+REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
 MAX_JSON = 255 << 20  # bytes of a record in jsonb: the store's jsonb holds at most 256 MiB
 JSONB_ITEM = 16  # bytes jsonb spends on an array element beyond its text (entry, header)
 
@@ -70,12 +71,10 @@ class UnstorableChange(RuntimeError):
         )
 
     @classmethod
-    def refused(cls, changes: list[Change], error: Exception) -> UnstorableChange:
-        """The store refused a write of ``changes`` (a data error, a limit): which tables and
-        transactions, and what it said."""
-        tables = ", ".join(sorted({c.collection_id for c in changes}))
-        first, last = changes[0].version, changes[-1].version
-        at = lsn_to_str(first) if first == last else f"{lsn_to_str(first)}..{lsn_to_str(last)}"
+    def refused(cls, ch: Change, error: Exception) -> UnstorableChange:
+        """The store refused to write ``ch`` (a data error, a limit): what it said."""
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return cls(f"the store refused changes of {tables} committed at {at}: {said}; the value "
-                   "is in those transactions")  # fmt: skip
+        return cls(
+            f"the store refused the {ch.action} of {ch.collection_id} record {ch.record_id} "
+            f"committed at {lsn_to_str(ch.version)}: {said}; {cls.FIX}"
+        )

@@ -162,7 +162,7 @@ class SnapshotWriter:
         assert row is not None, "source not registered"
         base = int(row[1])  # type: ignore[call-overload]
         gone = self.conn.execute(self._sweep, {
-            "sid": self.sync_id, "collection_id": collection_id, "version": self.version,
+            "sid": self.sync_id, "collections": [collection_id], "version": self.version,
             "idx": SNAPSHOT_IDX, "ts": self.at, "base": base,
         }).rowcount  # fmt: skip
         if gone:

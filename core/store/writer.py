@@ -15,12 +15,20 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+import psycopg
 from psycopg import sql
 
 from core.envelope import MAX_RECORD_TOKEN, record_token
 from core.pg.values import dumps
 from core.store import Conn, Store
-from core.store.change import JSONB_ITEM, MAX_JSON, Change, UnstorableChange, jsonb_size
+from core.store.change import (
+    JSONB_ITEM,
+    MAX_JSON,
+    REFUSED,
+    Change,
+    UnstorableChange,
+    jsonb_size,
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class SourceWriter:
         self.events_seq = 0
         self.records_seq = 0
         self._open = False
+        self._drops: list[Change] = []  # tables dropped, to tombstone before the next write
         sources, events, records = (store.table(n) for n in ("sources", "events", "records"))
         self._sources = sources
         self._lock_row = _lock_source(store)
@@ -180,12 +189,43 @@ class SourceWriter:
     def write(self, changes: list[Change]) -> None:
         """Add changes to the open store transaction (opening it when needed); commit later.
 
-        A long upstream transaction is written in several calls and committed once.
+        A long upstream transaction is written in several calls and committed once. A write
+        the store refuses (a value or size it cannot hold) is written again a change at a time,
+        so the one refused is named, and stops the writer or (``on_unstorable: fail``) goes to
+        the source's failed list while the others are written.
         """
         if not changes:
             return
         if not self._open:
             self._begin()
+        self._tombstone_dropped()
+        seqs = self.events_seq, self.records_seq
+        try:
+            with self.conn.transaction():  # a savepoint
+                self._write(changes)
+        except psycopg.Error as e:
+            if (e.sqlstate or "")[:2] not in REFUSED:
+                raise
+            self.events_seq, self.records_seq = seqs
+            if len(changes) > 1:
+                for ch in changes:
+                    self.write([ch])
+                return
+            ch = changes[0]
+            err = UnstorableChange.refused(ch, e)
+            if self.on_unstorable != "fail":
+                raise err from e
+            self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, str(err), ch.record_id)
+
+    def refuse(self, version: int, idx: int, collection_id: str, action: str, reason: str,
+               record_id: str | None = None) -> None:  # fmt: skip
+        """Put a change on the source's failed list, with why; committed with the next commit."""
+        if not self._open:
+            self._begin()
+        self.conn.execute(self._refuse, (self.sync_id, version, idx, collection_id,
+                                         record_id or "", action, reason))  # fmt: skip
+
+    def _write(self, changes: list[Change]) -> None:
         sid = str(self.sync_id)
         seq = self.events_seq
         # Records-stream work in order: upserts of the newest versions, split at truncates.
@@ -235,11 +275,9 @@ class SourceWriter:
                     self._upsert_records(cur, step)
                 else:
                     self._truncate_collection(cur, step)
-            if refused:
-                cur.executemany(self._refuse, [
-                    (self.sync_id, ch.version, ch.idx, ch.collection_id, ch.record_id, ch.action,
-                     reason) for ch, reason in refused])  # fmt: skip
         self.events_seq = seq
+        for ch, reason in refused:
+            self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, reason, ch.record_id)
 
     def _upsert_records(self, cur: Any, latest: dict[tuple[str, str], list[Any]]) -> None:
         if not latest:
@@ -271,12 +309,14 @@ class SourceWriter:
         )
         self.records_seq += cur.rowcount
 
-    def _truncate_collection(self, cur: Any, ch: Change) -> None:
+    def _truncate_collection(self, cur: Any, ch: Change, also: tuple[str, ...] = ()) -> None:
+        """Every live record of the collection (and of ``also``) older than ``ch`` becomes a
+        tombstone: one pass over the source's records."""
         cur.execute(
             self._truncate,
             {
                 "sid": self.sync_id,
-                "collection_id": ch.collection_id,
+                "collections": [ch.collection_id, *also],
                 "version": ch.version,
                 "idx": ch.idx,
                 "ts": ch.committed_at,
@@ -287,19 +327,25 @@ class SourceWriter:
 
     def drop(self, collection_id: str, version: int, idx: int, committed_at: str) -> None:
         """The collection's table was dropped: every record of it becomes a tombstone (as a
-        truncate does, without an event: a drop changes no row). Committed with the next
-        commit."""
+        truncate does, without an event: a drop changes no row), before the next write, with
+        the next commit. Drops in a row (``DROP SCHEMA ... CASCADE``) are one pass."""
         if not self._open:
             self._begin()
-        drop = Change("truncate", collection_id, None, None, None, (), None, version, idx,
-                      committed_at)  # fmt: skip
-        with self.conn.cursor() as cur:
-            self._truncate_collection(cur, drop)
+        self._drops.append(Change("truncate", collection_id, None, None, None, (), None, version,
+                                  idx, committed_at))  # fmt: skip
+
+    def _tombstone_dropped(self) -> None:
+        if self._drops:
+            last = self._drops[-1]
+            with self.conn.cursor() as cur:
+                self._truncate_collection(cur, last, tuple(d.collection_id for d in self._drops))
+            self._drops.clear()
 
     def commit(self, commit_lsn: int, end_lsn: int) -> None:
         """Commit everything written since the last commit together with the checkpoint."""
         if not self._open:
             self._begin()
+        self._tombstone_dropped()
         self.conn.execute(
             self._checkpoint,
             (self.events_seq, self.records_seq, commit_lsn, end_lsn, self.sync_id),
@@ -309,6 +355,7 @@ class SourceWriter:
 
     def rollback(self) -> None:
         self._open = False
+        self._drops.clear()
         if not self.conn.closed:
             self.conn.rollback()
 
@@ -396,16 +443,16 @@ FROM incoming
 # every record of the source, as the key leads with the record id (migration 7).
 TRUNCATE_RECORDS = """
 WITH doomed AS (
-    SELECT record_id, row_number() OVER (ORDER BY seq) AS n
+    SELECT collection_id, record_id, row_number() OVER (ORDER BY seq) AS n
     FROM {records}
-    WHERE sync_id = %(sid)s AND collection_id = %(collection_id)s AND NOT deleted
+    WHERE sync_id = %(sid)s AND collection_id = ANY(%(collections)s) AND NOT deleted
       AND (version, version_idx) < (%(version)s, %(idx)s)
 )
 UPDATE {records} r
 SET deleted = true, seq = %(base)s + doomed.n, version = %(version)s, version_idx = %(idx)s,
     upstream_updated_at = %(ts)s, updated_at = now()
 FROM doomed
-WHERE r.sync_id = %(sid)s AND r.collection_id = %(collection_id)s
+WHERE r.sync_id = %(sid)s AND r.collection_id = doomed.collection_id
   AND r.record_id = doomed.record_id
 """
 
