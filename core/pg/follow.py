@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from core.store.migrations import STORE_DDL
+from core.store.migrations import STORE_DDL, STORE_MARK
 from core.tables import parse_table
 
 if TYPE_CHECKING:
@@ -34,21 +34,23 @@ LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lo
 HOME = "weir"  # the schema of the trigger's function, in the source database
 
 # The trigger's function (its parameters: see follow_tables; {q} is a dollar quote its body holds
-# nowhere else). It skips the store's own DDL (core/store/migrations.py). A table that may hold
-# rows already (given a key later, or made by CREATE TABLE AS) is named in a BACKFILL_PREFIX
-# message; one that can no longer publish its updates and deletes (its primary key dropped, say)
-# leaves the publication, so the user's writes to it go on, with a LEFT_PREFIX message. The
-# rule for a capturable table is core/pg/setup.py:table_problem's.
+# nowhere else). It skips the store's own DDL and tables (core/store/migrations.py). A table that
+# may hold rows already (given a key later, or made by CREATE TABLE AS) is named in a
+# BACKFILL_PREFIX message; one that can no longer publish its updates and deletes (its primary key
+# or identity index dropped, say) leaves the publication, so the user's writes to it go on, with a
+# LEFT_PREFIX message. The rule for a capturable table is core/pg/setup.py:table_problem's.
 _FOLLOW_FUNCTION = """
 CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {q}
 DECLARE
     t record;
     pub oid;
+    touched oid[];
 BEGIN
     IF current_setting({store_ddl}, true) = 'on' THEN
         RETURN;
     END IF;
+    SELECT p.oid INTO pub FROM pg_publication p WHERE p.pubname = {pub};
     IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
         FOR t IN
             SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
@@ -59,11 +61,19 @@ BEGIN
             PERFORM pg_logical_emit_message(true, {dropped},
                                             json_build_array(t.schema_name, t.object_name)::text);
         END LOOP;
-        RETURN;
+        -- An index or constraint dropped (a replica identity index, say): a published table
+        -- may have lost its key with it.
+        IF NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o
+                       WHERE o.object_type IN ('index', 'table constraint')) THEN
+            RETURN;
+        END IF;
+        touched := ARRAY(SELECT r.prrelid FROM pg_publication_rel r WHERE r.prpubid = pub);
+    ELSE
+        touched := ARRAY(SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+                         WHERE d.classid = 'pg_class'::regclass);
     END IF;
-    SELECT p.oid INTO pub FROM pg_publication p WHERE p.pubname = {pub};
     FOR t IN
-        SELECT DISTINCT n.nspname, c.relname, c.relkind, d.command_tag,
+        SELECT n.nspname, c.relname, c.relkind,
             EXISTS (SELECT 1 FROM pg_publication_rel r
                     WHERE r.prpubid = pub AND r.prrelid = c.oid) AS published,
             (c.relreplident = 'i' AND EXISTS (
@@ -76,11 +86,11 @@ BEGIN
                  OR (n.nspname, c.relname) IN (
                  SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
             AS capturable
-        FROM pg_event_trigger_ddl_commands() d
-        JOIN pg_class c ON c.oid = d.objid
+        FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p')
+        WHERE c.oid = ANY (touched) AND c.relkind IN ('r', 'p')
           AND NOT c.relispartition AND c.relpersistence = 'p'
+          AND obj_description(c.oid, 'pg_class') IS DISTINCT FROM {mark}
           AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
                SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
     LOOP
@@ -90,7 +100,7 @@ BEGIN
                 EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
                                CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END,
                                t.nspname, t.relname);
-                IF t.command_tag <> 'CREATE TABLE' THEN
+                IF TG_TAG <> 'CREATE TABLE' THEN
                     PERFORM pg_logical_emit_message(true, {prefix},
                                                     json_build_array(t.nspname, t.relname)::text);
                 END IF;
@@ -140,6 +150,7 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             q=sql.SQL("\0"),  # no literal holds a NUL: where the quotes go
             fn=fn,
             store_ddl=sql.Literal(STORE_DDL),
+            mark=sql.Literal(STORE_MARK),
             pub=sql.Literal(src.publication),
             schemas=sql.Literal(list(src.schemas)),
             listed_schemas=sql.Literal([s for s, _ in listed]),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from core.store.migrations import migrate
+from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config import HttpSource, PostgresSource
@@ -53,6 +53,12 @@ class Store:
                 raise StoreError(
                     f"the store's database is in {row[0] if row else '?'}, not UTF8: records may "
                     "hold any character, so the store needs a UTF8 database (store.url)"
+                )
+            taken = foreign_tables(conn, self.schema)
+            if taken:
+                raise StoreError(
+                    f"schema {self.schema} holds tables of its own named as the store's "
+                    f"({', '.join(taken)}): give the store a schema of its own (store: schema:)"
                 )
             migrate(conn, self.schema)
             for src in sources:

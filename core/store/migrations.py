@@ -349,6 +349,23 @@ STORE_MARK = "weir store"
 STORE_DDL = "weir.store_ddl"
 
 
+def foreign_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[str]:
+    """Tables of ``schema`` named as the store's own but not made by Weir (a Rails or Ecto
+    ``schema_migrations`` in ``public``, a user's ``events``): the store cannot live there."""
+    found: dict[object, object] = dict(
+        conn.execute(  # type: ignore[arg-type]
+            "SELECT c.relname, EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid"
+            " AND a.attname = 'description' AND NOT a.attisdropped)"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = ANY(%s)",
+            (schema, sorted(STORE_TABLES)),
+        ).fetchall()
+    )
+    if found.get("schema_migrations"):  # Weir's: it made the others it holds
+        return []
+    return sorted(str(t) for t in found)
+
+
 def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
     """Bring ``schema`` up to the newest migration. Returns the schema version.
 

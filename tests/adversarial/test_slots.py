@@ -5,39 +5,17 @@ records stream equals the table again, rows deleted in the gap included."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from core.config import WeirConfig
 from core.embedded import EmbeddedPostgres
-from core.service import prepare, serve
+from core.service import prepare
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute
-from tests.helpers.weir import serving, weir_config
-
-
-class _Running:
-    """``weir run`` in a thread, for a test that expects it to stop by itself."""
-
-    def __init__(self, cfg: WeirConfig) -> None:
-        self.result: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(
-            target=lambda: self.result.append(serve(cfg, self.stop)), daemon=True
-        )
-        self.thread.start()
-
-    def exit_status(self, timeout: float = 60) -> int:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            self.stop.set()
-            self.thread.join(60)
-            raise AssertionError(f"weir run did not stop by itself within {timeout}s")
-        return self.result[0]
+from tests.helpers.weir import Running, serving, weir_config
 
 
 def _live(url: str) -> dict[str, Any]:
@@ -77,7 +55,7 @@ def test_a_lost_slot_stops_capture_naming_the_gap(
     execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     cfg = weir_config(db_url, [])
     prepare(cfg)
-    weir = _Running(cfg)
+    weir = Running(cfg)
     execute(db_url, "INSERT INTO t VALUES (1, 1)")
     wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
     if how != "dropped while running":
@@ -88,7 +66,7 @@ def test_a_lost_slot_stops_capture_naming_the_gap(
     if how == "re-created":
         execute(db_url, "SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
     if how != "dropped while running":
-        weir = _Running(cfg)
+        weir = Running(cfg)
     assert weir.exit_status() == 1
     said = [r.getMessage() for r in caplog.records if "were not captured" in r.getMessage()]
     assert said, caplog.text
@@ -137,7 +115,7 @@ def test_an_invalidated_slot_is_named_and_backfilled() -> None:
         with psycopg.connect(url) as conn:
             status = conn.execute("SELECT wal_status FROM pg_replication_slots").fetchone()
         assert status == ("lost",)
-        assert _Running(cfg).exit_status() == 1
+        assert Running(cfg).exit_status() == 1
         with serving(weir_config(url, [], on_slot_loss="backfill")):
             wait_for(lambda: _live(url) == _table(url), timeout=60, what="the backfill")
 
@@ -152,7 +130,7 @@ def test_a_publication_dropped_and_made_anew_is_a_lost_slot(
     execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     cfg = weir_config(db_url, [], on_slot_loss=on_slot_loss)
     prepare(cfg)
-    weir = _Running(cfg)
+    weir = Running(cfg)
     execute(db_url, "INSERT INTO t VALUES (1, 1)")
     wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
     execute(db_url, "DROP PUBLICATION weir_pub", "INSERT INTO t VALUES (2, 2)",
@@ -182,7 +160,7 @@ def test_a_change_too_large_for_the_store(
           "CREATE TABLE big (id int PRIMARY KEY, body text)")  # fmt: skip
     cfg = weir_config(db_url, [], on_unstorable=on_unstorable)
     prepare(cfg)
-    weir = _Running(cfg)
+    weir = Running(cfg)
     execute(db_url, "INSERT INTO big VALUES (1, repeat('x', 2000000))",
             "INSERT INTO t VALUES (1, 1)")  # fmt: skip
     if on_unstorable == "stop":
@@ -209,7 +187,7 @@ def test_a_slot_renamed_in_the_config_is_named_with_the_old_one(
     with serving(weir_config(db_url, [])):
         execute(db_url, "INSERT INTO t VALUES (1, 1)")
         wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
-    assert _Running(weir_config(db_url, [], slot="weir_slot_v2")).exit_status() == 1
+    assert Running(weir_config(db_url, [], slot="weir_slot_v2")).exit_status() == 1
     assert "the source's slot is now 'weir_slot_v2', but the store was captured through " \
            "'weir_slot'" in caplog.text  # fmt: skip
     assert "SELECT pg_drop_replication_slot('weir_slot')" in caplog.text

@@ -44,6 +44,26 @@ def serving(cfg: WeirConfig) -> Iterator[None]:
     assert result == [0], f"weir exited with {result}"
 
 
+class Running:
+    """``weir run`` in a thread, for a test that expects it to stop by itself."""
+
+    def __init__(self, cfg: WeirConfig) -> None:
+        self.result: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: self.result.append(serve(cfg, self.stop)), daemon=True
+        )
+        self.thread.start()
+
+    def exit_status(self, timeout: float = 60) -> int:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.stop.set()
+            self.thread.join(60)
+            raise AssertionError(f"weir run did not stop by itself within {timeout}s")
+        return self.result[0]
+
+
 def store_events(url: str) -> list[tuple[int, str, str | None, str]]:
     """(seq, collection_id, record_id, action) of the events stream, in seq order."""
     with psycopg.connect(url) as conn:

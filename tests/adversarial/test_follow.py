@@ -1,0 +1,228 @@
+"""Followed schemas as users run them: the store inside a followed schema, tables that lose or
+never had a usable key, names that quote badly, schemas dropped whole, publications a DBA
+manages, and rows the store refuses. The check is the user's: their writes never fail, the
+records stream equals the table, or the change is on the source's failed list saying why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from core.service import prepare
+from core.store import Store, StoreError
+from tests.helpers.capture import wait_for
+from tests.helpers.sql import execute, rows, wait_records
+from tests.helpers.weir import Running, serving, weir_config
+
+
+def _live(url: str, collection: str, schema: str = "weir") -> dict[str, Any]:
+    got = rows(url, f"SELECT record_id, record FROM {schema}.records"
+                    " WHERE collection_id = %s AND NOT deleted", (collection,))  # fmt: skip
+    return dict(got)
+
+
+def _table(url: str, table: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return {str(r["id"]): dict(r) for r in cur.execute(f"SELECT * FROM {table}")}
+
+
+def _published(url: str) -> set[str]:
+    got = rows(url, "SELECT schemaname || '.' || tablename FROM pg_publication_tables"
+                    " WHERE pubname = 'weir_pub'")  # fmt: skip
+    return {r[0] for r in got}
+
+
+def _failures(url: str) -> list[tuple[str, str, str, str]]:
+    return [(str(c), str(r), str(a), str(e)) for c, r, a, e in rows(
+        url, "SELECT collection_id, record_id, action, error FROM weir.source_failures"
+             " ORDER BY commit_lsn, commit_idx, record_id")]  # fmt: skip
+
+
+def test_the_store_inside_the_followed_schema(db_url: str) -> None:
+    """``store: schema: public`` with ``schemas: [public]``: the store's tables are never
+    published, so its own writes are not captured back into it; the user's tables are, also
+    those made while Weir runs."""
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    cfg = weir_config(db_url, [], store={"url": db_url, "schema": "public"})
+    with serving(cfg):
+        execute(db_url, "INSERT INTO t VALUES (1, 'a'), (2, 'b')", "UPDATE t SET v = 'c'",
+                "CREATE TABLE later (id int PRIMARY KEY)",
+                "INSERT INTO later VALUES (7)")  # fmt: skip
+        wait_records(db_url, "public:t", 2, schema="public")
+        wait_records(db_url, "public:later", 1, schema="public")
+        assert _live(db_url, "public:t", "public") == _table(db_url, "t")
+        assert _published(db_url) == {"public.t", "public.later"}
+        got = rows(db_url, "SELECT collection_id, count(*) FROM public.events GROUP BY 1")
+        assert dict(got) == {"public:t": 4, "public:later": 1}  # nothing of its own, no loop
+
+
+def test_a_schema_holding_tables_named_as_the_stores_is_refused(db_url: str) -> None:
+    """A Rails ``schema_migrations`` in ``public`` is not Weir's: the store does not take it
+    over (nor skip its migrations on the strength of it), it says to use a schema of its own."""
+    execute(db_url, "CREATE TABLE schema_migrations (version varchar PRIMARY KEY)",
+            "INSERT INTO schema_migrations VALUES ('20240101000000')")  # fmt: skip
+    with pytest.raises(StoreError, match=r"schema public holds .*\(schema_migrations\): give"):
+        Store(db_url, "public").prepare([])
+    assert rows(db_url, "SELECT version FROM schema_migrations") == [("20240101000000",)]
+
+
+@pytest.mark.parametrize(
+    "lose,regain",
+    [
+        ("ALTER TABLE t DROP CONSTRAINT t_pkey", "ALTER TABLE t ADD PRIMARY KEY (id)"),
+        (
+            "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (id) DEFERRABLE",
+            "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (id)",
+        ),
+        (
+            "CREATE UNIQUE INDEX t_u ON t (v); ALTER TABLE t REPLICA IDENTITY USING INDEX t_u;"
+            " DROP INDEX t_u",
+            "ALTER TABLE t REPLICA IDENTITY DEFAULT",
+        ),
+    ],
+    ids=["pk-dropped", "pk-deferrable", "identity-index-dropped"],
+)
+def test_a_table_that_loses_its_key_leaves_without_failing_writes(
+    db_url: str, lose: str, regain: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Postgres refuses UPDATE and DELETE of a published table without a replica identity: the
+    table leaves the publication (logged), the user's writes go on, other tables are captured,
+    and once it has a key again its rows are backfilled."""
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
+            "CREATE TABLE other (id int PRIMARY KEY)")  # fmt: skip
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "INSERT INTO t SELECT i, i FROM generate_series(1, 5) i")
+        wait_records(db_url, "public:t", 5)
+        execute(db_url, lose)
+        execute(db_url, "UPDATE t SET v = v + 10", "DELETE FROM t WHERE id = 1",
+                "INSERT INTO t VALUES (6, 6)", "INSERT INTO other VALUES (1)")  # fmt: skip
+        wait_records(db_url, "public:other", 1)
+        assert "public.t" not in _published(db_url)
+        assert "table public.t left the publication: it has no key now" in caplog.text
+        execute(db_url, regain, "INSERT INTO t VALUES (7, 7)")
+        wait_for(lambda: _live(db_url, "public:t") == _table(db_url, "t"), timeout=60,
+                 what="the backfill once t has a key again")  # fmt: skip
+
+
+def test_names_that_quote_badly_and_a_followed_schema_dropped_whole(db_url: str) -> None:
+    """A schema named with ``$weir$`` (the trigger's own quoting) is followed like any other;
+    dropping the first followed schema with CASCADE (many tables in one statement) leaves the
+    trigger working for the rest and tombstones every record of the dropped tables."""
+    odd = 'odd$weir$"name'
+    quoted = '"odd$weir$""name"'
+    execute(db_url, "CREATE SCHEMA first", f"CREATE SCHEMA {quoted}")
+    cfg = weir_config(db_url, [], schemas=["first", odd])
+    with serving(cfg):
+        execute(db_url, *[f"CREATE TABLE first.t{i} (id int PRIMARY KEY)" for i in range(12)],
+                *[f"INSERT INTO first.t{i} VALUES (1), (2)" for i in range(12)],
+                f"CREATE TABLE {quoted}.x (id int PRIMARY KEY)",
+                f"INSERT INTO {quoted}.x VALUES (1)")  # fmt: skip
+        for i in range(12):
+            wait_records(db_url, f"first:t{i}", 2)
+        wait_records(db_url, f"{odd}:x", 1)
+        execute(db_url, "DROP SCHEMA first CASCADE",
+                f"CREATE TABLE {quoted}.y (id int PRIMARY KEY)",
+                f"INSERT INTO {quoted}.y VALUES (1), (2)")  # fmt: skip
+        wait_records(db_url, f"{odd}:y", 2)
+        wait_for(lambda: rows(db_url, "SELECT count(*) FROM weir.records WHERE NOT deleted"
+                                      " AND collection_id LIKE 'first:%'") == [(0,)],
+                 what="the dropped schema's records tombstoned")  # fmt: skip
+
+
+@pytest.mark.parametrize("on_unstorable", ["stop", "fail"])
+def test_a_keyless_table_in_a_publication_weir_does_not_manage(
+    db_url: str, on_unstorable: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A DBA's publication may hold a table without a key (inserts only): its rows have no
+    record id. Capture stops naming the table, or puts them on the source's failed list and
+    goes on with the other tables."""
+    execute(db_url, "CREATE TABLE log (at int, msg text)", "CREATE TABLE t (id int PRIMARY KEY)",
+            "CREATE PUBLICATION weir_pub FOR TABLE log, t")  # fmt: skip
+    cfg = weir_config(db_url, [], create_publication=False, on_unstorable=on_unstorable)
+    prepare(cfg)
+    weir = Running(cfg)
+    execute(db_url, "INSERT INTO log VALUES (1, 'x')", "INSERT INTO t VALUES (1)")
+    if on_unstorable == "stop":
+        assert weir.exit_status() == 1
+        assert "cannot capture the insert of table public.log committed at 0/" in caplog.text
+        return
+    wait_records(db_url, "public:t", 1)
+    weir.stop.set()
+    assert weir.exit_status() == 0
+    [(collection, record, action, error)] = _failures(db_url)
+    assert (collection, record, action) == ("public:log", "", "insert")
+    assert "cannot capture the insert of table public.log" in error
+
+
+def test_a_table_the_dba_adds_later_is_backfilled(db_url: str) -> None:
+    """With ``create_publication: false`` a followed table missing from the publication is
+    not captured (said at start); once the DBA adds it, its rows are backfilled and its
+    changes captured."""
+    execute(db_url, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+            "INSERT INTO b SELECT generate_series(1, 40)",
+            "CREATE PUBLICATION weir_pub FOR TABLE a")  # fmt: skip
+    with serving(weir_config(db_url, [], create_publication=False)):
+        execute(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (41)")
+        wait_records(db_url, "public:a", 1)
+        assert _live(db_url, "public:b") == {}
+        execute(db_url, "ALTER PUBLICATION weir_pub ADD TABLE b", "INSERT INTO b VALUES (42)")
+        wait_for(lambda: _live(db_url, "public:b") == _table(db_url, "b"), timeout=60,
+                 what="b backfilled once in the publication")  # fmt: skip
+
+
+def _poison(url: str) -> None:
+    """The store refuses (as for a value beyond one of its limits) any record whose id starts
+    with ``poison``."""
+    execute(url, "CREATE FUNCTION weir.poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                 " IF NEW.record_id LIKE 'poison%' THEN RAISE EXCEPTION 'too odd to store'"
+                 " USING ERRCODE = '54000'; END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON weir.records"
+            " FOR EACH ROW EXECUTE FUNCTION weir.poison()")  # fmt: skip
+
+
+@pytest.mark.parametrize("on_unstorable", ["stop", "fail"])
+def test_a_change_the_store_refuses_is_charged_to_it_alone(
+    db_url: str, on_unstorable: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One change the store refuses, in a transaction with others: stop names it; fail puts
+    only it on the source's failed list with the store's reason, the rest is stored."""
+    execute(db_url, "CREATE TABLE t (id text PRIMARY KEY, v int)")
+    cfg = weir_config(db_url, [], on_unstorable=on_unstorable)
+    prepare(cfg)
+    _poison(db_url)
+    weir = Running(cfg)
+    execute(db_url, "BEGIN; INSERT INTO t VALUES ('a', 1), ('poison', 2), ('b', 3); COMMIT",
+            "INSERT INTO t VALUES ('c', 4)")  # fmt: skip
+    if on_unstorable == "stop":
+        assert weir.exit_status() == 1
+        assert "store refused the insert of public:t record poison committed at 0/" in caplog.text
+        assert "too odd to store" in caplog.text
+        return
+    wait_records(db_url, "public:t", 3)
+    weir.stop.set()
+    assert weir.exit_status() == 0
+    assert sorted(_live(db_url, "public:t")) == ["a", "b", "c"]
+    [(collection, record, action, error)] = _failures(db_url)
+    assert (collection, record, action) == ("public:t", "poison", "insert")
+    assert "too odd to store" in error
+    events = rows(db_url, "SELECT record_id FROM weir.events ORDER BY seq")
+    assert [e[0] for e in events] == ["a", "b", "c"]
+
+
+def test_a_row_the_store_refuses_in_a_backfill(db_url: str) -> None:
+    """A backfill goes on past a row the store refuses: the row is on the source's failed
+    list, every other row is in the records stream, and capture goes on."""
+    execute(db_url, "CREATE TABLE t (id text PRIMARY KEY)")
+    cfg = weir_config(db_url, [], on_unstorable="fail")
+    prepare(cfg)
+    _poison(db_url)
+    with serving(cfg):
+        execute(db_url, "CREATE TABLE bf AS SELECT i::text AS id FROM generate_series(1, 30) i"
+                        " UNION ALL SELECT 'poison1'",
+                "ALTER TABLE bf ADD PRIMARY KEY (id)")  # fmt: skip
+        wait_records(db_url, "public:bf", 30)
+        execute(db_url, "INSERT INTO bf VALUES ('31')")
+        wait_records(db_url, "public:bf", 31)
+    assert [f[:3] for f in _failures(db_url)] == [("public:bf", "poison1", "backfill")]
