@@ -44,11 +44,18 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
             reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
             hint = " (a % in a password is written %25)" if "percent" in reason else ""
             raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
-        authority = v.get_secret_value().partition("://")[2].partition("/")[0]
+        authority = re.split("[/?#]", v.get_secret_value().partition("://")[2])[0]
         if authority.count("@") > 1:  # libpq would read a piece of the password as the host
             raise ValueError(
                 "not a valid PostgreSQL URL: its user info holds an '@' (in a password it is "
                 "written %40)"
+            )
+        ports = [re.sub(r"^\[.*\]", "", h).partition(":")[2] for h in authority.split(",")]
+        if "@" not in authority and any(not p.isdigit() for p in ports if p):
+            # user:pa/ss@host: libpq reads "user" as the host and "pa" as its port
+            raise ValueError(
+                "not a valid PostgreSQL URL: its password seems to hold a '/', '?' or '#' "
+                "(in a password they are written %2F, %3F and %23)"
             )
     return v
 

@@ -50,10 +50,11 @@ def _forms(value: str) -> set[str]:
 
 
 def _pieces(password: str) -> list[str]:
-    """A URL's password, and the runs of it between its ``@`` and ``:``: a password written
-    with them unencoded is split there by a URL parser, which then reports pieces of it as a
-    host or a port (``failed to resolve host 'piece'``)."""
-    cuts = [m.start() for m in re.finditer("[@:]", password)]
+    """A URL's password, and the runs of it between the characters that end a URL's parts
+    (``@ : / ? #``): a password written with them unencoded is split there by a URL parser,
+    which then reports pieces of it as a host, a port or a path (``failed to resolve host
+    'piece'``)."""
+    cuts = [m.start() for m in re.finditer("[@:/?#]", password)]
     starts, ends = [0, *(c + 1 for c in cuts)], [*cuts, len(password)]
     return [password[a:b] for a in starts for b in ends if b > a]
 

@@ -159,6 +159,28 @@ def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("password", ["pa/ss0rd", "pa?ss0rd", "pa#ss0rd"])
+def test_a_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path, password: str) -> None:
+    """libpq ends the user info at an unencoded '/', '?' or '#' and reads the password's start
+    as a port: the config says so instead, without printing it."""
+    path = _write(tmp_path, f"store: {{url: 'postgresql://weir:{password}@127.0.0.1/app'}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: store.url: Value error, not a valid PostgreSQL URL: its password seems to hold a "
+        "'/', '?' or '#' (in a password they are written %2F, %3F and %23)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://weir:pw@[::1]:5432/app", "postgresql://h1:5432,h2:5433/app?user=weir",
+     "postgresql://127.0.0.1/d?password=p/q", "postgresql:///app?host=/tmp"],
+)  # fmt: skip
+def test_urls_with_ports_hosts_and_paths_are_accepted(tmp_path: Path, url: str) -> None:
+    assert load_config(_write(tmp_path, f"store: {{url: '{url}'}}\n")).store.url is not None
+
+
 def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
     head = "store: {url: 'postgresql://x'}\nconnectors:\n"
     cases = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from pydantic import SecretStr
 
@@ -81,3 +82,10 @@ def test_pieces_of_a_password_split_at_its_at_and_colon_are_hidden() -> None:
     s.remember(["postgresql://weir:Zq9@SECRETpw:Hunter2@127.0.0.1:5432/app"])
     said = "cannot reach SECRETpw:Hunter2@127.0.0.1: failed to resolve host 'SECRETpw'"
     assert "SECRET" not in s.redact(said) and "Hunter2" not in s.redact(said)
+
+
+def test_pieces_of_a_password_split_at_a_slash_or_question_mark_are_hidden() -> None:
+    s = Secrets()
+    s.remember(["postgresql://weir:Abcd/Efgh?Ijkl@127.0.0.1:5432/app"])
+    said = 'invalid integer value "Abcd" for connection option "port"; path Efgh?Ijkl@127'
+    assert not {"Abcd", "Efgh", "Ijkl"} & set(re.findall(r"\w+", s.redact(said)))
