@@ -214,8 +214,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         for b in backfills:
             done = f"{min(b.rows_read * 100 // b.rows_total, 99)}%" if b.rows_total else "-"
             state = "finished" if b.finished else f"last page {b.idle_seconds:.0f}s ago"
+            if b.requested is not None:  # capture asked for it (again): not started yet
+                state, done = f"waiting: {b.requested}", "-"
             fills.append((b.table, b.source, f"{b.rows_read:,}", f"{b.rows_total:,}",
-                         "100%" if b.finished else done, f"{b.rows_written:,}", state))  # fmt: skip
+                         "100%" if b.finished and not b.requested else done,
+                         f"{b.rows_written:,}", state))  # fmt: skip
         _table(fills)
     return 0
 

@@ -7,7 +7,7 @@ slot-lag check warns from them.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -83,6 +83,7 @@ class BackfillStatus:
     rows_written: int  # the others were older than a live change
     finished: bool
     idle_seconds: float  # since the backfill last wrote a page (or finished)
+    requested: str | None = None  # why capture asked for it, while it waits to start
 
 
 def sources(cfg: WeirConfig, store: Store) -> list[SourceStatus]:
@@ -163,7 +164,8 @@ def cursors(store: Store) -> list[CursorStatus]:
 
 
 def backfills(store: Store) -> list[BackfillStatus]:
-    """Every table backfill of the store (``weir backfill`` and ``backfill:``), by source."""
+    """Every table backfill of the store (``weir backfill`` and ``backfill:``), by source, and
+    those capture asked for that have not started yet."""
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(
             sql.SQL(
@@ -172,8 +174,19 @@ def backfills(store: Store) -> list[BackfillStatus]:
                 " FROM {} b JOIN {} s USING (sync_id) ORDER BY s.name, b.collection_id"
             ).format(store.table("backfills"), store.table("sources"))
         ).fetchall()
-    return [BackfillStatus(str(r[0]), table_name(*schema_table_of(str(r[1]))), int(r[2]), int(r[3]),
-                           int(r[4]), bool(r[5]), float(r[6])) for r in rows]  # fmt: skip
+        asked: list[Any] = conn.execute(
+            sql.SQL(
+                "SELECT s.name, r.schema_name, r.table_name, r.reason FROM {} r"
+                " JOIN {} s USING (sync_id) ORDER BY s.name, r.schema_name, r.table_name"
+            ).format(store.table("backfill_requests"), store.table("sources"))
+        ).fetchall()
+    out = [BackfillStatus(str(r[0]), table_name(*schema_table_of(str(r[1]))), int(r[2]), int(r[3]),
+                          int(r[4]), bool(r[5]), float(r[6])) for r in rows]  # fmt: skip
+    waiting = {(str(r[0]), table_name(str(r[1]), str(r[2]))): str(r[3]) for r in asked}
+    out = [replace(b, requested=waiting.pop((b.source, b.table), None)) if b.finished else b
+           for b in out]  # fmt: skip
+    return out + [BackfillStatus(src, table, 0, 0, 0, False, 0.0, reason)
+                  for (src, table), reason in waiting.items()]  # fmt: skip
 
 
 def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:

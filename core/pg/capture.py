@@ -127,7 +127,9 @@ class PostgresCapture:
             writer.lock(src.name)
             # Step 2
             waiting = prepare(catalog, src, slot=False)
-            writer.request_backfills(waiting, "it was not in the publication", again=False)
+            writer.request_backfills(
+                waiting, f"until it is in publication {src.publication}", again=False
+            )
             # Step 3
             start = self._hold_slot(catalog, writer)
             # Step 4. Text comes in the database's own encoding, unconverted: the server cannot

@@ -386,9 +386,10 @@ class Stream:
 
 def _other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:
     """Whether the inserted row's partition key differs from the deleted one's: a row moved
-    between partitions, not one deleted and inserted anew (unknown for an expression key)."""
+    between partitions, not one deleted and inserted anew. Not known for a key that is an
+    expression: the two changes are then kept as the WAL has them."""
     old, new = delete.record or {}, insert.record or {}
-    return not key or any(k in old and k in new and old[k] != new[k] for k in key)
+    return any(k in old and k in new and old[k] != new[k] for k in key)
 
 
 def _moved(delete: Change, insert: Change) -> Change:

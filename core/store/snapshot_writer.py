@@ -14,7 +14,8 @@ from psycopg import errors, sql
 
 from core.envelope import MAX_RECORD_TOKEN, RECORD_TOKEN_SQL
 from core.store import Conn, Store
-from core.store.writer import REPLACE_RECORD, TRUNCATE_RECORDS, _advance, _lock_source
+from core.store.records import REPLACE_RECORD, TRUNCATE_RECORDS
+from core.store.writer import _advance, _lock_source
 
 # The records stream's key is the record token (core/envelope.py); a long record id is kept
 # whole beside it. The snapshot merges make both from the staged record id.

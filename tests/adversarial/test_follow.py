@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from core.service import prepare
+from core.status import backfills
 from core.store import Store, StoreError
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute, rows, wait_records
@@ -167,6 +168,8 @@ def test_a_table_the_dba_adds_later_is_backfilled(db_url: str) -> None:
         execute(db_url, "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (41)")
         wait_records(db_url, "public:a", 1)
         assert _live(db_url, "public:b") == {}
+        waiting = [(b.table, b.requested) for b in backfills(Store(db_url)) if not b.rows_read]
+        assert waiting == [("public.b", "until it is in publication weir_pub")]  # weir status
         execute(db_url, "ALTER PUBLICATION weir_pub ADD TABLE b", "INSERT INTO b VALUES (42)")
         wait_for(lambda: _live(db_url, "public:b") == _table(db_url, "b"), timeout=60,
                  what="b backfilled once in the publication")  # fmt: skip
