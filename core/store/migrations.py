@@ -306,18 +306,17 @@ CREATE TABLE {s}.collections (
     PRIMARY KEY (sync_id, collection_id)
 );
 
--- Changes of a source the store could not hold or capture could not key (on_unstorable: fail),
--- and rows a backfill could not store (action 'backfill', at its snapshot), with why.
+-- Changes of a source the store could not hold (on_unstorable: fail), with why.
 CREATE TABLE {s}.source_failures (
     sync_id        uuid NOT NULL,
     commit_lsn     bigint NOT NULL,
     commit_idx     integer NOT NULL,
     collection_id  text NOT NULL,
-    record_id      text NOT NULL,  -- '' when the change has none (a table without a key)
+    record_id      text,
     action         text NOT NULL,
     error          text NOT NULL,
     failed_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (sync_id, commit_lsn, commit_idx, collection_id, record_id)
+    PRIMARY KEY (sync_id, commit_lsn, commit_idx)
 );
 
 -- Tables capture asked to have backfilled: after a slot was lost, or when a table joined a
@@ -330,6 +329,20 @@ CREATE TABLE {s}.backfill_requests (
     requested_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (sync_id, schema_name, table_name)
 );
+""",
+    ),
+    (
+        9,
+        "source failures of a row without a key, and of a backfill",
+        """
+-- Changes of a source the store could not hold or capture could not key (on_unstorable: fail),
+-- and rows a backfill could not store (action 'backfill', at its snapshot), with why. A
+-- refused change is charged alone, so one transaction (or backfill page) may put several on
+-- the list: the record is part of the key, '' for a change that has none.
+UPDATE {s}.source_failures SET record_id = '' WHERE record_id IS NULL;
+ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
+    DROP CONSTRAINT source_failures_pkey,
+    ADD PRIMARY KEY (sync_id, commit_lsn, commit_idx, collection_id, record_id);
 """,
     ),
 ]

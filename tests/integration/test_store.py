@@ -76,3 +76,25 @@ def test_long_record_ids_are_keyed_by_their_token_and_kept_whole(db_url: str) ->
         ).fetchall()
     token = "~" + hashlib.sha256(long_id.encode()).hexdigest()
     assert rows == [(token, long_id), (short_id, None)]
+
+
+def test_source_failures_of_one_transaction_are_kept_apart_after_migration_9(db_url: str) -> None:
+    """A store of version 8 keyed a source failure by its transaction and index alone: after
+    migration 9 one without a record reads as '', and two refused rows of one backfill page
+    (same snapshot, index -1) are both kept."""
+    store = Store(db_url)
+    sid = uuid.uuid4()
+    with psycopg.connect(db_url) as conn:
+        assert migrations.migrate_to(conn, store.schema, 8) == 8
+        conn.execute("INSERT INTO weir.source_failures (sync_id, commit_lsn, commit_idx,"
+                     " collection_id, action, error) VALUES (%s, 1, 0, 'public:t', 'insert',"
+                     " 'no key')", (sid,))  # fmt: skip
+        assert migrations.migrate(conn, store.schema) == migrations.MIGRATIONS[-1][0]
+        for record in ("a", "b"):
+            conn.execute("INSERT INTO weir.source_failures (sync_id, commit_lsn, commit_idx,"
+                         " collection_id, record_id, action, error) VALUES"
+                         " (%s, 2, -1, 'public:t', %s, 'backfill', 'refused')",
+                         (sid, record))  # fmt: skip
+        got = conn.execute("SELECT commit_lsn, record_id FROM weir.source_failures"
+                           " ORDER BY 1, 2").fetchall()  # fmt: skip
+    assert got == [(1, ""), (2, "a"), (2, "b")]
