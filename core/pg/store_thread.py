@@ -17,7 +17,7 @@ class StoreThread:
     """Does the capture's store work on a thread, in the order given.
 
     Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
-    end_lsn)``, and ``("backfill", ((schema, table), reason, again))``, ``("drop", (collection,
+    end_lsn)``, and ``("backfill", ((schema, table), reason))``, ``("drop", (collection,
     lsn, idx, committed_at))``, ``("table", (collection, key, relid))`` and ``("refuse", (lsn,
     idx, collection, action, reason))``, which go with the next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
@@ -55,8 +55,8 @@ class StoreThread:
                     self.writer.commit(*arg)
                     self.on_commit(arg[1])
                 elif kind == "backfill":  # committed with what comes next
-                    table, reason, again = arg
-                    self.writer.request_backfills([table], reason, again=again)
+                    table, reason = arg
+                    self.writer.request_backfills([table], reason)
                 elif kind == "drop":  # committed with what comes next
                     self.writer.drop(*arg)
                 elif kind == "table":  # committed with what comes next

@@ -209,8 +209,10 @@ class Stream:
         self.by_relid[rel.relid] = rel.collection_id
         self.store.submit("table", (rel.collection_id, key, rel.relid))
 
-    def _backfill(self, schema: str, table: str, reason: str, *, again: bool = True) -> None:
-        self.store.submit("backfill", ((schema, table), reason, again))
+    def _backfill(self, schema: str, table: str, reason: str) -> None:
+        """A backfill of the table, after any that runs already (its snapshot may be older
+        than what is missing)."""
+        self.store.submit("backfill", ((schema, table), reason))
 
     def _drop(self, collection: str) -> None:
         """Every record of the collection becomes a tombstone, after the changes before this
@@ -241,8 +243,9 @@ class Stream:
         if wanted is not None and not wanted(schema, table):
             return
         if prefix == BACKFILL_PREFIX:
-            self._backfill(schema, table, "the table joined the publication with rows in it",
-                           again=False)  # fmt: skip
+            # Asked for anew also while one runs: its snapshot may be older than changes made
+            # while the table was out of the publication (it left and came back).
+            self._backfill(schema, table, "the table joined the publication with rows in it")
             return
         if prefix == MISSED_PREFIX:
             self._missed(table_name(schema, table), " ".join(why))

@@ -229,3 +229,21 @@ def test_a_row_the_store_refuses_in_a_backfill(db_url: str) -> None:
         execute(db_url, "INSERT INTO bf VALUES ('31')")
         wait_records(db_url, "public:bf", 31)
     assert [f[:3] for f in _failures(db_url)] == [("public:bf", "poison1", "backfill")]
+
+
+def test_a_table_that_leaves_and_comes_back_while_its_backfill_runs(db_url: str) -> None:
+    """The running backfill's snapshot is older than the changes made while the table was out
+    of the publication: another backfill follows it, and the records stream equals the
+    table."""
+    cfg = weir_config(db_url, [], backfill={"tables": [], "page_size": 5})
+    with serving(cfg):
+        execute(db_url, "CREATE TABLE ld AS SELECT i AS id, 0 AS v FROM generate_series(1, 5000) i",
+                "ALTER TABLE ld ADD PRIMARY KEY (id)")  # fmt: skip
+        wait_for(lambda: rows(db_url, "SELECT count(*) FROM weir.backfills WHERE rows_read > 0"
+                                      " AND finished_at IS NULL") == [(1,)],
+                 what="the backfill under way")  # fmt: skip
+        execute(db_url, "ALTER TABLE ld DROP CONSTRAINT ld_pkey",
+                "UPDATE ld SET v = 1 WHERE id % 5 = 0", "DELETE FROM ld WHERE id % 11 = 0",
+                "ALTER TABLE ld ADD PRIMARY KEY (id)")  # fmt: skip
+        wait_for(lambda: _live(db_url, "public:ld") == _table(db_url, "ld"), timeout=120,
+                 what="the records stream equal to the table")  # fmt: skip
