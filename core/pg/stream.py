@@ -181,15 +181,23 @@ class Stream:
         edited, another primary key or replica identity), backfill it, so its records are keyed
         anew and the old ones become tombstones (the backfill's sweep). When it had another
         name (renamed, moved to another schema), the old name's records are gone, and the new
-        name's are backfilled."""
+        name's are backfilled; one moved out of the config's tables is remembered, by its oid,
+        so that it is backfilled if it comes back (its changes in between were not taken)."""
         if rel.problem is not None or rel.partition:
             return
         before = self.by_relid.get(rel.relid)
+        away = ((), rel.relid)  # a table moved out of the config's tables: no key of its own
         if before is not None and before != rel.collection_id:
-            self._drop(before)
-            self.tables.pop(before, None)
-            self.store.submit("table", (before, None, rel.relid))
-            if not rel.ignored:
+            was_away = self.tables.get(before) == away
+            if not was_away:
+                self._drop(before)
+            if rel.ignored:  # its records are tombstones until it comes back (backfilled then)
+                if not was_away:
+                    self.tables[before] = away
+                    self.store.submit("table", (before, (), rel.relid))
+            else:
+                self.tables.pop(before, None)
+                self.store.submit("table", (before, None, rel.relid))
                 self._backfill(rel.schema, rel.table, "the table was renamed")
         if rel.ignored:
             return
@@ -197,7 +205,9 @@ class Stream:
         known = self.tables.get(rel.collection_id)
         if known == (key, rel.relid):
             return
-        if known is not None and known[0] != key:
+        if known == away:
+            self._backfill(rel.schema, rel.table, "the table came back into the source's tables")
+        elif known is not None and known[0] and known[0] != key:
             log.warning("source %s: table %s is keyed by %s now, no longer by %s: its records "
                         "are keyed anew by a backfill", self.src.name,
                         table_name(rel.schema, rel.table), ", ".join(key),

@@ -247,3 +247,34 @@ def test_a_table_that_leaves_and_comes_back_while_its_backfill_runs(db_url: str)
                 "ALTER TABLE ld ADD PRIMARY KEY (id)")  # fmt: skip
         wait_for(lambda: _live(db_url, "public:ld") == _table(db_url, "ld"), timeout=120,
                  what="the records stream equal to the table")  # fmt: skip
+
+
+def test_a_table_moved_out_of_a_followed_schema_and_back(db_url: str) -> None:
+    """Out of the followed schemas its changes are not taken (its records are tombstones, the
+    log says so); back in, by ALTER TABLE SET SCHEMA or a schema renamed and renamed back, it
+    is backfilled, also when that happens while Weir is down."""
+    execute(db_url, "CREATE SCHEMA s3", "CREATE SCHEMA away",
+            "CREATE TABLE m (id int PRIMARY KEY, v int)", "CREATE TABLE s3.t (id int PRIMARY KEY)",
+            "INSERT INTO m VALUES (1, 1), (2, 2)", "INSERT INTO s3.t VALUES (1)")  # fmt: skip
+    cfg = weir_config(db_url, [], schemas=["public", "s3"])
+    with serving(cfg):
+        wait_records(db_url, "public:m", 0)
+        execute(db_url, "INSERT INTO m VALUES (3, 3)", "INSERT INTO s3.t VALUES (2)")
+        wait_records(db_url, "public:m", 1)
+        execute(db_url, "ALTER TABLE m SET SCHEMA away", "UPDATE away.m SET v = 10",
+                "ALTER SCHEMA s3 RENAME TO s3x", "INSERT INTO s3x.t VALUES (3)",
+                "DELETE FROM s3x.t WHERE id = 2")  # fmt: skip
+        wait_records(db_url, "public:m", 0)
+        wait_records(db_url, "s3:t", 0)
+        execute(db_url, "ALTER TABLE away.m SET SCHEMA public", "INSERT INTO m VALUES (4, 4)",
+                "ALTER SCHEMA s3x RENAME TO s3", "INSERT INTO s3.t VALUES (4)")  # fmt: skip
+        wait_for(lambda: _live(db_url, "public:m") == _table(db_url, "m"), timeout=60,
+                 what="m backfilled once back")  # fmt: skip
+        wait_for(lambda: _live(db_url, "s3:t") == _table(db_url, "s3.t"), timeout=60,
+                 what="s3.t backfilled once back")  # fmt: skip
+        execute(db_url, "ALTER TABLE m SET SCHEMA away", "UPDATE away.m SET v = 20")
+        wait_records(db_url, "public:m", 0)
+    execute(db_url, "ALTER TABLE away.m SET SCHEMA public", "INSERT INTO m VALUES (5, 5)")
+    with serving(cfg):
+        wait_for(lambda: _live(db_url, "public:m") == _table(db_url, "m"), timeout=60,
+                 what="m backfilled once back, while Weir was down")  # fmt: skip
