@@ -17,6 +17,7 @@ from core.ids import collection_id_of, record_id_of
 from core.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
 from core.store.change import Change
+from core.store.migrations import STORE_MARK
 from core.tables import table_name
 
 log = logging.getLogger("weir.source")
@@ -159,6 +160,13 @@ class Relations:
             " WHERE p.partrelid = %s", (relid,)).fetchall()  # fmt: skip
         return tuple(r[0] for r in rows)
 
+    def _store_table(self, relid: int) -> bool:
+        """One of Weir's store tables (in a publication for all tables): never the source's."""
+        row = self.catalog.execute(
+            "SELECT obj_description(%s, 'pg_class') = %s", (relid, STORE_MARK)
+        ).fetchone()
+        return bool(row and row[0])
+
     def _ignore(self, relid: int, schema: str, table: str, partition: bool) -> Relation:
         """A table outside the source's config (a publication made for more, a table renamed
         or moved away, the store itself): left out, and said so once."""
@@ -168,7 +176,7 @@ class Relations:
             log.warning("source %s: table %s was renamed or moved to %s, which the config does "
                         "not name: its changes are no longer captured (add it to tables:)",
                         self.source, table_name(before.schema, before.table), name)  # fmt: skip
-        elif before is None and not partition:
+        elif before is None and not partition and not self._store_table(relid):
             log.warning(
                 "source %s: leaving out the changes of %s: it is in the publication but not in "
                 "the source's tables: or schemas:", self.source, name,

@@ -93,6 +93,7 @@ class Stream:
         self.last_status = self.last_data = self.last_advance = time.monotonic()
         self.uncommitted = 0  # changes written to the store and not yet committed
         self.store = StoreThread(writer, self._stored, self._confirmed)
+        self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
 
     def _stored(self, n: int) -> None:
         self.capture.stored_changes += n
@@ -150,12 +151,20 @@ class Stream:
             self.in_txn = True
             self.txn_lsn, self.txn_ts, self.idx = m[1], _iso(m[2]), 0
             self.skip = self.txn_lsn <= self.checkpoint_lsn
+            self.txn_mark = (len(self.pending), self.store.submitted)
             if self.committed is None:
                 self.batch_started = time.monotonic()
         elif tag == "C":
             self.in_txn = False
             self.last_data = time.monotonic()
-            if not self.skip:
+            if self.committed is None and self.txn_mark == (
+                len(self.pending),
+                self.store.submitted,
+            ):
+                # Nothing of the source's (the store's own writes, in a publication for all
+                # tables, say): the slot moves on as for a keepalive, no store commit follows.
+                self._advance(m[3])
+            elif not self.skip:
                 self.committed, self.complete = (m[2], m[3]), len(self.pending)
                 if (self.complete >= self.max_batch
                         or self.last_data - self.batch_started >= self.max_wait):  # fmt: skip
