@@ -215,7 +215,7 @@ def _ensure_publication(
     }
     missing = [t for t in tables if t not in published]
     if src.create_publication:
-        _leave(conn, src, tables)
+        _leave(conn, src)
     # ONLY: a table's inheritance children are tables of their own (a partitioned table's
     # partitions are not, and ONLY does not apply to it).
     kinds = {
@@ -272,11 +272,10 @@ def _ensure_publication(
     return []
 
 
-def _leave(
-    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
-) -> None:
+def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
     """Take out of the publication the source's tables that cannot be captured (one that lost
-    its key while Weir was down, say): Postgres would refuse their updates and deletes."""
+    its key while Weir was down, say): Postgres would refuse their updates and deletes. Each
+    is looked at now: one the follow trigger has just added (created a moment ago) stays."""
     in_scope = tables_wanted(src, None)
     members = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_publication_rel r"
@@ -284,7 +283,10 @@ def _leave(
         " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s",
         (src.publication,),
     ).fetchall()
-    leaving = [(s, t) for s, t in members if (s, t) not in tables and in_scope(s, t)]
+    leaving = [
+        (s, t) for s, t in members if in_scope(s, t) and table_problem(
+            src, table_name(s, t), conn.execute(TABLE_INFO_SQL, (s, t)).fetchone()) is not None
+    ]  # fmt: skip
     if leaving:
         conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
             sql.Identifier(src.publication),
