@@ -271,3 +271,21 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     rec, missing = row_values(rel, old) if old_kind == "O" else key_values(rel, old)
     return Change("delete", rel.collection_id, record_id_for(rel, rec), rec, None, missing, None,
                   lsn, idx, ts)  # fmt: skip
+
+
+def other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:
+    """Whether the inserted row's partition key differs from the deleted one's: a row moved
+    between partitions, not one deleted and inserted anew. Not known for a key that is an
+    expression: the two changes are then kept as the WAL has them."""
+    old, new = delete.record or {}, insert.record or {}
+    return any(k in old and k in new and old[k] != new[k] for k in key)
+
+
+def moved_row(delete: Change, insert: Change) -> Change:
+    """A row moved between partitions (a delete and an insert of one record, one after the
+    other in a transaction) is an update of the record (DESIGN.md section 3)."""
+    changes = None
+    if not delete.missing and delete.record is not None and insert.record is not None:
+        old, new = delete.record, insert.record
+        changes = {k: v for k, v in old.items() if k in new and new[k] != v}
+    return insert._replace(action="update", changes=changes, idx=delete.idx)

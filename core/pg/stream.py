@@ -23,9 +23,18 @@ from psycopg import sql
 from core.ids import collection_id_of
 from core.pg.follow import BACKFILL_PREFIX, DROPPED_PREFIX, LEFT_PREFIX, MISSED_PREFIX
 from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
-from core.pg.relations import Relation, Relations, SourceSchemaError, change_of, old_row
+from core.pg.relations import (
+    Relation,
+    Relations,
+    SourceSchemaError,
+    change_of,
+    moved_row,
+    old_row,
+    other_partition,
+)
 from core.pg.setup import complete_publication
 from core.pg.store_thread import StoreThread
+from core.pg.watch import PublicationWatch
 from core.store.change import Change, UnstorableChange
 from core.store.writer import SourceWriter
 from core.tables import table_name
@@ -94,6 +103,11 @@ class Stream:
         self.uncommitted = 0  # changes written to the store and not yet committed
         self.store = StoreThread(writer, self._stored, self._confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
+        self.watch = (
+            None
+            if src.create_publication
+            else PublicationWatch(catalog, src.publication, relations.wanted)
+        )
 
     def _stored(self, n: int) -> None:
         self.capture.stored_changes += n
@@ -157,6 +171,7 @@ class Stream:
         elif tag == "C":
             self.in_txn = False
             self.last_data = time.monotonic()
+            self._watch(self.last_data)
             if self.committed is None and self.txn_mark == (
                 len(self.pending),
                 self.store.submitted,
@@ -334,8 +349,8 @@ class Stream:
             if (prev.action == "delete" and prev.version == ch.version
                     and prev.collection_id == ch.collection_id
                     and prev.record_id == ch.record_id
-                    and _other_partition(rel.partition_key, prev, ch)):  # fmt: skip
-                pending[-1] = _moved(prev, ch)  # a row moved to another partition
+                    and other_partition(rel.partition_key, prev, ch)):  # fmt: skip
+                pending[-1] = moved_row(prev, ch)  # a row moved to another partition
                 return
         self._append(ch)
 
@@ -384,6 +399,16 @@ class Stream:
             self.last_advance = now
             self.store.submit("advance", lsn)
 
+    def _watch(self, now: float) -> None:
+        """A DBA's publication: a table taken out of it is named, and backfilled once back."""
+        for schema, table in self.watch.left(now) if self.watch is not None else ():
+            name, pub = table_name(schema, table), self.src.publication
+            log.warning("source %s: table %s was taken out of publication %s: its changes are "
+                        "not captured until it is added again (ALTER PUBLICATION %s ADD TABLE "
+                        "%s); it is backfilled then", self.src.name, name, pub, pub,
+                        name)  # fmt: skip
+            self._backfill(schema, table, f"until it is in publication {pub}")
+
     def _idle(self, sel: selectors.BaseSelector) -> None:
         """Nothing more to read right now: commit what is complete (latency) and wait. While
         the store thread is busy a batch gains nothing by going early: it grows instead (to
@@ -401,24 +426,7 @@ class Stream:
                 "SELECT pg_logical_emit_message(false, 'weir_heartbeat', now()::text)"
             )
             self.last_data = now
+        self._watch(now)
         timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
         sel.select(timeout)
         self.pgconn.consume_input()
-
-
-def _other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:
-    """Whether the inserted row's partition key differs from the deleted one's: a row moved
-    between partitions, not one deleted and inserted anew. Not known for a key that is an
-    expression: the two changes are then kept as the WAL has them."""
-    old, new = delete.record or {}, insert.record or {}
-    return any(k in old and k in new and old[k] != new[k] for k in key)
-
-
-def _moved(delete: Change, insert: Change) -> Change:
-    """A row moved between partitions (a delete and an insert of one record, one after the
-    other in a transaction) is an update of the record (DESIGN.md section 3)."""
-    changes = None
-    if not delete.missing and delete.record is not None and insert.record is not None:
-        old, new = delete.record, insert.record
-        changes = {k: v for k, v in old.items() if k in new and new[k] != v}
-    return insert._replace(action="update", changes=changes, idx=delete.idx)

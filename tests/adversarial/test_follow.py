@@ -305,3 +305,23 @@ def test_a_publication_for_all_tables_holding_the_store(
         execute(db_url, "INSERT INTO t VALUES (2)")
         wait_records(db_url, "public:t", 2)
     assert "leaving out the changes of weir." not in caplog.text
+
+
+def test_a_table_the_dba_takes_out_and_puts_back(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its changes while out of a publication Weir does not manage are not published: Weir
+    says so, and backfills it once it is back, so the records stream equals the table."""
+    execute(db_url, "CREATE TABLE a (id int PRIMARY KEY, v int)",
+            "INSERT INTO a VALUES (1, 1), (2, 2)",
+            "CREATE PUBLICATION weir_pub FOR TABLE a")  # fmt: skip
+    with serving(weir_config(db_url, [], create_publication=False)):
+        execute(db_url, "INSERT INTO a VALUES (3, 3)")
+        wait_records(db_url, "public:a", 1)
+        execute(db_url, "ALTER PUBLICATION weir_pub DROP TABLE a", "UPDATE a SET v = 10",
+                "INSERT INTO a VALUES (4, 4)")  # fmt: skip
+        wait_for(lambda: "table public.a was taken out of publication weir_pub" in caplog.text,
+                 what="the warning")  # fmt: skip
+        execute(db_url, "ALTER PUBLICATION weir_pub ADD TABLE a", "INSERT INTO a VALUES (5, 5)")
+        wait_for(lambda: _live(db_url, "public:a") == _table(db_url, "a"), timeout=60,
+                 what="a backfilled once back in the publication")  # fmt: skip
