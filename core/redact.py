@@ -71,7 +71,8 @@ class Secrets:
         """Hide these values (and their passwords, when they are URLs) from now on."""
         found: set[str] = set()
         for value in values:
-            password = url_password(value)
+            # A URL's password, or a secret that is no URL (a password secrets_of found).
+            password = url_password(value) or (None if "://" in value else value)
             for v in (value, *_pieces(password)) if password else (value,):
                 found |= {f for f in _forms(v) if len(f) >= MIN_LENGTH}
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -64,6 +65,13 @@ class NatsSettings(Model):
                 raise ValueError(
                     f"{redact_urls(u)!r}: expected nats://host:port (or tls://, ws://, wss://)"
                 )
+            try:
+                urlsplit(u).port  # noqa: B018 (it raises when the URL's parts are not there)
+            except ValueError:
+                raise ValueError(
+                    f"{redact_urls(u)!r}: its port is not a number (in a password, '/', '?', "
+                    "'#' and '@' are written %2F, %3F, %23 and %40)"
+                ) from None
         return v
 
     @model_validator(mode="after")

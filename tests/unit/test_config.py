@@ -172,6 +172,22 @@ def test_a_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path, passwo
     ]
 
 
+def test_a_nats_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path) -> None:
+    """Else the client reads the password's start as a port, says so (printing it) and the
+    connector retries for ever."""
+    path = _write(
+        tmp_path,
+        "store: {url: 'postgresql://127.0.0.1/app'}\nconnectors:\n  - {name: n, type: nats, "
+        "stream: events, nats: {url: 'nats://bob:S3cr3t/pa?ss@127.0.0.1:4222'}}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "3: connectors[0].nats.url: Value error, 'nats://bob:***@127.0.0.1:4222': its port is "
+        "not a number (in a password, '/', '?', '#' and '@' are written %2F, %3F, %23 and %40)"
+    ]
+
+
 @pytest.mark.parametrize(
     "url",
     ["postgresql://weir:pw@[::1]:5432/app", "postgresql://h1:5432,h2:5433/app?user=weir",

@@ -89,3 +89,12 @@ def test_pieces_of_a_password_split_at_a_slash_or_question_mark_are_hidden() -> 
     s.remember(["postgresql://weir:Abcd/Efgh?Ijkl@127.0.0.1:5432/app"])
     said = 'invalid integer value "Abcd" for connection option "port"; path Efgh?Ijkl@127'
     assert not {"Abcd", "Efgh", "Ijkl"} & set(re.findall(r"\w+", s.redact(said)))
+
+
+def test_pieces_of_a_password_given_alone_are_hidden() -> None:
+    """secrets_of gives a URL's password alone: its pieces are hidden as well."""
+    s = Secrets()
+    s.remember(secrets_of("nats://bob:S3cr3t/pa?ss#w0rd@127.0.0.1:4222"))
+    assert s.redact("Port could not be cast to integer value as 'S3cr3t'").endswith("'***'")
+    s.remember(["postgresql://weir@127.0.0.1/app"])  # no password: its parts are no secret
+    assert s.redact("user weir on app") == "user weir on app"
