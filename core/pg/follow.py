@@ -72,19 +72,20 @@ BEGIN
         touched := ARRAY(SELECT d.objid FROM pg_event_trigger_ddl_commands() d
                          WHERE d.classid = 'pg_class'::regclass);
     END IF;
+    -- A partition's replica identity is its root's concern: Postgres checks each partition's
+    -- when the root is published.
+    touched := ARRAY(SELECT DISTINCT coalesce(pg_partition_root(o), o) FROM unnest(touched) o);
     FOR t IN
         SELECT n.nspname, c.relname, c.relkind,
             EXISTS (SELECT 1 FROM pg_publication_rel r
                     WHERE r.prpubid = pub AND r.prrelid = c.oid) AS published,
-            (c.relreplident = 'i' AND EXISTS (
-                 SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident))
-            OR (c.relreplident = 'd' AND EXISTS (
-                 SELECT 1 FROM pg_index i
-                 WHERE i.indrelid = c.oid AND i.indisprimary AND i.indimmediate))
-            OR (c.relreplident = 'f' AND (EXISTS (
+            {identity_c} AND (c.relreplident <> 'f' OR EXISTS (
                  SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
                  OR (n.nspname, c.relname) IN (
-                 SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[]))))
+                 SELECT * FROM unnest({keyed_schemas}::text[], {keyed_tables}::text[])))
+            AND NOT EXISTS (SELECT 1 FROM pg_partition_tree(c.oid) pt
+                            JOIN pg_class l ON l.oid = pt.relid
+                            WHERE pt.isleaf AND l.oid <> c.oid AND NOT {identity_l})
             AS capturable
         FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -123,6 +124,18 @@ END
 """
 
 
+def identity_sql(rel: str) -> str:
+    """SQL: whether the table ``rel`` (an alias of ``pg_class``) has a replica identity that
+    Postgres accepts for the updates and deletes of a published table. A deferrable primary
+    key is none."""
+    return (
+        f"({rel}.relreplident = 'f' OR ({rel}.relreplident = 'i' AND EXISTS ("
+        f"SELECT 1 FROM pg_index i WHERE i.indrelid = {rel}.oid AND i.indisreplident)) OR ("
+        f"{rel}.relreplident = 'd' AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = "
+        f"{rel}.oid AND i.indisprimary AND i.indimmediate)))"
+    )
+
+
 def object_name(kind: str, publication: str) -> str:
     """``weir_{kind}_{publication}``, or when that is past Postgres's 63 bytes, the start of the
     publication's name and a hash of all of it (names that share a start stay apart)."""
@@ -151,6 +164,8 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             fn=fn,
             store_ddl=sql.Literal(STORE_DDL),
             mark=sql.Literal(STORE_MARK),
+            identity_c=sql.SQL(identity_sql("c")),
+            identity_l=sql.SQL(identity_sql("l")),
             pub=sql.Literal(src.publication),
             schemas=sql.Literal(list(src.schemas)),
             listed_schemas=sql.Literal([s for s, _ in listed]),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from core.pg.follow import BACKFILL_PREFIX, follow_tables
+from core.pg.follow import BACKFILL_PREFIX, follow_tables, identity_sql
 from core.store.migrations import STORE_MARK, STORE_TABLES
 from core.tables import parse_table, table_name
 
@@ -44,7 +44,10 @@ SELECT c.oid::bigint, c.relreplident, c.relkind, c.relpersistence,
        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
        EXISTS (SELECT 1 FROM pg_index i
                WHERE i.indrelid = c.oid AND i.indisprimary AND i.indimmediate),
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
+       (SELECT l.oid::regclass::text FROM pg_partition_tree(c.oid) pt
+        JOIN pg_class l ON l.oid = pt.relid
+        WHERE pt.isleaf AND l.oid <> c.oid AND NOT {identity_sql("l")} ORDER BY 1 LIMIT 1)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
 """
@@ -88,7 +91,7 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
     """
     if row is None:
         return f"table {name} does not exist (check 'tables:' in the config)"
-    _, replident, relkind, persistence, store, has_pk, immediate_pk, identity_index = row
+    _, replident, relkind, persistence, store, has_pk, immediate_pk, identity_index, leaf = row
     if relkind not in ("r", "p"):
         return f"{name} is not a table"
     if store:
@@ -109,6 +112,13 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
         )
     if replident == "f" and not has_pk and name not in src.key_columns:
         return f"table {name} has no primary key: set key_columns: {{{name}: [...]}}"
+    if leaf is not None:
+        return (
+            f"partition {leaf} of table {name} has no replica identity (REPLICA IDENTITY "
+            "NOTHING, a dropped identity index, or a deferrable key), so Postgres refuses its "
+            f"updates and deletes once {name} is published: ALTER TABLE {leaf} REPLICA IDENTITY "
+            "DEFAULT (or FULL)"
+        )
     return None
 
 

@@ -325,3 +325,39 @@ def test_a_table_the_dba_takes_out_and_puts_back(
         execute(db_url, "ALTER PUBLICATION weir_pub ADD TABLE a", "INSERT INTO a VALUES (5, 5)")
         wait_for(lambda: _live(db_url, "public:a") == _table(db_url, "a"), timeout=60,
                  what="a backfilled once back in the publication")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "lose,regain",
+    [
+        ("ALTER TABLE pp_a REPLICA IDENTITY NOTHING; INSERT INTO pp VALUES (3, 'a', 'w')",
+         "ALTER TABLE pp_a REPLICA IDENTITY DEFAULT"),
+        ("CREATE TABLE pp_c (id int NOT NULL, r text NOT NULL, v text);"
+         " ALTER TABLE pp_c REPLICA IDENTITY NOTHING;"
+         " ALTER TABLE pp ATTACH PARTITION pp_c FOR VALUES IN ('c');"
+         " INSERT INTO pp VALUES (3, 'c', 'w')",
+         "ALTER TABLE pp_c REPLICA IDENTITY DEFAULT"),
+    ],
+    ids=["identity-nothing", "attached-without-key"],
+)  # fmt: skip
+def test_a_partition_without_a_replica_identity_takes_its_table_out(
+    db_url: str, lose: str, regain: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Postgres checks each partition's replica identity when the partitioned table is
+    published: one partition without it takes the table out (the user's updates and deletes
+    go on), and it is backfilled once every partition has one again."""
+    execute(db_url, "CREATE TABLE pp (id int, r text, v text, PRIMARY KEY (id, r))"
+                    " PARTITION BY LIST (r)",
+            "CREATE TABLE pp_a PARTITION OF pp FOR VALUES IN ('a')",
+            "CREATE TABLE pp_b PARTITION OF pp FOR VALUES IN ('b')")  # fmt: skip
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "INSERT INTO pp VALUES (1, 'a', 'x'), (2, 'b', 'y')")
+        wait_records(db_url, "public:pp", 2)
+        execute(db_url, lose)
+        execute(db_url, "UPDATE pp SET v = 'z'", "DELETE FROM pp WHERE id IN (2, 3)")
+        wait_for(lambda: "table public.pp left the publication" in caplog.text,
+                 what="the warning")  # fmt: skip
+        execute(db_url, regain, "INSERT INTO pp VALUES (4, 'a', 'v')")
+        wait_for(lambda: _live(db_url, "public:pp") == {
+            f"{k['id']},{k['r']}": k for k in _table(db_url, "pp").values()}, timeout=60,
+            what="pp backfilled once every partition has a key")  # fmt: skip
