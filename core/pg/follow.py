@@ -46,6 +46,8 @@ DECLARE
     t record;
     pub oid;
     touched oid[];
+    user_lock_timeout text := current_setting('lock_timeout');
+    wait_ms int;
 BEGIN
     IF current_setting({store_ddl}, true) = 'on' THEN
         RETURN;
@@ -96,7 +98,17 @@ BEGIN
                SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
     LOOP
         CONTINUE WHEN pub IS NULL OR t.published = t.capturable;
+        -- The publication's lock may be held (by another transaction that made a table): a
+        -- wait the user's statement_timeout would cancel, which no handler catches, ends at
+        -- half the time left instead, and capture adds the table (MISSED).
+        SELECT greatest(1, (s.setting::int - 1000 * extract(epoch FROM clock_timestamp()
+                                                                 - statement_timestamp())) / 2)
+        INTO wait_ms FROM pg_settings s
+        WHERE s.name = 'statement_timeout' AND s.setting::int > 0;
         BEGIN
+            IF wait_ms IS NOT NULL THEN
+                PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            END IF;
             IF t.capturable THEN
                 EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
                                CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END,
@@ -111,6 +123,7 @@ BEGIN
                 PERFORM pg_logical_emit_message(true, {left},
                                                 json_build_array(t.nspname, t.relname)::text);
             END IF;
+            PERFORM set_config('lock_timeout', user_lock_timeout, true);
         EXCEPTION WHEN others THEN  -- a lock timeout, say: capture hears of it
             RAISE WARNING 'weir: publication % not changed for %: %', {pub}, t.relname, SQLERRM;
             PERFORM pg_logical_emit_message(true, {missed},

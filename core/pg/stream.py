@@ -47,6 +47,7 @@ log = logging.getLogger("weir.source")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
+PUBLICATION_AGAIN = 10  # seconds before the publication is changed again, when it could not be
 _TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX)
 _ACTIONS = {"I": "insert", "U": "update", "D": "delete"}
 
@@ -103,6 +104,7 @@ class Stream:
         self.uncommitted = 0  # changes written to the store and not yet committed
         self.store = StoreThread(writer, self._stored, self._confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
+        self.publication_again: float | None = None  # when to change it again (_missed)
         self.watch = (
             None
             if src.create_publication
@@ -313,12 +315,20 @@ class Stream:
         log.warning("source %s: table %s could not join the publication as it was made (%s); "
                     "adding it now (its rows are backfilled, its changes until now are not "
                     "captured)", self.src.name, name, why)  # fmt: skip
+        self._complete_publication()
+
+    def _complete_publication(self) -> None:
+        """Add (or take out) what the trigger could not, waiting for the publication's lock a
+        few seconds at most, and again a while later until that is done."""
         try:
             self.catalog.execute("SET lock_timeout = '5s'")
             complete_publication(self.catalog, self.src)
+            self.publication_again = None
         except psycopg.Error as e:
-            log.warning("source %s: could not add %s to the publication either (%s): it joins "
-                        "at Weir's next start", self.src.name, name, str(e).strip())  # fmt: skip
+            log.warning("source %s: could not change publication %s (%s): trying again in %ds",
+                        self.src.name, self.src.publication, str(e).strip(),
+                        PUBLICATION_AGAIN)  # fmt: skip
+            self.publication_again = time.monotonic() + PUBLICATION_AGAIN
         finally:
             self.catalog.execute("RESET lock_timeout")
 
@@ -427,6 +437,8 @@ class Stream:
             )
             self.last_data = now
         self._watch(now)
+        if self.publication_again is not None and now >= self.publication_again:
+            self._complete_publication()
         timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
         sel.select(timeout)
         self.pgconn.consume_input()

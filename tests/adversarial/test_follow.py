@@ -361,3 +361,21 @@ def test_a_partition_without_a_replica_identity_takes_its_table_out(
         wait_for(lambda: _live(db_url, "public:pp") == {
             f"{k['id']},{k['r']}": k for k in _table(db_url, "pp").values()}, timeout=60,
             what="pp backfilled once every partition has a key")  # fmt: skip
+
+
+def test_a_table_made_while_another_transaction_holds_the_publication(db_url: str) -> None:
+    """The trigger waits for the publication's lock (held by an open transaction that made a
+    table) at most half of the user's statement_timeout, which would cancel their CREATE
+    TABLE; capture then adds the table once it can, and backfills it."""
+    with serving(weir_config(db_url, [])), psycopg.connect(db_url) as holder:
+        holder.execute("CREATE TABLE x1 (id int PRIMARY KEY)")  # its transaction stays open
+        started = time.monotonic()
+        execute(db_url, "SET statement_timeout = '4s'; CREATE TABLE x2 (id int PRIMARY KEY);"
+                        " INSERT INTO x2 VALUES (1), (2)")  # fmt: skip
+        assert time.monotonic() - started < 4
+        holder.execute("INSERT INTO x1 VALUES (1)")
+        holder.commit()
+        execute(db_url, "INSERT INTO x2 VALUES (3)")
+        wait_records(db_url, "public:x1", 1)
+        wait_for(lambda: _live(db_url, "public:x2") == _table(db_url, "x2"), timeout=60,
+                 what="x2 added by capture and backfilled")  # fmt: skip
