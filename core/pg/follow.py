@@ -31,7 +31,9 @@ BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfil
 DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
-HOME = "weir"  # the schema of the trigger's function, in the source database
+# The schema of the trigger's function, in the source database: named unlike a role, so that
+# no role's "$user" in its search_path finds it (it was in "weir" before: OLD_HOME, cleared).
+HOME, OLD_HOME = "weir_follow", "weir"
 
 # The trigger's function (its parameters: see follow_tables; {q} is a dollar quote its body holds
 # nowhere else). It skips the store's own DDL and tables (core/store/migrations.py). A table that
@@ -215,6 +217,8 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
             for name in (trigger, drop):
                 conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(name))
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                sql.Identifier(OLD_HOME, names["follow"])))  # fmt: skip
             conn.execute(
                 sql.SQL(
                     "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"

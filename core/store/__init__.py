@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
     from core.config import HttpSource, PostgresSource
 
 Conn = psycopg.Connection[tuple[object, ...]]
+log = logging.getLogger("weir.store")
 
 
 class StoreError(RuntimeError):
@@ -37,6 +39,29 @@ class Store:
     def table(self, name: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))
 
+    def _warn_shadowing(self, conn: Conn) -> None:
+        """In a database with tables of its own (a source's), a role named as the store's
+        schema finds the store's tables first ("$user" leads the default search_path): its
+        unqualified ``events`` is the store's, and a table it creates without a schema lands
+        there."""
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)"
+            " AND current_setting('search_path') LIKE '%%$user%%'"
+            " AND EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            "  WHERE c.relkind IN ('r', 'p') AND n.nspname <> %s AND n.nspname NOT LIKE 'pg%%'"
+            "  AND n.nspname <> 'information_schema')", (self.schema, self.schema)
+        ).fetchone()  # fmt: skip
+        if row and row[0]:
+            log.warning(
+                'store: role %s finds the store\'s tables before its own (search_path "$user", '
+                "...): its unqualified names (events, records, ...) mean the store's, and tables "
+                "it creates without a schema land in schema %s. Give the store a schema named "
+                "unlike any role (store: schema:), or ALTER ROLE %s SET search_path = public",
+                self.schema,
+                self.schema,
+                self.schema,
+            )
+
     def prepare(self, sources: Iterable[PostgresSource | HttpSource]) -> None:
         """Bring the schema up to date and register the sources; called once on startup.
 
@@ -57,9 +82,11 @@ class Store:
             taken = foreign_tables(conn, self.schema)
             if taken:
                 raise StoreError(
-                    f"schema {self.schema} holds tables of its own named as the store's "
-                    f"({', '.join(taken)}): give the store a schema of its own (store: schema:)"
+                    f"schema {self.schema} holds tables or indexes of its own named as the "
+                    f"store's ({', '.join(taken)}): give the store a schema of its own (store: "
+                    "schema:)"
                 )
             migrate(conn, self.schema)
+            self._warn_shadowing(conn)
             for src in sources:
                 conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))

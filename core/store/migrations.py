@@ -358,20 +358,27 @@ STORE_TABLES = frozenset(
         *re.findall(r"CREATE TABLE \{s\}\.(\w+)", "".join(m[2] for m in MIGRATIONS)),
     ]
 )
+# Every name the migrations give in the store's schema: its tables, their keys and indexes.
+STORE_NAMES = (
+    STORE_TABLES
+    | {f"{t}_pkey" for t in STORE_TABLES}
+    | set(re.findall(r"CREATE (?:UNIQUE )?INDEX (\w+)", "".join(m[2] for m in MIGRATIONS)))
+)
 STORE_MARK = "weir store"
 STORE_DDL = "weir.store_ddl"
 
 
 def foreign_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[str]:
-    """Tables of ``schema`` named as the store's own but not made by Weir (a Rails or Ecto
-    ``schema_migrations`` in ``public``, a user's ``events``): the store cannot live there."""
+    """Tables (or indexes) of ``schema`` named as the store's own but not made by Weir (a Rails
+    or Ecto ``schema_migrations`` in ``public``, a user's ``events``, an index ``records_pkey``
+    left by a table renamed): the store cannot live there."""
     found: dict[object, object] = dict(
         conn.execute(  # type: ignore[arg-type]
             "SELECT c.relname, EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid"
             " AND a.attname = 'description' AND NOT a.attisdropped)"
             " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = ANY(%s)",
-            (schema, sorted(STORE_TABLES)),
+            (schema, sorted(STORE_NAMES)),
         ).fetchall()
     )
     if found.get("schema_migrations"):  # Weir's: it made the others it holds

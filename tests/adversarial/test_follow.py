@@ -65,9 +65,28 @@ def test_a_schema_holding_tables_named_as_the_stores_is_refused(db_url: str) -> 
     over (nor skip its migrations on the strength of it), it says to use a schema of its own."""
     execute(db_url, "CREATE TABLE schema_migrations (version varchar PRIMARY KEY)",
             "INSERT INTO schema_migrations VALUES ('20240101000000')")  # fmt: skip
-    with pytest.raises(StoreError, match=r"schema public holds .*\(schema_migrations\): give"):
+    with pytest.raises(StoreError, match=r"\(schema_migrations, schema_migrations_pkey\): give"):
         Store(db_url, "public").prepare([])
     assert rows(db_url, "SELECT version FROM schema_migrations") == [("20240101000000",)]
+    # An index left with the store's name by a table renamed would make its migrations fail.
+    execute(db_url, "DROP TABLE schema_migrations", "CREATE TABLE records (id int PRIMARY KEY)",
+            "ALTER TABLE records RENAME TO recs")  # fmt: skip
+    with pytest.raises(StoreError, match=r"schema public holds .*\(records_pkey\): give"):
+        Store(db_url, "public").prepare([])
+
+
+def test_a_role_named_as_the_stores_schema_is_warned_of(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its "$user" search path finds the store's tables before the database's own."""
+    execute(db_url, "CREATE TABLE events (id int PRIMARY KEY)")
+    try:
+        execute(db_url, "CREATE ROLE weir")
+        Store(db_url).prepare([])
+    finally:
+        execute(db_url, "DROP ROLE weir")
+    assert "store: role weir finds the store's tables before its own" in caplog.text
+    assert "ALTER ROLE weir SET search_path = public" in caplog.text
 
 
 @pytest.mark.parametrize(
