@@ -40,13 +40,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Serve everything the file declares until SIGTERM/SIGINT; a second signal exits at once."""
     from core.service import serve
 
-    settings = WeirSettings()
-    path = args.config or settings.config
-    if path is None:
-        print("weir run: give --config FILE (or set WEIR_CONFIG)", file=sys.stderr)
-        return 2
-    cfg = load_or_exit(str(path))
-    return serve(cfg, _stop_on_signals(), settings.shutdown_grace)
+    cfg = load_or_exit(args.config)
+    return serve(cfg, _stop_on_signals(), WeirSettings().shutdown_grace)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -269,16 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(kind, help=f"{kind} tools")
         ksub = p.add_subparsers(dest=f"{kind}_command", required=True)
         k = ksub.add_parser("setup", help=text)
-        k.add_argument("--config", required=True)
+        k.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
         k.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("status", help="sources, connectors and consumers: lag, rate, failures")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--source", required=True, help="a postgres source of the config")
     p.add_argument("--table", action="append", type=table_arg, help="schema.table (repeatable; "
                    "default: the source's backfill: tables, else all its tables)")  # fmt: skip
@@ -298,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
-    setup_logging("debug" if args.verbose else WeirSettings().log_level)
+    settings = WeirSettings()
+    if "config" in args and args.config is None:  # every command that reads one
+        if settings.config is None:
+            parser.error(f"{args.command}: give --config FILE (or set WEIR_CONFIG)")
+        args.config = str(settings.config)
+    setup_logging("debug" if args.verbose else settings.log_level)
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
     bound_postgres_connects()
     try:

@@ -342,7 +342,7 @@ def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from core.cli import table_arg
 
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--source", required=True, help="a postgres source of the config")
     p.add_argument("--table", action="append", required=True, type=table_arg,
                    help='schema.table, "quoted" names allowed (repeatable)')  # fmt: skip
@@ -359,13 +359,17 @@ def main(argv: list[str] | None = None) -> int:
     from core.cli import load_or_exit
     from core.failures import bound_postgres_connects
     from core.redact import setup_logging
+    from core.settings import WeirSettings
 
     parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    config = args.config or WeirSettings().config
+    if config is None:
+        parser.error("give --config FILE (or set WEIR_CONFIG)")
     setup_logging("info")
     bound_postgres_connects()
-    return seed_command(args, load_or_exit(args.config))
+    return seed_command(args, load_or_exit(str(config)))
 
 
 def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:

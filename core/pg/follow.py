@@ -234,5 +234,8 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         log.warning(
             "source %s: cannot follow tables as they are created (an event trigger needs a "
             "superuser): a table created (or made anew) while Weir runs is captured from "
-            "Weir's next start on, and its earlier rows are backfilled then", src.name,
+            "Weir's next start on, and its earlier rows are backfilled then; a table that loses "
+            "its key (primary key dropped) stays in the publication, where Postgres refuses its "
+            "updates and deletes until it has one again or Weir's next start takes it out",
+            src.name,
         )  # fmt: skip

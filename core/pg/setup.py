@@ -244,12 +244,16 @@ def _ensure_publication(
     # A partitioned table is one collection: its partitions' rows are published under it.
     via_root = sql.SQL("WITH (publish_via_partition_root = true)")
     if row is None:
-        if missing:
-            conn.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {} {}").format(pub, idents, via_root)
-            )
-        else:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} {}").format(pub, via_root))
+        listed = sql.SQL(" FOR TABLE {}").format(idents) if missing else sql.SQL("")
+        try:
+            conn.execute(sql.SQL("CREATE PUBLICATION {}{} {}").format(pub, listed, via_root))
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise SourceSetupError(
+                f"source {src.name!r}: cannot create publication {src.publication} "
+                f"({str(e).strip().splitlines()[0]}): the source's role needs CREATE on the "
+                "database and to own the tables; or have it created (CREATE PUBLICATION ... "
+                "WITH (publish_via_partition_root)) and set create_publication: false"
+            ) from None
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
     if src.create_publication and not row[0]:

@@ -370,11 +370,11 @@ class Stream:
         source's failed list (``on_unstorable``)."""
         err = UnstorableChange(
             f"cannot capture the {action} of table {table_name(rel.schema, rel.table)} "
-            f"committed at {lsn_to_str(self.txn_lsn)}: {rel.problem}; {UnstorableChange.FIX}"
+            f"committed at {lsn_to_str(self.txn_lsn)}: {rel.problem}"
         )
         if self.src.on_unstorable != "fail":
             raise err
-        self.store.submit("refuse", (self.txn_lsn, self.idx, rel.collection_id, action, str(err)))
+        self.store.submit("refuse", (self.txn_lsn, self.idx, rel.collection_id, action, err.reason))
         self.idx += 1
 
     def _append(self, ch: Change) -> None:

@@ -53,12 +53,17 @@ def jsonb_size(text: str, value: Any) -> int:
 
 
 class UnstorableChange(RuntimeError):
-    """A change the store refuses; the message names it and the fix. Capture stops on it."""
+    """A change the store refuses; the message names it and the fix. Capture stops on it, or
+    (``on_unstorable: fail``) puts it on the source's failed list with its ``reason``."""
 
     FIX = (
         "set on_unstorable: fail on the source to put such a change on its failed list and go "
         "on (the change is in the WAL as it is; a column list made now does not apply to it)"
     )
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; {self.FIX}")
+        self.reason = reason
 
     @classmethod
     def too_large(cls, ch: Change, size: int) -> UnstorableChange:
@@ -67,7 +72,7 @@ class UnstorableChange(RuntimeError):
         return cls(
             f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
             f"at {lsn_to_str(ch.version)}: it is about {size:,} bytes as jsonb, above the "
-            f"store's limit of {MAX_JSON:,} (largest column: {column!r}); {cls.FIX}"
+            f"store's limit of {MAX_JSON:,} (largest column: {column!r})"
         )
 
     @classmethod
@@ -76,5 +81,5 @@ class UnstorableChange(RuntimeError):
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return cls(
             f"the store refused the {ch.action} of {ch.collection_id} record {ch.record_id} "
-            f"committed at {lsn_to_str(ch.version)}: {said}; {cls.FIX}"
+            f"committed at {lsn_to_str(ch.version)}: {said}"
         )

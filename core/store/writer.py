@@ -9,6 +9,7 @@ set-based upsert per batch.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +49,7 @@ class WriterBusyError(RuntimeError):
     """Another process is writing this source right now."""
 
 
+log = logging.getLogger("weir.store")
 NOTIFY_CHANNEL = "weir_stream"
 
 
@@ -216,11 +218,13 @@ class SourceWriter:
             err = UnstorableChange.refused(ch, e)
             if self.on_unstorable != "fail":
                 raise err from e
-            self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, str(err), ch.record_id)
+            self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, err.reason, ch.record_id)
 
     def refuse(self, version: int, idx: int, collection_id: str, action: str, reason: str,
                record_id: str | None = None) -> None:  # fmt: skip
-        """Put a change on the source's failed list, with why; committed with the next commit."""
+        """Put a change on the source's failed list, with why (which names it); committed with
+        the next commit."""
+        log.warning("on the source's failed list (weir.source_failures): %s", reason)
         if not self._open:
             self._begin()
         self.conn.execute(self._refuse, (self.sync_id, version, idx, collection_id,
@@ -245,7 +249,7 @@ class SourceWriter:
                             err = UnstorableChange.too_large(ch, size)
                             if self.on_unstorable != "fail":
                                 raise err
-                            refused.append((ch, str(err)))
+                            refused.append((ch, err.reason))
                             continue
                     seq += 1
                     write_row(

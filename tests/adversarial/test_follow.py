@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from core.pg.setup import SourceSetupError
 from core.service import prepare
 from core.status import backfills
 from core.store import Store, StoreError
@@ -229,7 +230,9 @@ def test_a_change_the_store_refuses_is_charged_to_it_alone(
     assert sorted(_live(db_url, "public:t")) == ["a", "b", "c"]
     [(collection, record, action, error)] = _failures(db_url)
     assert (collection, record, action) == ("public:t", "poison", "insert")
-    assert "too odd to store" in error
+    assert "too odd to store" in error and "set on_unstorable" not in error
+    assert "on the source's failed list (weir.source_failures): the store refused the insert of " \
+           "public:t record poison" in caplog.text  # fmt: skip
     events = rows(db_url, "SELECT record_id FROM weir.events ORDER BY seq")
     assert [e[0] for e in events] == ["a", "b", "c"]
 
@@ -398,3 +401,19 @@ def test_a_table_made_while_another_transaction_holds_the_publication(db_url: st
         wait_records(db_url, "public:x1", 1)
         wait_for(lambda: _live(db_url, "public:x2") == _table(db_url, "x2"), timeout=60,
                  what="x2 added by capture and backfilled")  # fmt: skip
+
+
+def test_a_role_that_cannot_create_the_publication_is_told_what_to_do(db_url: str) -> None:
+    """Owning the tables is not enough: CREATE PUBLICATION needs CREATE on the database."""
+    execute(db_url, "CREATE ROLE owner_only LOGIN REPLICATION",
+            "CREATE TABLE t (id int PRIMARY KEY)", "ALTER TABLE t OWNER TO owner_only")  # fmt: skip
+    try:
+        cfg = weir_config(db_url.replace("postgres@", "owner_only@"), [], schemas=[],
+                          tables=["public.t"], store={"url": db_url})  # fmt: skip
+        with pytest.raises(SourceSetupError) as e:
+            prepare(cfg)
+    finally:
+        execute(db_url, "DROP OWNED BY owner_only", "DROP ROLE owner_only")
+    assert str(e.value).startswith("source 'app': cannot create publication weir_pub (permission")
+    assert "needs CREATE on the database" in str(e.value)
+    assert "set create_publication: false" in str(e.value)
