@@ -58,12 +58,14 @@ ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
     upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
 """
 # Inserts or replaces the latest version of each record, refusing any that is not newer than the
-# stored one, and numbers the accepted ones with consecutive seqs in batch order.
+# stored one, and numbers the accepted ones with consecutive seqs in batch order. Answers how many
+# it accepted, and the live ones still without some of the columns Postgres left out of their
+# change (unchanged TOASTed values): the store held no full version of them to take those from.
 UPSERT_RECORDS = (
     """
 WITH incoming AS (
     SELECT u.collection_id, u.record_id, u.full_record_id, u.version, u.version_idx, u.deleted,
-           u.ord, u.upstream_updated_at,
+           u.ord, u.upstream_updated_at, u.missing,
            CASE WHEN u.missing IS NULL THEN u.record
                 ELSE (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{{}}')
                       FROM {records} f, jsonb_each(f.record) e
@@ -78,7 +80,7 @@ WITH incoming AS (
     LEFT JOIN {records} r
            ON r.sync_id = %s AND r.collection_id = u.collection_id AND r.record_id = u.record_id
     WHERE r.record_id IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
-)
+), upserted AS (
 INSERT INTO {records} AS r (sync_id, collection_id, record_id, full_record_id, seq, version,
                             version_idx, deleted, record, upstream_updated_at)
 SELECT %s::uuid, collection_id, record_id, full_record_id,
@@ -87,6 +89,17 @@ SELECT %s::uuid, collection_id, record_id, full_record_id,
 FROM incoming
 """
     + REPLACE_RECORD
+    + """
+RETURNING 1
+), unfilled AS (
+    SELECT collection_id, coalesce(full_record_id, record_id) AS record_id, ord FROM incoming
+    WHERE missing IS NOT NULL AND NOT deleted
+      AND NOT record ?& ARRAY(SELECT jsonb_array_elements_text(missing))
+)
+SELECT (SELECT count(*) FROM upserted),
+       (SELECT array_agg(DISTINCT collection_id) FROM unfilled),
+       (SELECT (array_agg(record_id ORDER BY ord))[1:3] FROM unfilled)
+"""
 )
 
 # A truncate turns every live record of the collection older than it into a tombstone. It reads

@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from core.envelope import MAX_RECORD_TOKEN, record_token
+from core.ids import schema_table_of
 from core.pg.values import dumps
 from core.store import Conn, Store
 from core.store.change import (
@@ -312,7 +313,21 @@ class SourceWriter:
         cur.execute(
             self._upsert, (self.sync_id, *cols, self.sync_id, self.sync_id, self.records_seq)
         )
-        self.records_seq += cur.rowcount
+        accepted, unfilled, some = cur.fetchone()
+        self.records_seq += accepted
+        if unfilled:
+            self._unfilled(unfilled, some)
+
+    def _unfilled(self, collections: list[str], some: list[str]) -> None:
+        """Records written without columns their change left out (unchanged TOASTed values),
+        as the store held no full version of them (their table never backfilled, or a change
+        of theirs refused): their tables are backfilled, once, to make them whole."""
+        log.warning("records of %s (%s) lack columns their update left out (values Postgres "
+                    "does not send when unchanged) and the store held no earlier version to "
+                    "take them from: backfilling %s", ", ".join(collections), ", ".join(some),
+                    "them" if len(collections) > 1 else "it")  # fmt: skip
+        tables = [schema_table_of(c) for c in collections]
+        self.request_backfills(tables, "records lacked columns their update left out", again=False)
 
     def _truncate_collection(self, cur: Any, ch: Change, also: tuple[str, ...] = ()) -> None:
         """Every live record of the collection (and of ``also``) older than ``ch`` becomes a
