@@ -236,9 +236,13 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
             except (SourceSetupError, SourceSchemaError, psycopg.Error) as e:
                 if isinstance(e, psycopg.Error) and _lost(e):
                     raise  # resumed at its last page after a pause (core/service.py)
-                log.error("backfill of %s asked for by capture: %s; not retried (run weir "
-                          "backfill --table %s once that is fixed)", name, str(e).strip(),
-                          name)  # fmt: skip
+                if _exists(src, schema, table):
+                    log.error("backfill of %s asked for by capture: %s; not retried (run weir "
+                              "backfill --table %s once that is fixed)", name, str(e).strip(),
+                              name)  # fmt: skip
+                else:  # dropped, renamed or moved on since: capture follows it under its name
+                    log.info("backfill of %s asked for by capture: the table is no longer there "
+                             "(dropped, renamed or moved), nothing to do", name)  # fmt: skip
                 finished = True
             if finished:
                 conn.execute(
@@ -260,3 +264,10 @@ def _published(src: PostgresSource) -> set[tuple[str, str]]:
         rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables"
                             " WHERE pubname = %s", (src.publication,)).fetchall()  # fmt: skip
     return {(str(r[0]), str(r[1])) for r in rows}
+
+
+def _exists(src: PostgresSource, schema: str, table: str) -> bool:
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        name = sql.Identifier(schema, table).as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weir.source")
 
-BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (JSON pair)
+BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfill (and its oid)
 DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
@@ -80,7 +80,7 @@ BEGIN
     -- when the root is published.
     touched := ARRAY(SELECT DISTINCT coalesce(pg_partition_root(o), o) FROM unnest(touched) o);
     FOR t IN
-        SELECT n.nspname, c.relname, c.relkind,
+        SELECT c.oid, n.nspname, c.relname, c.relkind,
             EXISTS (SELECT 1 FROM pg_publication_rel r
                     WHERE r.prpubid = pub AND r.prrelid = c.oid) AS published,
             {identity_c} AND (c.relreplident <> 'f' OR EXISTS (
@@ -115,9 +115,9 @@ BEGIN
                 EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%I.%I', {pub},
                                CASE t.relkind WHEN 'r' THEN 'ONLY ' ELSE '' END,
                                t.nspname, t.relname);
-                IF TG_TAG <> 'CREATE TABLE' THEN
-                    PERFORM pg_logical_emit_message(true, {prefix},
-                                                    json_build_array(t.nspname, t.relname)::text);
+                IF TG_TAG <> 'CREATE TABLE' THEN  -- its oid: it may be renamed before capture
+                    PERFORM pg_logical_emit_message(true, {prefix}, json_build_array(
+                        t.nspname, t.relname, t.oid::text)::text);
                 END IF;
             ELSE
                 EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I.%I', {pub}, t.nspname,

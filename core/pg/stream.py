@@ -264,8 +264,8 @@ class Stream:
     def _table_message(self, prefix: str, content: bytes) -> None:
         """A message of Weir's event trigger or setup (core/pg/setup.py): a table joined the
         publication with rows of its own (backfill it), or was dropped (its records are gone).
-        Any role may write such a message: only a table of this source's is taken, a backfill
-        asked for already stands, and a drop is taken only of a table that is gone."""
+        Any role may write such a message: only a table of this source's is taken, and a drop
+        only of a table that is gone."""
         try:
             schema, table, *why = orjson.loads(content)
             if not all(isinstance(v, str) for v in (schema, table, *why)):
@@ -275,6 +275,8 @@ class Stream:
                         "transaction at %s", self.src.name, prefix,
                         lsn_to_str(self.txn_lsn))  # fmt: skip
             return
+        if prefix == BACKFILL_PREFIX and why and why[0].isdigit():
+            schema, table = self._named_now(int(why[0]), schema, table)
         wanted = self.relations.wanted
         if wanted is not None and not wanted(schema, table):
             return
@@ -308,6 +310,17 @@ class Stream:
             self.tables.pop(collection)
             self.by_relid.pop(known[1], None)
             self.store.submit("table", (collection, None, known[1]))
+
+    def _named_now(self, relid: int, schema: str, table: str) -> tuple[str, str]:
+        """The table's name now (renamed since the message, say), known by its oid from here on,
+        so that capture follows a rename that comes before its first change."""
+        row = self.catalog.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE c.oid = %s", (relid,)).fetchone()  # fmt: skip
+        if row is None:
+            return schema, table
+        self.by_relid.setdefault(relid, collection_id_of(row[0], row[1]))
+        return str(row[0]), str(row[1])
 
     def _missed(self, name: str, why: str) -> None:
         """The event trigger could not add a new table to the publication (a lock timeout,

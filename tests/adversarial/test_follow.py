@@ -436,3 +436,19 @@ def test_an_update_leaving_out_a_value_the_store_never_had(
         wait_for(lambda: _live(db_url, "public:t") == _table(db_url, "t"), timeout=60,
                  what="t backfilled")  # fmt: skip
     assert "records of public:t (1) lack columns their update left out" in caplog.text
+
+
+def test_a_backfill_asked_for_a_table_renamed_since(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request names the table as it was: the backfill of the old name has nothing to do
+    (said as such, not as an error to fix), and the new name's records equal the table."""
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "CREATE TABLE x AS SELECT generate_series(1, 20) AS id",
+                "ALTER TABLE x ADD PRIMARY KEY (id)", "ALTER TABLE x RENAME TO y",
+                "INSERT INTO y VALUES (21)")  # fmt: skip
+        wait_for(lambda: _live(db_url, "public:y") == _table(db_url, "y"), timeout=60,
+                 what="y backfilled")  # fmt: skip
+        wait_for(lambda: not rows(db_url, "SELECT * FROM weir.backfill_requests"),
+                 what="every request done")  # fmt: skip
+    assert "not retried" not in caplog.text
