@@ -79,6 +79,38 @@ BEGIN
     -- A partition's replica identity is its root's concern: Postgres checks each partition's
     -- when the root is published.
     touched := ARRAY(SELECT DISTINCT coalesce(pg_partition_root(o), o) FROM unnest(touched) o);
+    -- The publication's lock may be held (by another transaction that made a table): a wait
+    -- the user's statement_timeout would cancel, which no handler catches, ends at half the
+    -- time left instead, and capture makes the change (MISSED).
+    SELECT greatest(1, (s.setting::int - 1000 * extract(epoch FROM clock_timestamp()
+                                                             - statement_timestamp())) / 2)
+    INTO wait_ms FROM pg_settings s WHERE s.name = 'statement_timeout' AND s.setting::int > 0;
+    -- A published table attached as a partition: its rows are its root's now (published under
+    -- it). Its own collection ends as a dropped table's does, and the root is backfilled.
+    FOR t IN
+        SELECT n.nspname, c.relname, root.oid AS root_oid, rn.nspname AS root_schema,
+               root.relname AS root_name
+        FROM pg_publication_rel r
+        JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_class root ON root.oid = pg_partition_root(c.oid)
+        JOIN pg_namespace rn ON rn.oid = root.relnamespace
+        WHERE r.prpubid = pub AND c.relispartition AND root.oid = ANY (touched)
+    LOOP
+        BEGIN
+            IF wait_ms IS NOT NULL THEN
+                PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            END IF;
+            EXECUTE format('ALTER PUBLICATION %I DROP TABLE %I.%I', {pub}, t.nspname,
+                           t.relname);
+            PERFORM set_config('lock_timeout', user_lock_timeout, true);
+            PERFORM pg_logical_emit_message(true, {dropped},
+                                            json_build_array(t.nspname, t.relname)::text);
+            PERFORM pg_logical_emit_message(true, {prefix}, json_build_array(
+                t.root_schema, t.root_name, t.root_oid::text)::text);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'weir: publication % not changed for %: %', {pub}, t.relname, SQLERRM;
+        END;
+    END LOOP;
     FOR t IN
         SELECT c.oid, n.nspname, c.relname, c.relkind,
             EXISTS (SELECT 1 FROM pg_publication_rel r
@@ -100,13 +132,6 @@ BEGIN
                SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
     LOOP
         CONTINUE WHEN pub IS NULL OR t.published = t.capturable;
-        -- The publication's lock may be held (by another transaction that made a table): a
-        -- wait the user's statement_timeout would cancel, which no handler catches, ends at
-        -- half the time left instead, and capture adds the table (MISSED).
-        SELECT greatest(1, (s.setting::int - 1000 * extract(epoch FROM clock_timestamp()
-                                                                 - statement_timestamp())) / 2)
-        INTO wait_ms FROM pg_settings s
-        WHERE s.name = 'statement_timeout' AND s.setting::int > 0;
         BEGIN
             IF wait_ms IS NOT NULL THEN
                 PERFORM set_config('lock_timeout', wait_ms || 'ms', true);

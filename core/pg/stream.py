@@ -296,13 +296,13 @@ class Stream:
             return
         collection = collection_id_of(schema, table)
         known = self.tables.get(collection)
+        # Gone, or attached as a partition (its rows are its root's now).
+        gone_sql = "SELECT coalesce((SELECT relispartition FROM pg_class WHERE oid = {}), true)"
         if known is not None:
-            gone = self.catalog.execute(
-                "SELECT NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = %s)", (known[1],)
-            ).fetchone()
+            gone = self.catalog.execute(gone_sql.format("%s"), (known[1],)).fetchone()
         else:
             name = sql.Identifier(schema, table).as_string(self.catalog)
-            gone = self.catalog.execute("SELECT to_regclass(%s) IS NULL", (name,)).fetchone()
+            gone = self.catalog.execute(gone_sql.format("to_regclass(%s)"), (name,)).fetchone()
         if gone is None or not gone[0]:
             return  # the table is there: nothing was dropped
         self._drop(collection)

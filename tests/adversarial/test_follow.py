@@ -452,3 +452,23 @@ def test_a_backfill_asked_for_a_table_renamed_since(
         wait_for(lambda: not rows(db_url, "SELECT * FROM weir.backfill_requests"),
                  what="every request done")  # fmt: skip
     assert "not retried" not in caplog.text
+
+
+def test_a_captured_table_attached_as_a_partition(db_url: str) -> None:
+    """Loaded on its own, then attached (partition maintenance): its rows are the partitioned
+    table's from then on. Its own collection ends (tombstones), the partitioned table is
+    backfilled, and its changes arrive under the partitioned table."""
+    execute(db_url, "CREATE TABLE pp (id int, r text, v text, PRIMARY KEY (id, r))"
+                    " PARTITION BY LIST (r)",
+            "CREATE TABLE pp_a PARTITION OF pp FOR VALUES IN ('a')")  # fmt: skip
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "INSERT INTO pp VALUES (1, 'a', 'x')",
+                "CREATE TABLE pp_c (id int, r text, v text, PRIMARY KEY (id, r))",
+                "INSERT INTO pp_c VALUES (2, 'c', 'y'), (3, 'c', 'z')")  # fmt: skip
+        wait_records(db_url, "public:pp_c", 2)
+        execute(db_url, "ALTER TABLE pp ATTACH PARTITION pp_c FOR VALUES IN ('c')",
+                "UPDATE pp SET v = 'w' WHERE id = 3")  # fmt: skip
+        wait_records(db_url, "public:pp_c", 0)
+        wait_for(lambda: _live(db_url, "public:pp") == {
+            f"{k['id']},{k['r']}": k for k in _table(db_url, "pp").values()}, timeout=60,
+            what="pp with the attached rows")  # fmt: skip
