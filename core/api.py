@@ -34,7 +34,7 @@ from core.consume import MAX_BATCH, MAX_WAIT_MS, ApiError, Consumers, Delivery
 from core.failures import postgres_unreachable
 from core.ingest import Ingest, IngestRecord
 from core.metrics import Metrics
-from core.store import Store
+from core.store import SESSION, Store
 
 log = logging.getLogger("weir.api")
 
@@ -395,7 +395,7 @@ class ApiServer:
             min_size=2,
             max_size=10,
             open=False,
-            kwargs={"autocommit": True, "application_name": "weir:api"},
+            kwargs={"autocommit": True, "application_name": "weir:api", "options": SESSION},
         )
         await pool.open(wait=True, timeout=30)
         consumers = Consumers(self.cfg, self.store, pool)

@@ -19,7 +19,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from core.store import Conn, Store
+from core.store import SESSION, Conn, Store
 
 log = logging.getLogger("weir.leases")
 
@@ -38,7 +38,7 @@ class Leases:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(
-                    self.store.url, autocommit=True, connect_timeout=5,
+                    self.store.url, autocommit=True, connect_timeout=5, options=SESSION,
                     application_name=f"weir-leases:{self.instance}"[:63],
                 )  # fmt: skip
             self._conn.execute(

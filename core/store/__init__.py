@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
     from core.config import HttpSource, PostgresSource
 
 Conn = psycopg.Connection[tuple[object, ...]]
+# Every store connection's settings: the date and interval styles psycopg reads, whatever the
+# database or role sets (ALTER DATABASE ... SET datestyle = 'German' made timestamps unreadable).
+SESSION = "-c DateStyle=ISO,YMD -c IntervalStyle=postgres"
 log = logging.getLogger("weir.store")
 
 
@@ -33,8 +36,9 @@ class Store:
     def connect(self, *, autocommit: bool = False) -> Conn:
         # UTF-8 whatever the database's encoding: SnapshotWriter passes rows on as bytes.
         return psycopg.connect(
-            self.url, autocommit=autocommit, application_name="weir", client_encoding="UTF8"
-        )
+            self.url, autocommit=autocommit, application_name="weir", client_encoding="UTF8",
+            options=SESSION,
+        )  # fmt: skip
 
     def table(self, name: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))

@@ -27,7 +27,7 @@ from core.envelope import (
 )
 from core.models import SeqStart, TimeStart
 from core.sink import BrokerMark, Message
-from core.store import Store
+from core.store import SESSION, Store
 from core.store.writer import NOTIFY_CHANNEL
 
 AConn = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -105,7 +105,7 @@ class StreamReader:
         # for 90k rows), where an index scan in seq order stops at the page's end (5 ms).
         self._conn = await psycopg.AsyncConnection.connect(
             self.store.url, autocommit=True, application_name=f"weir:{self.connector}",
-            options="-c enable_bitmapscan=off",
+            options=f"{SESSION} -c enable_bitmapscan=off",
         )  # fmt: skip
 
     async def close(self) -> None:
@@ -236,8 +236,9 @@ class Notifier:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self.store.url, autocommit=True, application_name="weir:notify"
-                ) as conn:
+                    self.store.url, autocommit=True, application_name="weir:notify",
+                    options=SESSION,
+                ) as conn:  # fmt: skip
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     for callbacks in self._subscribers.values():  # missed while not listening
                         for callback in callbacks:

@@ -472,3 +472,20 @@ def test_a_captured_table_attached_as_a_partition(db_url: str) -> None:
         wait_for(lambda: _live(db_url, "public:pp") == {
             f"{k['id']},{k['r']}": k for k in _table(db_url, "pp").values()}, timeout=60,
             what="pp with the attached rows")  # fmt: skip
+
+
+def test_a_database_with_its_own_date_and_interval_styles(db_url: str) -> None:
+    """Settings a database (or role) gives its sessions do not change what Weir reads: the
+    store in such a database works, and values arrive as they do elsewhere."""
+    db = db_url.rsplit("/", 1)[1]
+    execute(db_url, f"ALTER DATABASE {db} SET datestyle = 'German, DMY'",
+            f"ALTER DATABASE {db} SET intervalstyle = 'sql_standard'",
+            "CREATE TABLE t (id int PRIMARY KEY, at timestamptz, span interval)")  # fmt: skip
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "INSERT INTO t VALUES (1, '2026-11-24 07:00:00+00', '1 day 2 hours')",
+                "CREATE TABLE b AS SELECT 1 AS id, now() AS at",
+                "ALTER TABLE b ADD PRIMARY KEY (id)")  # fmt: skip
+        wait_records(db_url, "public:t", 1)
+        wait_records(db_url, "public:b", 1)
+    assert _live(db_url, "public:t")["1"] == {
+        "id": 1, "at": "2026-11-24T07:00:00.000000Z", "span": "P1DT2H"}  # fmt: skip
