@@ -36,27 +36,31 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
     """A config validator: a URL (or conninfo string) libpq can parse. Its error quotes the
-    part it cannot parse, often the password: the quoted text is left out."""
-    if v is not None:
-        try:
-            conninfo_to_dict(v.get_secret_value())
-        except psycopg.Error as e:
-            reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
-            hint = " (a % in a password is written %25)" if "percent" in reason else ""
-            raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
-        authority = re.split("[/?#]", v.get_secret_value().partition("://")[2])[0]
-        if authority.count("@") > 1:  # libpq would read a piece of the password as the host
-            raise ValueError(
-                "not a valid PostgreSQL URL: its user info holds an '@' (in a password it is "
-                "written %40)"
-            )
-        ports = [re.sub(r"^\[.*\]", "", h).partition(":")[2] for h in authority.split(",")]
-        if "@" not in authority and any(not p.isdigit() for p in ports if p):
-            # user:pa/ss@host: libpq reads "user" as the host and "pa" as its port
-            raise ValueError(
-                "not a valid PostgreSQL URL: its password seems to hold a '/', '?' or '#' "
-                "(in a password they are written %2F, %3F and %23)"
-            )
+    part it cannot parse, often the password: the quoted text is left out. A password with an
+    unencoded delimiter is named as such first (libpq would report a piece of it)."""
+    if v is None:
+        return v
+    authority = re.split("[/?#]", v.get_secret_value().partition("://")[2])[0]
+    if authority.count("@") > 1:  # libpq would read a piece of the password as the host
+        raise ValueError(
+            "not a valid PostgreSQL URL: its user info holds an '@' (in a password it is "
+            "written %40)"
+        )
+    ports = [re.sub(r"^\[.*\]", "", h).partition(":")[2] for h in authority.split(",")]
+    if "@" not in authority and any(not p.isdigit() for p in ports if p):
+        # user:pa/ss@host: libpq reads "user" as the host and "pa" as its port
+        raise ValueError(
+            "not a valid PostgreSQL URL: its password seems to hold a '/', '?' or '#' "
+            "(in a password they are written %2F, %3F and %23)"
+        )
+    if any(p.isdigit() and not 0 < int(p) < 65536 for p in ports):
+        raise ValueError("not a valid PostgreSQL URL: a port is not in 1-65535")
+    try:
+        conninfo_to_dict(v.get_secret_value())
+    except psycopg.Error as e:
+        reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
+        hint = " (a % in a password is written %25)" if "percent" in reason else ""
+        raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
     return v
 
 

@@ -19,6 +19,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
+from core.redact import redact
 from core.store import SESSION, Conn, Store
 
 log = logging.getLogger("weir.leases")
@@ -73,14 +74,15 @@ class Leases:
         return True
 
     def report(self, work: str, state: str, detail: str) -> None:
-        """What ``weir status`` shows of ``work``: its state and why (a reason, an error)."""
+        """What ``weir status`` shows of ``work``: its state and why (a reason, an error),
+        without a secret (the store is read by whoever runs weir status)."""
         if self._conn is None:
             return
         with contextlib.suppress(psycopg.Error):
             self._conn.execute(
                 sql.SQL("UPDATE {} SET state = %s, detail = %s WHERE work = %s AND instance = %s")
                 .format(self._owners),
-                (state, detail, work, self.instance),
+                (state, redact(detail), work, self.instance),
             )  # fmt: skip
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ errors and the HTTP API's error bodies all pass through :func:`redact`.
 Two rules, so that a secret is hidden whatever error carries it:
 
 - the password of any URL-like text (``scheme://user:pass@``, also malformed ones such as
-  ``nats:/u:pass@host``) and of ``password=...`` in libpq conninfo strings becomes ``***``;
+  ``nats:/u:pass@host``), and the value of ``password=``, ``token=``, ``api_key=`` and their
+  kind (libpq conninfo strings, URL query parameters) becomes ``***``;
 - every secret value Weir was given (:func:`remember`: the config's ``SecretStr`` values and
   the passwords in its URLs) becomes ``***`` wherever it appears, also percent-decoded,
   percent-encoded, JSON-escaped or as Python writes it in a repr.
@@ -26,7 +27,10 @@ MASK = "***"
 MIN_LENGTH = 4  # shorter values are not searched for everywhere (they are no secret anyway)
 
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:/*[^\s:/@'\"]*:)([^\s'\"]*)@")
-_KEY_VALUE = re.compile(r"(?i)(\b\w*(?:password|passwd|secret|token)=)('[^']*'|[^\s&,;'\"]+)")
+_KEY_VALUE = re.compile(
+    r"(?i)(\b\w*(?:password|passwd|secret|token|key|signature|sig|auth|credential)=)"
+    r"('[^']*'|[^\s&,;'\"]+)"
+)
 
 
 def url_password(text: str) -> str | None:
@@ -180,6 +184,7 @@ def setup_logging(level: str) -> None:
         RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", debug)
     )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line a request, URL and all
 
     def thread_died(args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):

@@ -214,3 +214,12 @@ def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
     for value in ("end", "{seq: 7}", "{time: '2026-11-22T10:00:00Z'}"):
         body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
         load_config(_write(tmp_path, head + body))
+
+
+def test_a_port_out_of_range_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "store: {url: 'postgresql://weir@127.0.0.1:99999999/app'}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: store.url: Value error, not a valid PostgreSQL URL: a port is not in 1-65535"
+    ]

@@ -8,7 +8,7 @@ import re
 from pydantic import SecretStr
 
 from core.config import WeirConfig
-from core.redact import RedactingFormatter, Secrets, raw_secrets, secrets_of
+from core.redact import RedactingFormatter, Secrets, raw_secrets, redact_urls, secrets_of
 
 
 def test_url_passwords_are_masked_also_in_malformed_urls() -> None:
@@ -98,3 +98,9 @@ def test_pieces_of_a_password_given_alone_are_hidden() -> None:
     assert s.redact("Port could not be cast to integer value as 'S3cr3t'").endswith("'***'")
     s.remember(["postgresql://weir@127.0.0.1/app"])  # no password: its parts are no secret
     assert s.redact("user weir on app") == "user weir on app"
+
+
+def test_key_and_signature_query_parameters_are_hidden() -> None:
+    """A webhook URL may carry its credential as a query parameter of any of these names."""
+    got = redact_urls("POST http://h:1/hook?api_key=K1secret&X-Amz-Signature=S1g&token=T0k 302")
+    assert got == "POST http://h:1/hook?api_key=***&X-Amz-Signature=***&token=*** 302"
