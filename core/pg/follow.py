@@ -7,7 +7,8 @@ publish its updates and deletes is left out, or taken out when it loses its key 
 writes to it never fail), and no error of it ever reaches the user's statement. Messages, read
 by capture in order: ``BACKFILL_PREFIX`` (a table joined with rows of its own),
 ``DROPPED_PREFIX`` (a captured table was dropped), ``MISSED_PREFIX`` (the publication could not
-be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication).
+be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication),
+``ALTERED_PREFIX`` (a published table was altered: renamed, say).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BACKFILL_PREFIX = "weir:backfill"  # a logical message naming a table to backfil
 DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
+ALTERED_PREFIX = "weir:altered"  # one naming a published table altered (renamed, say), by oid
 # The schema of the trigger's function, in the source database: named unlike a role, so that
 # no role's "$user" in its search_path finds it (it was in "weir" before: OLD_HOME, cleared).
 HOME, OLD_HOME = "weir_follow", "weir"
@@ -131,6 +133,10 @@ BEGIN
           AND (n.nspname = ANY ({schemas}) OR (n.nspname, c.relname) IN (
                SELECT * FROM unnest({listed_schemas}::text[], {listed_tables}::text[])))
     LOOP
+        IF t.published AND t.capturable AND TG_TAG = 'ALTER TABLE' THEN  -- renamed, say
+            PERFORM pg_logical_emit_message(true, {altered}, json_build_array(
+                t.nspname, t.relname, t.oid::text)::text);
+        END IF;
         CONTINUE WHEN pub IS NULL OR t.published = t.capturable;
         BEGIN
             IF wait_ms IS NOT NULL THEN
@@ -216,6 +222,7 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             dropped=sql.Literal(DROPPED_PREFIX),
             missed=sql.Literal(MISSED_PREFIX),
             left=sql.Literal(LEFT_PREFIX),
+            altered=sql.Literal(ALTERED_PREFIX),
         )
         .as_string(conn)
     )

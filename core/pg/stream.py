@@ -21,7 +21,13 @@ import psycopg
 from psycopg import sql
 
 from core.ids import collection_id_of
-from core.pg.follow import BACKFILL_PREFIX, DROPPED_PREFIX, LEFT_PREFIX, MISSED_PREFIX
+from core.pg.follow import (
+    ALTERED_PREFIX,
+    BACKFILL_PREFIX,
+    DROPPED_PREFIX,
+    LEFT_PREFIX,
+    MISSED_PREFIX,
+)
 from core.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
 from core.pg.relations import (
     Relation,
@@ -48,7 +54,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
 PUBLICATION_AGAIN = 10  # seconds before the publication is changed again, when it could not be
-_TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX)
+_TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX, ALTERED_PREFIX)
 _ACTIONS = {"I": "insert", "U": "update", "D": "delete"}
 
 
@@ -214,17 +220,7 @@ class Stream:
         before = self.by_relid.get(rel.relid)
         away = ((), rel.relid)  # a table moved out of the config's tables: no key of its own
         if before is not None and before != rel.collection_id:
-            was_away = self.tables.get(before) == away
-            if not was_away:
-                self._drop(before)
-            if rel.ignored:  # its records are tombstones until it comes back (backfilled then)
-                if not was_away:
-                    self.tables[before] = away
-                    self.store.submit("table", (before, (), rel.relid))
-            else:
-                self.tables.pop(before, None)
-                self.store.submit("table", (before, None, rel.relid))
-                self._backfill(rel.schema, rel.table, "the table was renamed")
+            self._renamed(before, rel.relid, rel.schema, rel.table, ignored=rel.ignored)
         if rel.ignored:
             return
         key = tuple(rel.names[i] for i in rel.key)
@@ -244,6 +240,34 @@ class Stream:
         self.tables[rel.collection_id] = (key, rel.relid)
         self.by_relid[rel.relid] = rel.collection_id
         self.store.submit("table", (rel.collection_id, key, rel.relid))
+
+    def _renamed(self, before: str, relid: int, schema: str, table: str, *, ignored: bool) -> None:
+        """The table known as ``before`` has another name: the old name's records are gone, and
+        the new name's are backfilled; moved out of the config's tables (``ignored``) it is
+        remembered as away until it comes back."""
+        away = ((), relid)
+        was_away = self.tables.get(before) == away
+        if not was_away:
+            self._drop(before)
+        if ignored:  # its records are tombstones until it comes back (backfilled then)
+            if not was_away:
+                self.tables[before] = away
+                self.store.submit("table", (before, (), relid))
+            return
+        self.tables.pop(before, None)
+        self.store.submit("table", (before, None, relid))
+        self._backfill(schema, table, "the table was renamed")
+
+    def _altered(self, relid: int, schema: str, table: str) -> None:
+        """A published table was altered (the trigger says so by its oid): renamed, it is taken
+        as such now, not at its next change (a table seldom written would keep its old name)."""
+        collection = collection_id_of(schema, table)
+        before = self.by_relid.get(relid)
+        if before is None or before == collection or self._named_now(relid, "", "") != (
+            schema, table):  # fmt: skip
+            return  # not one capture knows, not renamed, or not so named now (forged)
+        self._renamed(before, relid, schema, table, ignored=False)
+        self.by_relid[relid] = collection
 
     def _backfill(self, schema: str, table: str, reason: str) -> None:
         """A backfill of the table, after any that runs already (its snapshot may be older
@@ -284,6 +308,10 @@ class Stream:
             # Asked for anew also while one runs: its snapshot may be older than changes made
             # while the table was out of the publication (it left and came back).
             self._backfill(schema, table, "the table joined the publication with rows in it")
+            return
+        if prefix == ALTERED_PREFIX:
+            if why and why[0].isdigit():
+                self._altered(int(why[0]), schema, table)
             return
         if prefix == MISSED_PREFIX:
             self._missed(table_name(schema, table), " ".join(why))

@@ -489,3 +489,15 @@ def test_a_database_with_its_own_date_and_interval_styles(db_url: str) -> None:
         wait_records(db_url, "public:b", 1)
     assert _live(db_url, "public:t")["1"] == {
         "id": 1, "at": "2026-11-24T07:00:00.000000Z", "span": "P1DT2H"}  # fmt: skip
+
+
+def test_a_table_renamed_and_not_written_to(db_url: str) -> None:
+    """A rename is taken when it is made, not at the table's next change: the old name's
+    records end, the new name's are backfilled."""
+    execute(db_url, "CREATE TABLE rn (id int PRIMARY KEY, v text)")
+    with serving(weir_config(db_url, [])):
+        execute(db_url, "INSERT INTO rn VALUES (1, 'a'), (2, 'b')")
+        wait_records(db_url, "public:rn", 2)
+        execute(db_url, "ALTER TABLE rn RENAME TO rn3")
+        wait_records(db_url, "public:rn", 0)
+        wait_records(db_url, "public:rn3", 2)
