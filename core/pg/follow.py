@@ -33,6 +33,7 @@ DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
 ALTERED_PREFIX = "weir:altered"  # one naming a published table altered (renamed, say), by oid
+TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX, ALTERED_PREFIX)
 # The schema of the trigger's function, in the source database: named unlike a role, so that
 # no role's "$user" in its search_path finds it (it was in "weir" before: OLD_HOME, cleared).
 HOME, OLD_HOME = "weir_follow", "weir"
