@@ -172,7 +172,10 @@ class _Session:
 
     async def run(self) -> None:
         fw = self.fw
-        fw.set_state("connecting")
+        # After a failed attempt, why it failed stays in view while the next one runs (a slow
+        # connect would otherwise show no reason most of the time).
+        last = fw.detail.rsplit("; retry in", 1)[0] if fw.state == "reconnecting" else ""
+        fw.set_state("connecting", f"last attempt: {last}" if last else "")
         await self.sink.connect()
         for lane in self.lanes:
             await lane.reader.open()
