@@ -20,8 +20,9 @@ from psycopg import sql
 from core.config import BackfillConfig, PostgresSource
 from core.pg import snapshot
 from core.pg.relations import SourceSchemaError
-from core.pg.setup import SourceSetupError, capturable_tables
+from core.pg.setup import SourceSetupError, capturable_tables, published_tables
 from core.progress import Progress
+from core.redact import first_line
 from core.store import Conn, Store
 from core.store.change import REFUSED
 from core.store.snapshot_writer import SnapshotWriter
@@ -89,10 +90,6 @@ class Backfill:
             " rows_written = rows_written + %s, updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
-        self._refuse = sql.SQL(
-            "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action,"
-            " error) VALUES (%s, %s, -1, %s, %s, 'backfill', %s) ON CONFLICT DO NOTHING"
-        ).format(store.table("source_failures"))
         self._finish = sql.SQL(
             "UPDATE {} SET finished_at = now(), updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
@@ -162,7 +159,7 @@ class Backfill:
                     progress.finish(f"{read:,} rows read, {written:,} written{swept}")
                     return BackfillResult(self.table, read, written, True)
                 lines = list(snapshot.records_of(rel, rows))
-                accepted = self._write(store_conn, writer, rel.collection_id, lines, st.version)
+                accepted = self._write(store_conn, writer, rel.collection_id, lines)
                 last = plan.key_of(rows[-1])
                 store_conn.execute(self._step, (last, len(rows), accepted, sid, rel.collection_id))
                 store_conn.commit()
@@ -172,7 +169,7 @@ class Backfill:
             return BackfillResult(self.table, read, written, False)
 
     def _write(
-        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[bytes], version: int
+        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[bytes]
     ) -> int:
         """Write a page; when the store refuses it (a value or size it cannot hold), a row at a
         time, and those it refuses go to the source's failed list. Returns how many were
@@ -184,13 +181,10 @@ class Backfill:
             if (e.sqlstate or "")[:2] not in REFUSED:
                 raise
             if len(lines) > 1:
-                return sum(self._write(conn, writer, collection, [line], version) for line in lines)
+                return sum(self._write(conn, writer, collection, [line]) for line in lines)
             record_id = lines[0].split(b"\t", 1)[0].decode()
-            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            log.warning("backfill %s: the store refused record %s (%s): it is on the source's "
-                        "failed list", self.table, record_id, said)  # fmt: skip
-            why = f"the store refused the row read by a backfill: {said}"
-            conn.execute(self._refuse, (self.src.sync_id, version, collection, record_id, why))
+            writer.refuse(collection, record_id, f"the store refused the row of {collection} "
+                          f"record {record_id} read by a backfill: {first_line(e)}")  # fmt: skip
             return 0
 
 
@@ -261,9 +255,7 @@ def _lost(e: psycopg.Error) -> bool:
 
 def _published(src: PostgresSource) -> set[tuple[str, str]]:
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables"
-                            " WHERE pubname = %s", (src.publication,)).fetchall()  # fmt: skip
-    return {(str(r[0]), str(r[1])) for r in rows}
+        return published_tables(conn, src.publication)
 
 
 def _exists(src: PostgresSource, schema: str, table: str) -> bool:

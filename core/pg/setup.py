@@ -204,6 +204,15 @@ def complete_publication(
         conn.execute(lock[1], (key,))
 
 
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[tuple[str, str]]:
+    """The (schema, table)s whose rows ``publication`` publishes now."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+        (publication,),
+    ).fetchall()
+    return {(str(s), str(t)) for s, t in rows}
+
+
 def _ensure_publication(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
 ) -> list[tuple[str, str]]:
@@ -216,13 +225,7 @@ def _ensure_publication(
             f"source {src.name!r}: publication {src.publication!r} does not exist and "
             "create_publication is false: CREATE PUBLICATION it, or let Weir create it"
         )
-    published = {
-        (r[0], r[1])
-        for r in conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-            (src.publication,),
-        ).fetchall()
-    }
+    published = published_tables(conn, src.publication)
     missing = [t for t in tables if t not in published]
     if src.create_publication:
         _leave(conn, src)

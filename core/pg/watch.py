@@ -10,6 +10,8 @@ from typing import Any
 
 import psycopg
 
+from core.pg.setup import published_tables
+
 WATCH_EVERY = 1.0  # seconds between looks at the publication's tables
 
 
@@ -45,8 +47,5 @@ class PublicationWatch:
         return [(str(s), str(t)) for s, t in exists]
 
     def _published(self) -> set[tuple[str, str]]:
-        rows = self.catalog.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-            (self.publication,),
-        ).fetchall()
-        return {(s, t) for s, t in rows if self.wanted is None or self.wanted(s, t)}
+        tables = published_tables(self.catalog, self.publication)
+        return {(s, t) for s, t in tables if self.wanted is None or self.wanted(s, t)}

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 from core.pg.pgoutput import lsn_to_str
 from core.pg.values import dumps
+from core.redact import first_line
 
 
 class Change(NamedTuple):
@@ -78,8 +79,7 @@ class UnstorableChange(RuntimeError):
     @classmethod
     def refused(cls, ch: Change, error: Exception) -> UnstorableChange:
         """The store refused to write ``ch`` (a data error, a limit): what it said."""
-        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return cls(
             f"the store refused the {ch.action} of {ch.collection_id} record {ch.record_id} "
-            f"committed at {lsn_to_str(ch.version)}: {said}"
+            f"committed at {lsn_to_str(ch.version)}: {first_line(error)}"
         )

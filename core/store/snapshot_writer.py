@@ -5,6 +5,7 @@ live change.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -15,7 +16,7 @@ from psycopg import errors, sql
 from core.envelope import MAX_RECORD_TOKEN, RECORD_TOKEN_SQL
 from core.store import Conn, Store
 from core.store.records import REPLACE_RECORD, TRUNCATE_RECORDS
-from core.store.writer import _advance, _lock_source
+from core.store.writer import ADD_FAILURE, _advance, _lock_source
 
 # The records stream's key is the record token (core/envelope.py); a long record id is kept
 # whole beside it. The snapshot merges make both from the staged record id.
@@ -24,6 +25,7 @@ _KEYS_SQL = (
     f" octet_length(s.record_id) > {MAX_RECORD_TOKEN} THEN s.record_id END AS full_record_id"
 )
 
+log = logging.getLogger("weir.store")
 SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
 
 # Snapshot rows carry version (L, -1): they replace only records older than L (DESIGN.md 13).
@@ -113,6 +115,7 @@ class SnapshotWriter:
         self._merge = sql.SQL(MERGE_SNAPSHOT).format(records=records)
         self._sweep = sql.SQL(TRUNCATE_RECORDS).format(records=records)
         self._advance = _advance(store, ("records_seq",))
+        self._refuse = sql.SQL(ADD_FAILURE).format(store.table("source_failures"))
         conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS weir_snapshot_stage"
             " (ord int8, record_id text, record jsonb) ON COMMIT DELETE ROWS"
@@ -136,6 +139,13 @@ class SnapshotWriter:
             if block:
                 copy.write(b"".join(block))
         return n, self._merge_staged(collection_id) if n else 0
+
+    def refuse(self, collection_id: str, record_id: str, reason: str) -> None:
+        """Put a row the store refused on the source's failed list, at the snapshot's
+        version, with why (which names it)."""
+        log.warning("on the source's failed list (weir.source_failures): %s", reason)
+        self.conn.execute(self._refuse, (self.sync_id, self.version, SNAPSHOT_IDX,
+                                         collection_id, record_id, "backfill", reason))  # fmt: skip
 
     def _merge_staged(self, collection_id: str) -> int:
         """Upsert the staged rows that are newer than the stored versions; returns how many."""

@@ -110,10 +110,7 @@ class SourceWriter:
         requests = store.table("backfill_requests")
         self._request = sql.SQL(REQUEST_BACKFILL + REPLACE_REQUEST).format(requests)
         self._request_once = sql.SQL(REQUEST_BACKFILL + "DO NOTHING").format(requests)
-        self._refuse = sql.SQL(
-            "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action,"
-            " error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-        ).format(store.table("source_failures"))
+        self._refuse = sql.SQL(ADD_FAILURE).format(store.table("source_failures"))
         collections = store.table("collections")
         self._tables = sql.SQL(
             "SELECT collection_id, key_columns, relid FROM {} WHERE sync_id = %s"
@@ -379,6 +376,12 @@ class SourceWriter:
         if not self.conn.closed:
             self.conn.rollback()
 
+
+# A change (or a backfill's row) of a source on its failed list, with why (on_unstorable: fail).
+ADD_FAILURE = (
+    "INSERT INTO {} (sync_id, commit_lsn, commit_idx, collection_id, record_id, action, error)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
 
 REQUEST_BACKFILL = """
 INSERT INTO {} (sync_id, schema_name, table_name, reason) VALUES (%s, %s, %s, %s)
