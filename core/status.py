@@ -16,7 +16,6 @@ from psycopg import sql
 from core.config import PostgresSource, WeirConfig
 from core.consume import QUEUE_COUNTS
 from core.ids import schema_table_of
-from core.redact import redact
 from core.store import Store
 from core.tables import table_name
 
@@ -71,7 +70,7 @@ def works(store: Store) -> dict[str, WorkState]:
     for work, owner, state, detail in rows:
         if owner is None and state != "failed":
             state, detail = "not running", ""
-        out[str(work)] = WorkState(state or "starting", redact(detail or ""), owner)
+        out[str(work)] = WorkState(state or "starting", detail or "", owner)
     return out
 
 

@@ -131,7 +131,9 @@ def test_a_password_with_an_unencoded_at_and_colon(tmp_path: Path) -> None:
 
 def test_run_and_its_api(tmp_path: Path, db_url: str, probe_url: str) -> None:
     """`weir run -v` with a source whose password is wrong (capture retries and logs), an
-    unreachable webhook, and the API answering errors: nothing shows the secret."""
+    unreachable webhook (credentials in its user info and in a query parameter), an SQS
+    endpoint with credentials nobody listens on, and the API answering errors: nothing shows
+    the secret, nor does `weir status` while they retry."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
     port = free_port()
@@ -142,7 +144,13 @@ def test_run_and_its_api(tmp_path: Path, db_url: str, probe_url: str) -> None:
         "sources": [source(db_url), source(probe_url, "bad")],
         "connectors": [{"name": "w", "type": "webhook", "stream": "events",
                         "webhook": {"url": f"http://u:{IN_URL}@127.0.0.1:{free_port()}/x",
-                                    "secret": SECRET}}],
+                                    "secret": SECRET}},
+                       {"name": "wq", "type": "webhook", "stream": "events",
+                        "webhook": {"url": f"http://127.0.0.1:{free_port()}/x?api_key={IN_URL}"}},
+                       {"name": "s", "type": "sqs", "stream": "events",
+                        "sqs": {"queue_url": "http://127.0.0.1:1/123456789012/q.fifo",
+                                "endpoint_url": f"http://akid:{IN_URL}@127.0.0.1:{free_port()}",
+                                "access_key_id": "akid", "secret_access_key": "not-the-one"}}],
     }  # fmt: skip
     log = tmp_path / "run.log"
     with log.open("w") as f:
@@ -168,8 +176,12 @@ def test_run_and_its_api(tmp_path: Path, db_url: str, probe_url: str) -> None:
                 bodies.append(r.text)
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute("INSERT INTO t VALUES (1)")  # for the webhook to fail to deliver
-        for retried in ("source bad: connection failed", "connector w:"):
+        for retried in ("source bad: connection failed", "connector w:", "connector s:"):
             wait_for(lambda r=retried: log.read_text().count(r) >= 2, timeout=60, what=retried)
+        status = weir("status", "--config", str(tmp_path / "weir.yaml"), "--interval", "0.1",
+                      code=0)  # fmt: skip
+        assert "reconnecting" in status or "connecting" in status, status
+        bodies.append(status)
     finally:
         run.send_signal(signal.SIGTERM)
         run.wait(60)
