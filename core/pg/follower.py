@@ -117,8 +117,7 @@ class TableFollower:
         as such now, not at its next change (a table seldom written would keep its old name)."""
         collection = collection_id_of(schema, table)
         before = self.by_relid.get(relid)
-        if before is None or before == collection or self._named_now(relid, "", "") != (
-            schema, table):  # fmt: skip
+        if before is None or before == collection or self._name_of(relid) != (schema, table):
             return  # not one capture knows, not renamed, or not so named now (forged)
         self._renamed(before, relid, schema, table, ignored=False)
         self.by_relid[relid] = collection
@@ -143,7 +142,12 @@ class TableFollower:
                         lsn_to_str(lsn))  # fmt: skip
             return
         if prefix == BACKFILL_PREFIX and why and why[0].isdigit():
-            schema, table = self._named_now(int(why[0]), schema, table)
+            # The table's name now (renamed since, say), known by its oid from here on, so that
+            # capture follows a rename that comes before its first change.
+            relid, now = int(why[0]), self._name_of(int(why[0]))
+            if now is not None:
+                schema, table = now
+                self.by_relid.setdefault(relid, collection_id_of(schema, table))
         wanted = self.relations.wanted
         if wanted is not None and not wanted(schema, table):
             return
@@ -182,16 +186,12 @@ class TableFollower:
             self.by_relid.pop(known[1], None)
             self.store.submit("table", (collection, None, known[1]))
 
-    def _named_now(self, relid: int, schema: str, table: str) -> tuple[str, str]:
-        """The table's name now (renamed since the message, say), known by its oid from here on,
-        so that capture follows a rename that comes before its first change."""
+    def _name_of(self, relid: int) -> tuple[str, str] | None:
+        """(schema, table) of the table with this oid now; None when there is none."""
         row = self.catalog.execute(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
             " ON n.oid = c.relnamespace WHERE c.oid = %s", (relid,)).fetchone()  # fmt: skip
-        if row is None:
-            return schema, table
-        self.by_relid.setdefault(relid, collection_id_of(row[0], row[1]))
-        return str(row[0]), str(row[1])
+        return None if row is None else (str(row[0]), str(row[1]))
 
     def _missed(self, name: str, why: str) -> None:
         """The event trigger could not add a new table to the publication (a lock timeout,
