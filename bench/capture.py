@@ -70,7 +70,9 @@ def raw_read(url: str, n: int) -> float:
     return elapsed
 
 
-def weir_capture(url: str, n: int, profile: bool) -> float:
+def weir_capture(url: str, n: int, profile: bool) -> tuple[float, float]:
+    """Seconds until the n changes are in the store, and this process's CPU seconds (capture
+    and its store thread) over that time."""
     src = PostgresSource.model_validate(
         {"name": "bench", "kind": "postgres", "url": url, "tables": ["public.bench"]}
         | json.loads(os.environ.get("BENCH_SOURCE", "{}"))
@@ -93,6 +95,7 @@ def weir_capture(url: str, n: int, profile: bool) -> float:
         stop.set()
 
     watcher = threading.Thread(target=watch)
+    cpu = time.process_time()
     start = time.perf_counter()
     watcher.start()
     if profiler:
@@ -102,10 +105,10 @@ def weir_capture(url: str, n: int, profile: bool) -> float:
         profiler.stop()
         print(profiler.output_text(unicode=False, color=False, show_all=False))
     watcher.join()
+    cpu = time.process_time() - cpu
     if capture.stored_changes < n:
         raise RuntimeError(f"capture stopped after {capture.stored_changes} changes")
-    elapsed = done_at[0] - start
-    return elapsed
+    return done_at[0] - start, cpu
 
 
 def main() -> None:
@@ -119,7 +122,7 @@ def main() -> None:
         make_backlog(pg.url, n)
         load_s = time.perf_counter() - t0
         raw_s = raw_read(pg.url, n)
-        weir_s = weir_capture(pg.url, n, args.profile)
+        weir_s, weir_cpu = weir_capture(pg.url, n, args.profile)
     result = {
         "bench": "capture",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -129,6 +132,7 @@ def main() -> None:
         "raw_read_per_s": round(n / raw_s),
         "capture_per_s": round(n / weir_s),
         "ratio_vs_raw": round(raw_s / weir_s, 3),
+        "weir_cpu_us_per_change": round(weir_cpu / n * 1e6, 1),  # capture + store thread
         "target_ratio": 0.5,
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }

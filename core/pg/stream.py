@@ -96,6 +96,7 @@ class Stream:
         self.uncommitted = 0  # changes written to the store and not yet committed
         self.store = StoreThread(writer, self._stored, self._confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
+        self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
         self.follower = TableFollower(src, catalog, relations, self.store, writer.tables(),
                                       self._drop)  # fmt: skip
 
@@ -161,7 +162,9 @@ class Stream:
         elif tag == "C":
             self.in_txn = False
             self.last_data = time.monotonic()
-            self.follower.tick(self.last_data)
+            if self.last_data >= self.next_tick:  # under load _idle may not come for a while
+                self.next_tick = self.last_data + 1.0
+                self.follower.tick(self.last_data)
             if self.committed is None and self.txn_mark == (
                 len(self.pending),
                 self.store.submitted,
