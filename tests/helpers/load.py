@@ -21,6 +21,7 @@ import psycopg
 from tests.helpers.capture import wait_for
 
 Op = tuple[str, str, Any]  # (action, record_id, v)
+_MAX_FACTOR = 20
 
 
 def create_load_table(url: str) -> None:
@@ -28,13 +29,17 @@ def create_load_table(url: str) -> None:
         conn.execute("CREATE TABLE load (id int PRIMARY KEY, v int)")
 
 
-def _load(url: str, n_txns: int, expected: list[Op], done: threading.Event) -> None:
-    """One writer, so commit order is the order below; bounded to ``n_txns`` transactions."""
+def _load(url: str, n_txns: int, expected: list[Op], interrupted: threading.Event) -> None:
+    """One writer, so commit order is the order below. It writes at least ``n_txns``
+    transactions and goes on until the interruptions are over, so a slow restart on a slow
+    machine still happens under load; bounded to ``_MAX_FACTOR * n_txns`` transactions."""
     rng = random.Random(7)
     live: set[int] = set()
     next_id = 1
     with psycopg.connect(url, autocommit=True) as conn:
-        for i in range(n_txns):
+        for i in range(_MAX_FACTOR * n_txns):
+            if i >= n_txns and interrupted.is_set():
+                break
             ops: list[Op] = []
             with conn.transaction():
                 for _ in range(3 if i % 10 == 0 else 1):
@@ -55,25 +60,25 @@ def _load(url: str, n_txns: int, expected: list[Op], done: threading.Event) -> N
                         live.discard(rid)
             expected.extend(ops)
             time.sleep(0.001)  # a steady load, not a burst
-    done.set()
 
 
 def load_with_interruptions(
     url: str, n_txns: int, points: list[int], interrupt: Callable[[], None]
 ) -> list[Op]:
-    """Run the load; when ``points[i]`` changes are committed, call ``interrupt()``, which must
-    end while the load still runs. Returns every committed change, in commit order.
+    """Run the load; when ``points[i]`` changes are committed, call ``interrupt()``. The load
+    lasts until the last interruption has ended. Returns every committed change, in commit order.
     """
     expected: list[Op] = []
-    done = threading.Event()
-    writer = threading.Thread(target=_load, args=(url, n_txns, expected, done))
+    interrupted = threading.Event()
+    writer = threading.Thread(target=_load, args=(url, n_txns, expected, interrupted))
     writer.start()
     try:
         for point in points:
             wait_for(lambda: len(expected) > point, what="the load to progress")  # noqa: B023
             interrupt()
-            assert not done.is_set(), "the load ended before the interruption did: make it longer"
+            assert writer.is_alive(), "the load hit its bound before the interruption ended"
     finally:
+        interrupted.set()
         writer.join()
     return expected
 
