@@ -22,12 +22,12 @@ from datetime import UTC, datetime
 import psycopg
 from common import record
 
-from core.config import PostgresSource
-from core.embedded import EmbeddedPostgres
-from core.pg.capture import PostgresCapture
-from core.pg.pgoutput import XLOG_HEADER, start_replication
-from core.pg.values import SESSION_OPTIONS
+from core.config.model import PostgresSource
+from core.sources.pg.capture import PostgresCapture
+from core.sources.pg.pgoutput import XLOG_HEADER, start_replication
+from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
+from devkit.embedded import EmbeddedPostgres
 
 
 def make_backlog(url: str, n: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from core.embedded import EmbeddedPostgres
+from devkit.embedded import EmbeddedPostgres
 
 RESULTS = Path(__file__).parent / "results"
 

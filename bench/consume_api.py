@@ -36,9 +36,9 @@ import orjson
 import psycopg
 from common import RESULTS, new_db, py_spy, record, summarize
 
-from core.config import WeirConfig
-from core.embedded import EmbeddedPostgres, free_port
-from core.service import prepare
+from core.config.model import WeirConfig
+from core.runtime.service import prepare
+from devkit.embedded import EmbeddedPostgres, free_port
 
 TOKEN = "bench-token-0123456789"
 WORKERS = 4

@@ -34,7 +34,7 @@ import orjson
 import psycopg
 from common import RESULTS, new_db, py_spy, record, summarize
 
-from core.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 PAYLOAD = 520  # bytes: about what one of the bench table's events weighs
 

@@ -31,9 +31,9 @@ import nats
 import psycopg
 from common import new_db, record
 
-from core.config import WeirConfig
-from core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
-from core.service import prepare
+from core.config.model import WeirConfig
+from core.runtime.service import prepare
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 
 TARGET_MB = 300
 STREAMS = {"MEM_EVENTS": "sequin-events.mem.>", "MEM_RECORDS": "sequin-records.mem.>"}

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import RESULTS, new_db, py_spy, record, summarize
 
-from core.config import WeirConfig
-from core.embedded import EmbeddedPostgres
-from core.pg import snapshot
-from core.service import open_store
+from core.config.model import WeirConfig
+from core.runtime.service import open_store
+from core.sources.pg import snapshot
+from devkit.embedded import EmbeddedPostgres
 
 TABLE = "public.items"
 

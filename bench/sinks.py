@@ -30,9 +30,9 @@ from common import new_db, record
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from core.config import WeirConfig
-from core.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
-from core.service import prepare, serve
+from core.config.model import WeirConfig
+from core.runtime.service import prepare, serve
+from devkit.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
 
 
 def run_for(cfg: WeirConfig, done: Any, timeout: float = 900) -> float:

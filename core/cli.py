@@ -12,10 +12,11 @@ import traceback
 from collections.abc import Sequence
 from types import FrameType
 
-from core.config import ConfigError, PostgresSource, WeirConfig, load_config
+from core.config.load import ConfigError, load_config
+from core.config.model import PostgresSource, WeirConfig
+from core.config.settings import WeirSettings
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
-from core.settings import WeirSettings
 from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir")
@@ -38,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Serve everything the file declares until SIGTERM/SIGINT; a second signal exits at once."""
-    from core.service import serve
+    from core.runtime.service import serve
 
     cfg = load_or_exit(args.config)
     return serve(cfg, _stop_on_signals(), WeirSettings().shutdown_grace)
@@ -82,16 +83,16 @@ def source_problems() -> tuple[type[Exception], ...]:
     instead of a traceback: setup and schema problems, and errors from the database."""
     import psycopg
 
-    from core.pg.relations import SourceSchemaError
-    from core.pg.setup import SourceSetupError
+    from core.sources.pg.relations import SourceSchemaError
+    from core.sources.pg.setup import SourceSetupError
 
     return (SourceSetupError, SourceSchemaError, psycopg.Error)
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     """Backfill tables of a source into its records stream, beside a running ``weir run``."""
-    from core.backfill import Backfill, configured_tables
-    from core.service import open_store
+    from core.runtime.service import open_store
+    from core.sources.backfill import Backfill, configured_tables
 
     cfg = load_or_exit(args.config)
     src = postgres_source_or_exit(cfg, args.source)
@@ -157,7 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import time
 
     from core import status
-    from core.pg.pgoutput import lsn_to_str
+    from core.sources.pg.pgoutput import lsn_to_str
     from core.store import Store
 
     cfg = load_or_exit(args.config)
@@ -239,12 +240,6 @@ def cmd_seed(args: argparse.Namespace) -> int:
     return seed_command(args, load_or_exit(args.config))
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from core.demo import run_demo
-
-    return run_demo()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="weir", description="Postgres change streams, forwarded")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -288,9 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("seed", help="seed tables into the records stream with the Spark job")
     add_arguments(p)
     p.set_defaults(func=cmd_seed)
-
-    p = sub.add_parser("demo", help="stream a sample table from an embedded Postgres")
-    p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
     settings = WeirSettings()

@@ -42,7 +42,7 @@ def key_token(value: Any) -> str:
         return "t"
     if value is False:
         return "f"
-    if isinstance(value, bytes):  # json/jsonb text (core.pg.values.RawJson)
+    if isinstance(value, bytes):  # json/jsonb text (core.sources.pg.values.RawJson)
         return encode_token(value.decode())
     return encode_token(str(value))
 

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from core.config import PostgresSource, WeirConfig
-from core.consume import QUEUE_COUNTS
+from core.api.consume import QUEUE_COUNTS
+from core.config.model import PostgresSource, WeirConfig
 from core.ids import schema_table_of
 from core.store import Store
 from core.tables import table_name
@@ -32,7 +32,7 @@ class SourceStatus:
     slot_bytes: int | None  # WAL the slot holds back; None: not a postgres source or unreachable
     slot_active: bool | None
     error: str | None
-    owner: str | None  # the instance capturing it (core/leases.py), None when none is
+    owner: str | None  # the instance capturing it (core/runtime/leases.py), None when none is
     failed: int  # changes the store could not hold (on_unstorable: fail)
 
 
@@ -50,7 +50,7 @@ class CursorStatus:
 
 @dataclass(frozen=True)
 class WorkState:
-    """A source's capture or a connector as ``weir run`` last reported it (core/leases.py)."""
+    """A source's capture or a connector as ``weir run`` last reported it (runtime/leases.py)."""
 
     state: str  # streaming, connecting, reconnecting, retrying, failed, ...; or not running
     detail: str  # why: the reason it reconnects, the error it failed with
@@ -127,7 +127,7 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
     return (None if row[0] is None else int(row[0])), bool(row[1]), None
 
 
-# An owner counts while its heartbeat (written every second by core/service.py) is fresh.
+# An owner counts while its heartbeat (written every second by core/runtime/service.py) is fresh.
 OWNER = "CASE WHEN o.heartbeat > now() - interval '30 seconds' THEN o.instance END"
 
 CURSORS = (

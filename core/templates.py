@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from core.sink import Message
+from core.engine.sink import Message
 
 PLACEHOLDERS = ("stream", "sync_id", "provider", "collection")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")

@@ -3,7 +3,7 @@
     weir seed --config FILE --source S --table T [--table T2] [--master URL] [--jdbc-jar JAR]
     spark-submit --py-files weir.zip spark/seed.py --config FILE --source S --table T
 
-Each table is split into key ranges of about equal size (``core.pg.snapshot.key_ranges``), one
+Each table is split into key ranges of about equal size (``sources.pg.snapshot.key_ranges``), one
 Spark partition each, and all tables' partitions run in one job. Without a jar, a task reads
 its range with ``COPY ... TO STDOUT`` and writes it in the same Python process (the rows never
 cross the JVM): when every column's type allows it, the source server renders the records
@@ -40,14 +40,14 @@ from urllib.parse import unquote, urlsplit
 
 from psycopg import sql
 
-from core.pg import snapshot
-from core.pg.values import SESSION_OPTIONS
 from core.progress import Progress
+from core.sources.pg import snapshot
+from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.snapshot_writer import SnapshotWriter
 
 if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
-    from core.config import PostgresSource, WeirConfig
+    from core.config.model import PostgresSource, WeirConfig
 
 log = logging.getLogger("weir.seed")
 
@@ -265,7 +265,7 @@ def run_seed(
     partitions: int | None = None,
 ) -> list[SeedResult]:
     """Seed ``tables`` of ``source`` in one Spark job; returns a summary per table."""
-    from core.service import open_store
+    from core.runtime.service import open_store
 
     store = open_store(cfg)
     url = src.url.get_secret_value()
@@ -357,9 +357,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit spark/seed.py``: the arguments of ``weir seed``."""
     from core.cli import load_or_exit
+    from core.config.settings import WeirSettings
     from core.failures import bound_postgres_connects
     from core.redact import setup_logging
-    from core.settings import WeirSettings
 
     parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
     add_arguments(parser)

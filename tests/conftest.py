@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
+from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
 from tests.helpers.brokers import HARNESSES, Harness
 from tests.helpers.receiver import Receiver
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from core.models import ConnectorBase, Duration, Model, TlsFiles
+from core.config.base import ConnectorBase, Duration, Model, TlsFiles
 from core.templates import check_template
 
 

@@ -21,8 +21,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.kafka.config import KafkaConnector, KafkaSettings
+from core.engine.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 from core.envelope import key_prefixes
-from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 from core.templates import Template
 
 log = logging.getLogger("weir.kafka")
@@ -127,7 +127,7 @@ class _Batch:
 
 
 class KafkaSink:
-    """One connector's producer (see core/sink.py for the contract)."""
+    """One connector's producer (see core/engine/sink.py for the contract)."""
 
     def __init__(self, cfg: KafkaConnector) -> None:
         self.cfg = cfg

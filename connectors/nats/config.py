@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model, TlsFiles, check_pair
+from core.config.base import ConnectorBase, Duration, Model, TlsFiles, check_pair
 from core.redact import redact_urls
 
 

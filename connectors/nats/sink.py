@@ -21,8 +21,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector
 from connectors.nats.connection import connect
+from core.engine.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 from core.envelope import event_subject, record_subject, subject_prefix
-from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 
 log = logging.getLogger("weir.nats")
 
@@ -34,7 +34,7 @@ _DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)', re.IGN
 
 
 class NatsSink:
-    """One connector's JetStream connection (see core/sink.py for the contract)."""
+    """One connector's JetStream connection (see core/engine/sink.py for the contract)."""
 
     def __init__(self, cfg: NatsConnector) -> None:
         self.cfg = cfg

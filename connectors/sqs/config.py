@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.models import ConnectorBase, Duration, Model, check_http_url, check_pair
+from core.config.base import ConnectorBase, Duration, Model, check_http_url, check_pair
 from core.templates import check_template
 
 

@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from connectors.sqs.config import SqsConnector
-from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+from core.engine.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 from core.templates import Template
 
 log = logging.getLogger("weir.sqs")
@@ -41,7 +41,7 @@ def group_id(group: str) -> str:
 
 
 class SqsSink:
-    """One connector's SQS client (see core/sink.py for the contract)."""
+    """One connector's SQS client (see core/engine/sink.py for the contract)."""
 
     def __init__(self, cfg: SqsConnector) -> None:
         self.cfg = cfg

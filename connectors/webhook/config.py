@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from core.models import BatchPolicy, ConnectorBase, Duration, Model, check_http_url
+from core.config.base import BatchPolicy, ConnectorBase, Duration, Model, check_http_url
 
 
 class WebhookSettings(Model):

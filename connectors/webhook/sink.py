@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import httpx
 
 from connectors.webhook.config import WebhookConnector
-from core.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+from core.engine.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -31,7 +31,7 @@ def signature(secret: bytes, timestamp: str, body: bytes) -> str:
 
 
 class WebhookSink:
-    """One connector's HTTP client (see core/sink.py for the contract)."""
+    """One connector's HTTP client (see core/engine/sink.py for the contract)."""
 
     def __init__(self, cfg: WebhookConnector) -> None:
         self.cfg = cfg

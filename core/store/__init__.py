@@ -13,7 +13,7 @@ from psycopg import sql
 from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
-    from core.config import HttpSource, PostgresSource
+    from core.config.model import HttpSource, PostgresSource
 
 Conn = psycopg.Connection[tuple[object, ...]]
 # Every store connection's settings: the date and interval styles psycopg reads, whatever the

@@ -176,7 +176,7 @@ $$;
     ),
     (
         4,
-        "who owns which work (core/leases.py)",
+        "who owns which work (core/runtime/leases.py)",
         """
 -- Written by the owner when it takes the work, with a heartbeat; for `weir status`. The lease
 -- itself is a session advisory lock, which ends with the owner's connection.
@@ -287,7 +287,7 @@ SET full_record_id = record_id,
     record_id = '~' || encode(sha256(convert_to(record_id, 'UTF8')), 'hex')
 WHERE octet_length(record_id) > 256;
 
--- Set once capture holds the replication slot to end_lsn (core/pg/slot.py): from then on a
+-- Set once capture holds the replication slot to end_lsn (core/sources/pg/slot.py): from then on a
 -- slot found beyond end_lsn, dropped or invalidated has lost changes.
 ALTER TABLE {s}.sources ADD COLUMN slot_tracked boolean NOT NULL DEFAULT false,
     ADD COLUMN slot_name text;
@@ -350,7 +350,7 @@ ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
 
 # The store's own tables, as the migrations make them: capture never takes their changes, when
 # the store lives in a source's database (its writes would be captured and written again).
-# Each bears STORE_MARK as its comment, so a source's catalog tells them apart (core/pg/setup.py),
+# Each bears STORE_MARK as its comment, so a source's catalog tells them apart (sources/pg/setup.py)
 # and the store's DDL runs with the setting STORE_DDL on, which the follow trigger ignores.
 STORE_TABLES = frozenset(
     [

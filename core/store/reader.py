@@ -1,6 +1,6 @@
 """Reads a source's stream for one connector, and keeps its cursor and failed list.
 
-Used by the forwarding engine (core/engine.py). Rows are turned into :class:`Message` here, on
+Used by the forwarding engine (engine/forwarder.py). Rows are turned into :class:`Message` here, on
 the hot path: the stored JSON is spliced into the payload as text, timestamps are formatted by
 Postgres, and per-collection parts of the group key are computed once.
 """
@@ -17,6 +17,8 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from core.config.base import SeqStart, TimeStart
+from core.engine.sink import BrokerMark, Message
 from core.envelope import (
     collection_prefix,
     event_key,
@@ -25,8 +27,6 @@ from core.envelope import (
     record_payload,
     record_token,
 )
-from core.models import SeqStart, TimeStart
-from core.sink import BrokerMark, Message
 from core.store import SESSION, Store
 from core.store.writer import NOTIFY_CHANNEL
 
@@ -48,7 +48,7 @@ RECORDS_SELECT = (  # a long record id is kept whole beside its key (record_toke
 
 class Cursor:
     """Where a connector is in one source's stream: every message up to ``seq`` is delivered
-    (or failed, or filtered out). ``state`` is what the broker held then (see core/sink.py).
+    (or failed, or filtered out). ``state`` is what the broker held then (see core/engine/sink.py).
     """
 
     def __init__(self, seq: int, state: dict[str, Any] | None, new: bool = False) -> None:

@@ -125,7 +125,7 @@ class SnapshotWriter:
         """Stage rows of one collection and merge them; returns (staged, accepted).
 
         A row is ``record id <tab> record JSON <newline>`` in COPY's text format, UTF-8
-        (``core.pg.snapshot.records_of``, or the source server's own COPY of such rows).
+        (``core.sources.pg.snapshot.records_of``, or the source server's own COPY of such rows).
         """
         n = 0
         with self.conn.cursor() as cur, cur.copy("COPY weir_snapshot_stage FROM STDIN") as copy:

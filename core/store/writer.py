@@ -21,7 +21,7 @@ from psycopg import sql
 
 from core.envelope import MAX_RECORD_TOKEN, record_token
 from core.ids import schema_table_of
-from core.pg.values import dumps
+from core.sources.pg.values import dumps
 from core.store import Conn, Store
 from core.store.change import (
     JSONB_ITEM,
@@ -37,7 +37,7 @@ from core.store.records import TRUNCATE_RECORDS, UPSERT_RECORDS, collapse, moved
 @dataclass(frozen=True)
 class Checkpoint:
     """What the store holds of a source: its last captured commit, where replication resumes,
-    whether its slot is held to that position yet (core/pg/slot.py), and when it was written."""
+    whether its slot is held to that position yet (sources/pg/slot.py), and when it was written."""
 
     commit_lsn: int
     end_lsn: int
@@ -152,7 +152,7 @@ class SourceWriter:
     def advance(self, end_lsn: int, slot: str | None = None) -> None:
         """Let replication resume at ``end_lsn`` (nothing captured lies between), and commit:
         capture calls it before it confirms a position to Postgres that no commit carried, so
-        the slot never passes the store (core/pg/slot.py). ``slot``: the one now held so."""
+        the slot never passes the store (core/sources/pg/slot.py). ``slot``: the one now held so."""
         self.conn.execute(self._advance, (end_lsn, slot, self.sync_id))
         self.conn.commit()
 
@@ -173,7 +173,7 @@ class SourceWriter:
     def request_backfills(
         self, tables: list[tuple[str, str]], reason: str, *, again: bool = True
     ) -> None:
-        """Ask for a backfill of these (schema, table)s, with the next commit (core/backfill.py
+        """Ask for a backfill of these (schema, table)s, with the next commit (sources/backfill.py
         runs it). ``again``: also when one is asked for already (it starts over); else that one
         stands (a request any role may write into the WAL cannot keep a backfill from ending)."""
         statement = self._request if again else self._request_once

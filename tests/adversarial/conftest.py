@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.embedded import EmbeddedPostgres
+from devkit.embedded import EmbeddedPostgres
 from tests.conftest import fresh_database
 
 

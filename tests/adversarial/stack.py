@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from core.embedded import EmbeddedKafka, EmbeddedNats
+from devkit.embedded import EmbeddedKafka, EmbeddedNats
 from tests.adversarial.kinds import exact_json
 from tests.helpers.brokers import KafkaHarness, NatsHarness
 from tests.helpers.capture import wait_for

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.pg.setup import SourceSetupError
-from core.service import prepare
+from core.runtime.service import prepare
+from core.sources.pg.setup import SourceSetupError
 from core.status import backfills
 from core.store import Store, StoreError
 from tests.helpers.capture import wait_for

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedNats, EmbeddedPostgres
-from core.service import prepare
+from core.runtime.service import prepare
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.adversarial.stack import Stack
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute, rows, wait_records

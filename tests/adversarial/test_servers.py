@@ -9,7 +9,7 @@ import time
 
 import psycopg
 
-from core.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.weir import serving, weir_config
 

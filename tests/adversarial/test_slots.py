@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedPostgres
-from core.service import prepare
+from core.runtime.service import prepare
+from devkit.embedded import EmbeddedPostgres
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute
 from tests.helpers.weir import Running, serving, weir_config

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from core.embedded import EmbeddedKafka, EmbeddedNats
+from devkit.embedded import EmbeddedKafka, EmbeddedNats
 from tests.adversarial.kinds import KINDS, TYPES_DDL, expected
 from tests.adversarial.stack import Stack
 

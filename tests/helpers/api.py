@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from core.config import WeirConfig
-from core.embedded import free_port
+from core.config.model import WeirConfig
+from devkit.embedded import free_port
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving
 

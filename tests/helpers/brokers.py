@@ -21,7 +21,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
-from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedSqs
+from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedSqs
 from tests.helpers.capture import wait_for
 from tests.helpers.receiver import Hook, Receiver
 

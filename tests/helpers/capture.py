@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from core.config import PostgresSource
-from core.pg.capture import PostgresCapture
+from core.config.model import PostgresSource
+from core.sources.pg.capture import PostgresCapture
 from core.store import Store
 
 # A table with a column of every kind of type, and a row of awkward values (DESIGN.md 4).

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from core.config import WeirConfig
-from core.service import prepare, serve
+from core.config.model import WeirConfig
+from core.runtime.service import prepare, serve
 
 
 def weir_config(

@@ -12,8 +12,8 @@ import httpx
 import psycopg
 import pytest
 
-from core import consume
-from core.embedded import free_port
+from core.api import consume
+from devkit.embedded import free_port
 from tests.helpers.api import TOKEN, api_serving, receive, receive_all, settle, wait_queued
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import insert_t

@@ -1,5 +1,5 @@
-"""`weir demo`, the README's first command: a sample table through an embedded Postgres to an
-embedded NATS, every subject printed."""
+"""`./dev demo` (python -m devkit.demo), the README's first command: a sample table through an
+embedded Postgres to an embedded NATS, every subject printed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 
 def test_demo_prints_every_change_and_exits_0() -> None:
-    done = subprocess.run([sys.executable, "-m", "core.cli", "demo"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "devkit.demo"], capture_output=True,
                           text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     subjects = re.findall(r"^(sequin-(?:events|records)\.\S+)$", done.stdout, re.M)

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedNats
+from devkit.embedded import EmbeddedNats
 from tests.helpers.brokers import Delivered, Harness, NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions

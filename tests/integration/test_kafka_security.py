@@ -19,7 +19,7 @@ import yaml
 
 from connectors.kafka.config import KafkaSettings
 from connectors.kafka.sink import client_config
-from core.embedded import EmbeddedKafka
+from devkit.embedded import EmbeddedKafka
 from tests.helpers.brokers import read_kafka
 from tests.helpers.capture import wait_for
 from tests.helpers.kafka_front import KafkaFront, Pki, make_pki

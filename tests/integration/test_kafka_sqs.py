@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pydantic import ValidationError
 
 from connectors.kafka.config import KafkaConnector
-from core.embedded import EmbeddedKafka, EmbeddedSqs
+from devkit.embedded import EmbeddedKafka, EmbeddedSqs
 from tests.helpers.brokers import KafkaHarness, SqsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core import jobs
-from core.api import _reachable
-from core.config import WeirConfig
-from core.service import prepare
+from core.api.app import _reachable
+from core.config.model import WeirConfig
+from core.runtime import jobs
+from core.runtime.service import prepare
 from tests.helpers.api import api_serving
 from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for

@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, free_port
 from tests.helpers.capture import wait_for
 from tests.helpers.kafka_front import KafkaFront
 

@@ -13,7 +13,7 @@ import nats
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bindir
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres, postgres_bindir
 
 
 def test_postgres_has_logical_replication(pg_server: EmbeddedPostgres) -> None:

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from core.embedded import EmbeddedNats
-from core.pg import snapshot
-from core.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
-from core.service import open_store, prepare
+from core.runtime.service import open_store, prepare
+from core.sources.pg import snapshot
+from core.sources.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
 from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
 from core.store.writer import SourceWriter
+from devkit.embedded import EmbeddedNats
 from spark.seed import LOOPBACK_CONF, java_home
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for

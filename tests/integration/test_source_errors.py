@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.embedded import EmbeddedPostgres
-from core.pg.capture import PostgresCapture
-from core.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.sources.pg.capture import PostgresCapture
+from core.sources.pg.setup import SlotBusyError, SourceSetupError, prepare
 from core.store.writer import WriterBusyError
+from devkit.embedded import EmbeddedPostgres
 from tests.helpers.capture import capturing, pg_source, store_for
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from core.config import WeirConfig
+from core.config.model import WeirConfig
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, store_events
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.embedded import EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedPostgres, free_port
 
 WEIR = [sys.executable, "-m", "core.cli"]
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import ConfigError, PostgresSource, load_config
+from core.config.load import ConfigError, load_config
+from core.config.model import PostgresSource
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -90,9 +91,11 @@ def test_example_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_json_schema_is_up_to_date() -> None:
-    from core.schema import PATH, render
+    from core.config.schema import PATH, render
 
-    assert PATH.read_text() == render(), "config/weir.schema.json is stale: python -m core.schema"
+    assert PATH.read_text() == render(), (
+        "config/weir.schema.json is stale: python -m core.config.schema"
+    )
 
 
 def test_connector_problems_name_the_key(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import load_config
+from core.config.load import load_config
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 

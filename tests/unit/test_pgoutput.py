@@ -7,7 +7,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.pg.pgoutput import (
+from core.sources.pg.pgoutput import (
     PG_EPOCH_OFFSET_US,
     UNCHANGED,
     decode,

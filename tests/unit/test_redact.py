@@ -7,7 +7,7 @@ import re
 
 from pydantic import SecretStr
 
-from core.config import WeirConfig
+from core.config.model import WeirConfig
 from core.redact import RedactingFormatter, Secrets, raw_secrets, redact_urls, secrets_of
 
 

@@ -7,8 +7,8 @@ from datetime import datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.pg import values as v
-from core.pg.values import TypeCatalog, parse_array
+from core.sources.pg import values as v
+from core.sources.pg.values import TypeCatalog, parse_array
 
 
 def test_scalars() -> None:
@@ -74,7 +74,7 @@ def test_nested_and_bounded_arrays() -> None:
 
 
 def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> None:
-    from core.pg.snapshot import split_copy_line
+    from core.sources.pg.snapshot import split_copy_line
 
     assert split_copy_line(b"1\tplain\t\\N\n") == [b"1", b"plain", None]
     assert split_copy_line(b"a\\tb\t\\\\N\tx\\ny\\\\z\t\\r\\b\\f\\v\n") == [

@@ -1,0 +1,85 @@
+"""How the HTTP API refuses a request (DESIGN.md sections 7.6 and 7.7): always JSON
+``{"detail": ...}``, never with a secret in it, and 413 for a body beyond
+``api.max_body_bytes`` before that body is read into memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from core.api.consume import ApiError
+from core.redact import redact
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (JSON-like) with every string redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redacted(v) for v in value]
+    return value
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose Content-Length is beyond ``max_bytes`` is answered 413
+    at once, unread; a body without one (chunked) is counted as the route reads it, and the
+    read fails with 413 as soon as the count passes ``max_bytes``. So at most ``max_bytes``
+    of a body are ever held in memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.detail = f"the request body is larger than api.max_body_bytes ({max_bytes} bytes)"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await JSONResponse({"detail": self.detail}, 413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # FastAPI passes an HTTPException from a body read on
+                raise HTTPException(413, self.detail)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def install(app: FastAPI, max_body_bytes: int) -> None:
+    """The body limit, and error bodies without secrets, on every route of ``app``."""
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    @app.exception_handler(ApiError)
+    async def _refused(_: Request, e: ApiError) -> JSONResponse:
+        if e.status == 422:  # the shape of FastAPI's validation errors
+            detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
+            return JSONResponse({"detail": redacted(detail)}, status_code=422)
+        return JSONResponse({"detail": redact(e.reason)}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        detail = redacted(jsonable_encoder(e.errors()))
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": redacted(e.detail)}, status_code=e.status_code, headers=e.headers
+        )

@@ -1,0 +1,194 @@
+"""Config building blocks shared by core and every connector package (DESIGN.md section 9).
+
+Connector packages import these to declare their settings; ``core.config.model`` assembles the file.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
+
+from core.tables import parse_table, table_name
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(v: Any) -> Any:
+    """``7d``, ``12h``, ``30m``, ``10s``, ``250ms`` or a number of seconds."""
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if not m:
+            raise ValueError("expected a duration like 250ms, 10s, 30m, 12h or 7d")
+        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    return v
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain the NUL character (Postgres cannot store it)")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+# schema.table, in the one spelling of core.tables, so that names compare equal as text
+TableName = Annotated[str, AfterValidator(lambda t: table_name(*parse_table(t)))]
+
+
+def check_pair(model: BaseModel, a: str, b: str) -> None:
+    """A config validator: fields ``a`` and ``b`` are both given or both left out."""
+    if (getattr(model, a) is None) != (getattr(model, b) is None):
+        raise ValueError(f"{a} and {b} go together")
+
+
+def check_http_url(v: str, example: str) -> str:
+    """A config validator: an http:// or https:// URL (``example`` shows one)."""
+    if not v.startswith(("https://", "http://")):
+        raise ValueError(f"expected an http:// or https:// URL, like {example}")
+    return v
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsFiles(Model):
+    """TLS to a broker: a CA to trust and, for mutual TLS, a client certificate and key."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> Self:
+        check_pair(self, "cert_file", "key_file")
+        return self
+
+
+class BatchPolicy(Model):
+    """How much goes to the broker in one write. A batch leaves as soon as a write slot is free
+    (``max_in_flight``), so it fills up under load and stays small, and quick, when idle.
+    """
+
+    max_messages: int = Field(500, ge=1, le=10_000)
+    max_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+
+
+class RetryPolicy(Model):
+    """Backoff between attempts of one message: initial * multiplier**n, capped, with jitter.
+
+    ``max_attempts`` unset retries for ever; set, the message then goes to the failed list.
+    """
+
+    initial: Duration = timedelta(milliseconds=100)
+    max: Duration = timedelta(seconds=10)
+    multiplier: float = Field(2.0, ge=1.0)
+    jitter: float = Field(0.2, ge=0.0, le=1.0)
+    max_attempts: int | None = Field(None, ge=1)
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """Seconds to wait before attempt ``attempt + 1``; ``rand`` is uniform in [0, 1)."""
+        base = min(
+            self.max.total_seconds(),
+            self.initial.total_seconds() * self.multiplier ** (attempt - 1),
+        )
+        return base * (1 - self.jitter + 2 * self.jitter * rand)
+
+
+FilterOp = Literal[
+    "=", "!=", "<", "<=", ">", ">=", "in", "not_in", "is_null", "is_not_null", "like"
+]
+
+
+class Filter(Model):
+    """One condition on a field of the message's record; a connector's filters all must hold."""
+
+    column: str = Field(min_length=1)
+    op: FilterOp
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _value_fits_op(self) -> Filter:
+        if self.op in ("in", "not_in") and not isinstance(self.value, list):
+            raise ValueError(f"op {self.op!r} needs a list value")
+        if self.op in ("is_null", "is_not_null") and self.value is not None:
+            raise ValueError(f"op {self.op!r} takes no value")
+        if self.op not in ("in", "not_in", "is_null", "is_not_null") and (
+            self.value is None or isinstance(self.value, (list, dict))
+        ):
+            raise ValueError(f"op {self.op!r} needs a single value")
+        if self.op == "like" and not isinstance(self.value, str):
+            raise ValueError("op 'like' needs a text pattern")
+        return self
+
+
+class SeqStart(Model):
+    seq: int = Field(ge=1, description="first seq to deliver")
+
+
+class TimeStart(Model):
+    time: datetime = Field(description="deliver messages written at or after this time")
+
+
+def _start_kind(v: Any) -> str | None:
+    """Which form of start position ``v`` is; None: none, and one error says what is."""
+    if isinstance(v, (SeqStart, TimeStart)):
+        return "seq" if isinstance(v, SeqStart) else "time"
+    if isinstance(v, str):
+        return "word" if v in ("beginning", "end") else None
+    if isinstance(v, dict) and len(v) == 1 and next(iter(v)) in ("seq", "time"):
+        return str(next(iter(v)))
+    return None
+
+
+StartPosition = Annotated[
+    Annotated[Literal["beginning", "end"], Tag("word")]
+    | Annotated[SeqStart, Tag("seq")]
+    | Annotated[TimeStart, Tag("time")],
+    Discriminator(
+        _start_kind,
+        custom_error_type="start_position",
+        custom_error_message="expected beginning, end, {seq: N} or {time: ISO-8601}",
+    ),
+]
+Action = Literal["insert", "update", "delete", "truncate"]
+
+
+class ConnectorBase(Model):
+    """What every connector shares: which stream, which messages, where to start, how to batch
+    and retry. The broker settings live under a key named after the ``type``.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    stream: Literal["records", "events"]
+    sources: list[str] | None = None
+    collections: list[str] = ["*"]
+    actions: list[Action] | None = None
+    start_position: StartPosition = "beginning"
+    filters: list[Filter] = []
+    batch: BatchPolicy = BatchPolicy()
+    retry: RetryPolicy = RetryPolicy()
+    max_in_flight: int = Field(8, ge=1, le=256, description="batches awaiting the broker")
+    max_pending: int = Field(20_000, ge=10, le=1_000_000, description="messages read ahead")
+
+    @model_validator(mode="after")
+    def _actions_on_events(self) -> ConnectorBase:
+        if self.actions is not None and self.stream != "events":
+            raise ValueError("actions: filters the events stream only")
+        return self

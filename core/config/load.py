@@ -1,0 +1,135 @@
+"""Reading the YAML config file: ${VAR} substitution, then the models of core/config/model.py,
+with errors that name the file, line and key path of every problem (DESIGN.md section 9).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from core.config.model import WeirConfig
+from core.redact import raw_secrets, redact, remember, secrets_of
+
+
+class ConfigError(Exception):
+    """A config file is invalid; ``str()`` lists every problem as ``file:line: key: message``."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        super().__init__("\n".join(f"{self.path}:{p}" for p in problems))
+
+
+# -- YAML with line numbers and ${VAR} substitution -------------------------------------------
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+Lines = dict[tuple[str | int, ...], int]
+_SCALARS = yaml.SafeLoader("")
+
+
+def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs: list[str]) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            key = str(k.value)
+            lines[(*path, key)] = k.start_mark.line + 1
+            if key in out:
+                errs.append(f"{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key")
+            out[key] = _to_python(v, (*path, key), lines, errs)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, (*path, i), lines, errs) for i, v in enumerate(node.value)]
+    assert isinstance(node, yaml.ScalarNode)
+    value = _SCALARS.construct_object(node)  # resolves int, bool, null, ... as YAML does
+    if isinstance(value, str) and "${" in value:
+
+        def sub(m: re.Match[str]) -> str:
+            found = os.environ.get(m.group(1))
+            if found is not None:
+                return found
+            if m.group(2) is not None:
+                return m.group(2)
+            errs.append(
+                f"{node.start_mark.line + 1}: {_dotted(path)}: environment variable "
+                f"{m.group(1)} is not set (write ${{{m.group(1)}:-default}} for a default)"
+            )
+            return ""
+
+        return _VAR.sub(sub, value)  # substituted text stays text; pydantic converts it
+    return value
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top)"
+
+
+def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Drop the tag (``postgres``, ``nats``, ...) pydantic puts after ``sources[i]`` and
+    ``connectors[i]``: each is a discriminated union, and the tag is not a key of the file.
+    """
+    if len(loc) > 2 and loc[0] in ("sources", "connectors") and isinstance(loc[1], int):
+        return loc[:2] + loc[3:]
+    return loc
+
+
+def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:
+    """The YAML line of a pydantic error location (whose union tags we drop)."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            continue  # a union tag (e.g. 'postgres') or a missing key: stay on the parent
+        path.append(part)
+    while tuple(path) not in lines and path:
+        path.pop()
+    return lines.get(tuple(path), 1), tuple(path)
+
+
+def load_config(path: str | Path) -> WeirConfig:
+    """Read and validate a config file; raises :class:`ConfigError` listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(path, [f"0: cannot read the file: {e.strerror}"]) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise ConfigError(path, [f"{line}: invalid YAML: {getattr(e, 'problem', e)}"]) from None
+    lines: Lines = {}
+    errs: list[str] = []
+    data = _to_python(root, (), lines, errs) if root is not None else {}
+    if errs:
+        raise ConfigError(path, errs)
+    if not isinstance(data, dict):
+        raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
+    try:
+        cfg = WeirConfig.model_validate(data)
+    except ValidationError as e:
+        remember(raw_secrets(data, WeirConfig))
+        problems = []
+        for err in e.errors():
+            loc = _without_tags(tuple(err["loc"]))
+            line, where = _line_of(loc, lines, data)
+            rest = [p for p in loc[len(where) :] if p not in where]
+            key = _dotted((*where, *rest)) if err["loc"] else "(top)"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(redact(f"{line}: {key}: {msg}"))
+        raise ConfigError(path, problems) from None
+    remember(secrets_of(cfg))
+    return cfg

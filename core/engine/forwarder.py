@@ -1,0 +1,412 @@
+"""The forwarding engine: moves a connector's stream from the store to its sink (DESIGN.md
+section 7, CONVENTIONS.md items 2-7).
+
+Rules it keeps, for every sink alike:
+- per-record order: at most one unacknowledged message per group key; the group's next
+  message waits (on the records stream, waiting versions collapse to the newest);
+- the cursor of a source moves only past messages the broker acknowledged (or that went to
+  the failed list), and with it is saved where the broker was (``Sink.mark``), so that after
+  a restart the messages the broker took since are read back and not sent again;
+- a failing message blocks only its group; after ``max_attempts`` it goes to the failed list;
+- a message can never hold the connector in a reconnect loop: the messages of a batch whose
+  connection was lost (or whose acks never came) are suspects, sent alone once it is back; a
+  suspect that loses the connection alone ``max_attempts`` times (3 by default) is charged
+  with it and goes to the failed list;
+- bounded: at most ``max_pending`` messages read ahead and ``max_in_flight`` batches out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from core.config.base import ConnectorBase
+from core.config.model import HttpSource, PostgresSource
+from core.engine.filters import selection
+from core.engine.lane import Lane
+from core.engine.sink import BatchError, BrokerMark, FatalError, Message, Sink, make_sink
+from core.envelope import key_prefixes
+from core.runtime.metrics import Metrics
+from core.store import Store
+from core.store.reader import Notifier, StreamReader
+
+log = logging.getLogger("weir.engine")
+
+PAGE = 2000  # rows per store read
+SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
+POLL = 1.0  # seconds between store polls when no notification arrives
+SAVE_EVERY = 0.1  # seconds between cursor saves
+STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
+
+
+class Forwarder:
+    """Runs one connector: supervises a session, and starts a new one after any failure.
+
+    A new session starts from the saved cursors and reads back from the broker what it took
+    since, so a failure anywhere (broker, store, this process) neither loses nor repeats.
+    """
+
+    def __init__(
+        self,
+        connector: ConnectorBase,
+        sources: Sequence[PostgresSource | HttpSource],
+        store: Store,
+        notifier: Notifier,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = connector
+        self.name = connector.name
+        self.metrics = metrics or Metrics()
+        self.sources = sources
+        self.store = store
+        self.notifier = notifier
+        self.kick = asyncio.Event()  # something to do: a batch finished, a source committed
+        self.notified = False
+        self.state = "starting"
+        self.detail = ""
+        self.said = False  # that start_position no longer applies
+        # Idempotency keys of messages in a batch whose connection was lost: each is sent
+        # alone until it is acknowledged; the value counts the connections it lost alone, and
+        # keeps the last error.
+        self.suspects: dict[str, tuple[int, str]] = {}
+
+    def lost_connection(self, batch: Sequence[Message], error: BaseException) -> None:
+        """A batch's connection was lost (or its acks never came): its messages are suspects;
+        a suspect sent alone is charged with the loss."""
+        if len(batch) == 1 and batch[0].key in self.suspects:
+            strikes, _ = self.suspects[batch[0].key]
+            self.suspects[batch[0].key] = (strikes + 1, f"{type(error).__name__}: {error}")
+        else:
+            for m in batch:
+                self.suspects.setdefault(m.key, (0, ""))
+
+    def charged(self, msg: Message) -> FatalError | None:
+        """The failure a suspect is charged with, once it lost the connection alone too often."""
+        strikes, error = self.suspects.get(msg.key, (0, ""))
+        if strikes < (self.cfg.retry.max_attempts or STRIKES):
+            return None
+        return FatalError(
+            f"the broker dropped the connection (or never answered) each of the {strikes} "
+            f"times this message was sent alone; last: {error}"
+        )
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        if state != self.state:
+            self.state = state
+            log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
+        self.detail = detail
+
+    def _on_commit(self) -> None:
+        self.notified = True
+        self.kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for src in self.sources:
+            self.notifier.subscribe(str(src.sync_id), self._on_commit)
+        attempt = 0
+        while not stop.is_set():
+            session = _Session(self, stop)
+            try:
+                await session.run()
+                return
+            except Exception as e:  # any failure: a new session from the saved cursors
+                attempt = 1 if session.delivered else attempt + 1
+                delay = self.cfg.retry.delay(attempt, random.random())
+                self.set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")
+                log.debug("connector %s: session failed", self.name, exc_info=True)
+            finally:
+                await session.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+
+class _Session:
+    """One connection's worth of forwarding: state here is rebuilt from the store each time."""
+
+    def __init__(self, fw: Forwarder, stop: asyncio.Event) -> None:
+        self.fw = fw
+        self.cfg = fw.cfg
+        self.stop = stop
+        self.sink: Sink = make_sink(fw.cfg)
+        cfg = fw.cfg
+        where = selection(cfg.collections, cfg.actions, cfg.filters)
+        self.lanes = [
+            Lane(StreamReader(fw.store, cfg.name, cfg.stream, where, str(s.sync_id), s.provider))
+            for s in fw.sources
+        ]
+        self.records = fw.cfg.stream == "records"
+        self.ready: deque[tuple[Lane, Message]] = deque()
+        self.waiting: dict[str, deque[tuple[Lane, Message]]] = {}
+        self.busy: set[str] = set()  # groups with a message ready, in flight or in backoff
+        self.retries: list[tuple[float, int, Lane, Message]] = []
+        self.tick = itertools.count()
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.done: deque[tuple[list[tuple[Lane, Message]], BaseException | None]] = deque()
+        self.pending = 0  # messages read and not yet settled
+        self.sent = 0  # messages in flight
+        self.delivered = 0
+        self.failing = False
+        self.probing = False  # a suspect is out alone (Forwarder.suspects)
+        m, name = fw.metrics, fw.name
+        self.count_failed = m.failed.labels(name).inc
+        self.count_retried = m.retried.labels(name).inc
+        self.show_in_flight = m.in_flight.labels(name).set
+
+    async def close(self) -> None:
+        for task in self.in_flight:
+            task.cancel()
+        with contextlib.suppress(Exception):  # what is settled stays settled across a restart
+            await self._save()
+        for lane in self.lanes:
+            await lane.reader.close()
+        with contextlib.suppress(Exception):
+            await self.sink.close()
+
+    async def run(self) -> None:
+        fw = self.fw
+        # After a failed attempt, why it failed stays in view while the next one runs (a slow
+        # connect would otherwise show no reason most of the time).
+        last = fw.detail.rsplit("; retry in", 1)[0] if fw.state == "reconnecting" else ""
+        fw.set_state("connecting", f"last attempt: {last}" if last else "")
+        await self.sink.connect()
+        for lane in self.lanes:
+            await lane.reader.open()
+        await self._resume()
+        fw.set_state("streaming")
+        next_save = time.monotonic() + SAVE_EVERY
+        next_poll = time.monotonic() + POLL
+        while not self.stop.is_set():
+            fw.kick.clear()
+            await self._settle()
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + POLL
+                for lane in self.lanes:
+                    lane.hungry = True
+            if fw.notified:  # a source committed: its lane may have more
+                fw.notified = False
+                for lane in self.lanes:
+                    lane.hungry = True
+            for lane in self.lanes:
+                await self._fill(lane)
+            self._release_retries(now)
+            self._dispatch()
+            if now >= next_save:
+                next_save = now + SAVE_EVERY
+                await self._save()
+            self.show_in_flight(self.sent)
+            wake = min(next_save, next_poll, self.retries[0][0] if self.retries else next_poll)
+            if any(lane.hungry for lane in self.lanes) and self.pending < self.cfg.max_pending:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fw.kick.wait(), max(0.0, wake - time.monotonic()))
+        await self._drain()
+
+    async def _resume(self) -> None:
+        """Load the cursors and read back what the broker took after their marks."""
+        marks: list[BrokerMark] = []
+        for lane in self.lanes:
+            cur = await lane.reader.cursor(self.cfg.start_position)
+            lane.fetched, lane.loaded = cur.seq, True
+            if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
+                self.fw.said = True
+                log.info("connector %s: going on from its saved position (seq %d of source %s); "
+                         "start_position applies to a connector's first start only",
+                         self.fw.name, cur.seq, lane.reader.sync_id)  # fmt: skip
+            if cur.mark is not None:
+                marks.append(cur.mark)
+        if not marks:
+            return
+        since: BrokerMark = {}
+        for mark in marks:
+            for stream, pos in mark.items():
+                since[stream] = min(pos, since.get(stream, pos))
+        keys = await self.sink.read_back(since, [lane.reader.sync_id for lane in self.lanes])
+        for lane in self.lanes:
+            prefixes = key_prefixes(lane.reader.sync_id)
+            lane.skip = {k for k in keys if k.startswith(prefixes)}
+        if keys:
+            log.info("connector %s: the broker already has %d messages sent before the restart;"
+                     " they are not sent again", self.fw.name, len(keys))  # fmt: skip
+
+    async def _fill(self, lane: Lane) -> None:
+        room = self.cfg.max_pending - self.pending
+        if not lane.hungry or room <= 0:
+            return
+        if lane.fetched >= lane.head:
+            lane.head = await lane.reader.head()
+            if lane.fetched >= lane.head:
+                lane.hungry = False
+                return
+        upto = min(lane.head, lane.fetched + SPAN)
+        limit = min(room, PAGE)
+        msgs = await lane.reader.fetch(lane.fetched, upto, limit)
+        lane.fetched = msgs[-1].seq if len(msgs) == limit else upto
+        for msg in msgs:
+            self._admit(lane, msg)
+
+    def _admit(self, lane: Lane, msg: Message) -> None:
+        if lane.skip and msg.key in lane.skip:
+            lane.skip.discard(msg.key)  # the broker took it before the restart
+            return
+        lane.outstanding.append(msg.seq)
+        self.pending += 1
+        g = msg.group
+        if g not in self.busy:
+            self.busy.add(g)
+            self.ready.append((lane, msg))
+            return
+        queue = self.waiting.get(g)
+        if queue is None:
+            self.waiting[g] = deque([(lane, msg)])
+        elif self.records:  # only the newest version of a record matters
+            old_lane, old = queue.pop()
+            self._settled(old_lane, old)
+            queue.append((lane, msg))
+        else:
+            queue.append((lane, msg))
+
+    def _settled(self, lane: Lane, msg: Message) -> None:
+        lane.settle(msg.seq)
+        self.pending -= 1
+
+    def _release(self, group: str) -> None:
+        """The group's message is settled: its next one, if any, becomes ready."""
+        queue = self.waiting.get(group)
+        if queue:
+            self.ready.append(queue.popleft())
+            if not queue:
+                del self.waiting[group]
+        else:
+            self.busy.discard(group)
+
+    def _release_retries(self, now: float) -> None:
+        while self.retries and self.retries[0][0] <= now:
+            _, _, lane, msg = heapq.heappop(self.retries)
+            self.ready.appendleft((lane, msg))
+
+    def _dispatch(self) -> None:
+        batch_cfg = self.cfg.batch
+        suspects = self.fw.suspects
+        while self.ready and len(self.in_flight) < self.cfg.max_in_flight and not self.probing:
+            batch: list[tuple[Lane, Message]] = []
+            size = 0
+            while self.ready and len(batch) < batch_cfg.max_messages:
+                lane, msg = self.ready[0]
+                if batch and size + len(msg.payload) > batch_cfg.max_bytes:
+                    break
+                if suspects and msg.key in suspects:  # a suspect goes alone, nothing beside it
+                    if batch or self.in_flight:
+                        break
+                    self.probing = True
+                self.ready.popleft()
+                msg.attempts += 1
+                size += len(msg.payload)
+                batch.append((lane, msg))
+                if self.probing:
+                    break
+            if not batch:
+                return
+            if self.probing and (charge := self.fw.charged(batch[0][1])) is not None:
+                self.probing = False
+                self.done.append((batch, BatchError({0: charge})))
+                self.fw.kick.set()
+                continue
+            mark = self.sink.mark()
+            top: dict[int, tuple[Lane, int]] = {}
+            for lane, msg in batch:
+                seen = top.get(id(lane))
+                if seen is None or msg.seq > seen[1]:
+                    top[id(lane)] = (lane, msg.seq)
+            for lane, max_seq in top.values():
+                lane.note_dispatch(mark, max_seq)
+            self.sent += len(batch)
+            write = self.sink.write_batch([m for _, m in batch])
+            self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
+            task.add_done_callback(functools.partial(self._finished, batch=batch))
+
+    def _finished(self, task: asyncio.Task[None], *, batch: list[tuple[Lane, Message]]) -> None:
+        self.in_flight.discard(task)
+        if task.cancelled():
+            return
+        self.done.append((batch, task.exception()))
+        self.sent -= len(batch)
+        self.fw.kick.set()
+
+    async def _settle(self) -> None:
+        """Account for finished batches: acks settle, failures back off or go to the list."""
+        suspects = self.fw.suspects
+        while self.done:
+            batch, exc = self.done.popleft()
+            self.probing = False
+            failed: dict[int, BaseException] = {}
+            if isinstance(exc, BatchError):
+                failed = dict(exc.failed)
+            elif exc is not None:  # the connection is in doubt: a new session reads back
+                self.fw.lost_connection([m for _, m in batch], exc)
+                raise exc
+            committed = []
+            retried: BaseException | None = None
+            for i, (lane, msg) in enumerate(batch):
+                err = failed.get(i)
+                if suspects:
+                    suspects.pop(msg.key, None)  # the broker answered for it
+                if err is None:
+                    committed.append(msg.committed)
+                    self._settled(lane, msg)
+                    self._release(msg.group)
+                elif await self._failed(lane, msg, err):
+                    retried = err
+            self.delivered += len(committed)
+            self.fw.metrics.delivered_batch(self.fw.name, committed)
+            if retried is not None and not self.failing:
+                self.failing = True
+                self.fw.set_state("retrying", f"{type(retried).__name__}: {retried}")
+            elif retried is None and self.failing:
+                self.failing = False
+                self.fw.set_state("streaming", "the broker takes messages again")
+
+    async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> bool:
+        """A message the broker did not take: retried later (True), or, at its last attempt
+        or when it never fits, moved to the failed list (False)."""
+        retry = self.cfg.retry
+        fatal = isinstance(err, FatalError)
+        if fatal or (retry.max_attempts is not None and msg.attempts >= retry.max_attempts):
+            reason = f"{type(err).__name__}: {err}"
+            await lane.reader.fail(msg, reason)
+            log.warning("connector %s: seq %d (%s) moved to the failed list after %d attempts: %s",
+                        self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
+            self._settled(lane, msg)
+            self._release(msg.group)
+            self.count_failed()
+            return False
+        self.count_retried()
+        due = time.monotonic() + retry.delay(msg.attempts, random.random())
+        heapq.heappush(self.retries, (due, next(self.tick), lane, msg))
+        return True
+
+    async def _save(self) -> None:
+        for lane in self.lanes:
+            if not lane.loaded:
+                continue
+            state = lane.state(self.sink)
+            if state != lane.saved:
+                await lane.reader.save(*state)
+                lane.saved = state
+
+    async def _drain(self) -> None:
+        """Stop reading, let the batches out finish (within the broker's ack timeout), save."""
+        self.fw.set_state("draining")
+        if self.in_flight:  # each ends within the sink's ack timeout; weir run bounds the rest
+            await asyncio.wait(set(self.in_flight))
+        await self._settle()
+        await self._save()
+        self.fw.set_state("stopped")

@@ -1,0 +1,90 @@
+"""The sink contract every connector implements (CONVENTIONS.md items 2, 3 and 9).
+
+The engine (engine/forwarder.py) owns ordering, batching, retries, cursors and the failed list; a
+sink only moves one batch to its broker and says which messages did not make it, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One message leaving Weir, built from a store row (DESIGN.md section 4).
+
+    ``group`` is the group key (unit of order), ``key`` the idempotency key, ``payload`` the
+    JSON a subscriber receives. ``action`` is the event's action (``None`` on the records
+    stream). ``committed`` is the upstream commit time (epoch seconds), for latency metrics.
+    """
+
+    sync_id: str
+    seq: int
+    collection_id: str
+    action: str | None
+    group: str
+    key: str
+    payload: bytes
+    committed: float = 0.0
+    attempts: int = 0
+
+
+class RetryableError(Exception):
+    """The broker may take this message later: the engine retries it after a backoff."""
+
+
+class FatalError(Exception):
+    """The broker will never take this message (too large, rejected): it goes to the failed list."""
+
+
+class BatchError(Exception):
+    """Some messages of a batch failed: ``failed`` maps their index in the batch to the reason
+    (a :class:`RetryableError` or :class:`FatalError`). The others were acknowledged.
+    """
+
+    def __init__(self, failed: dict[int, Exception]) -> None:
+        self.failed = failed
+        first = next(iter(failed.values()))
+        super().__init__(f"{len(failed)} messages failed, first: {first}")
+
+
+BrokerMark = dict[str, int]
+
+
+class Sink(Protocol):
+    """A broker connection. Nothing happens in the constructor; ``connect()`` opens it.
+
+    ``write_batch`` returns when every message of the batch is acknowledged by the broker; it
+    raises :class:`BatchError` for per-message failures (the broker answered). Any other
+    exception means the connection is in doubt (lost, acks overdue): the engine then starts a
+    new session, which reads back what the broker took instead of blindly resending, so even a
+    broker without a duplicate window gets nothing twice.
+
+    ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
+    JetStream stream sequences): everything published after the call lands after it.
+    ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
+    broker took after ``mark``, so that a restart resends none of them (DESIGN.md section 7.2).
+    """
+
+    async def connect(self) -> None: ...
+
+    async def write_batch(self, batch: Sequence[Message]) -> None: ...
+
+    def mark(self) -> BrokerMark: ...
+
+    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]: ...
+
+    async def close(self) -> None: ...
+
+
+def make_sink(connector: Any) -> Sink:
+    """The sink of a connector config, imported from ``connectors.<type>.sink`` on demand so
+    that a vendor SDK loads only when a connector uses it.
+    """
+    import importlib
+
+    module = importlib.import_module(f"connectors.{connector.type}.sink")
+    sink: Sink = module.make_sink(connector)
+    return sink

@@ -1,0 +1,99 @@
+"""Scheduled jobs of ``weir run`` (apscheduler, a thread of their own):
+
+- events retention: the events stream keeps ``store.events_retention``; older events are
+  deleted in chunks, and a connector whose cursor had not reached them is warned about;
+- slot lag: each postgres source's replication slot is checked every minute, with a warning
+  when it holds back more WAL than ``slot_lag_warning`` or when nothing reads it.
+
+Capture heartbeats are the source's own (``heartbeat_interval``) and lease heartbeats are
+written every second (runtime/leases.py). The Consume API sweeps its queues on its own event loop
+(``Consumers.sweep``, core/api/app.py): visibility itself needs no sweep, being a time compared
+when messages are received, but messages that used up ``max_deliver`` go to the failed list
+without waiting for a receive.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from psycopg import sql
+
+from core.config.model import PostgresSource, WeirConfig
+from core.status import slot_lag
+from core.store import Store
+
+log = logging.getLogger("weir.jobs")
+
+CHUNK = 10_000  # events deleted per statement
+PRUNE_EVERY = timedelta(minutes=10)
+SLOTS_EVERY = timedelta(minutes=1)
+
+
+def prune_events(cfg: WeirConfig, store: Store) -> int:
+    """Delete events older than the retention; returns how many."""
+    t = store.table
+    cutoff = cfg.store.events_retention
+    total = 0
+    with store.connect(autocommit=True) as conn:
+        behind = conn.execute(
+            sql.SQL(
+                "SELECT c.connector, s.name, count(*) FROM {c} c JOIN {s} s USING (sync_id)"
+                " JOIN {e} e ON e.sync_id = c.sync_id AND e.seq > c.seq"
+                " WHERE c.stream = 'events' AND e.inserted_at < now() - %s"
+                " GROUP BY c.connector, s.name"
+            ).format(c=t("cursors"), s=t("sources"), e=t("events")),
+            (cutoff,),
+        ).fetchall()
+        for connector, source, n in behind:
+            log.warning(
+                "retention: %s had not delivered %d events of source %s older than %s; they are "
+                "deleted now (raise store.events_retention to keep them longer)",
+                connector, n, source, cutoff,
+            )  # fmt: skip
+        delete = sql.SQL(
+            "DELETE FROM {e} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {e}"
+            " WHERE inserted_at < now() - %s LIMIT %s))"
+        ).format(e=t("events"))
+        while True:
+            n = conn.execute(delete, (cutoff, CHUNK)).rowcount
+            total += n
+            if n < CHUNK:
+                break
+    if total:
+        log.info("retention: deleted %d events older than %s", total, cutoff)
+    return total
+
+
+def check_slots(cfg: WeirConfig) -> list[str]:
+    """Warn about replication slots that hold back too much WAL or that nothing reads."""
+    warnings = []
+    for src in cfg.sources:
+        if not isinstance(src, PostgresSource):
+            continue
+        held, active, error = slot_lag(src)
+        if error is not None:
+            warnings.append(f"source {src.name}: slot check failed: {error}")
+        elif held is not None and held > src.slot_lag_warning:
+            warnings.append(
+                f"source {src.name}: replication slot {src.slot} holds back {held} bytes of WAL"
+                f" (more than slot_lag_warning, {int(src.slot_lag_warning)}); the source server"
+                " keeps that WAL on disk until Weir catches up"
+                + ("" if active else "; nothing is reading the slot")
+            )
+    for w in warnings:
+        log.warning("%s", w)
+    return warnings
+
+
+def start(cfg: WeirConfig, store: Store) -> BackgroundScheduler:
+    scheduler = BackgroundScheduler(daemon=True)
+    scheduler.add_job(prune_events, "interval", args=(cfg, store), id="retention",
+                      seconds=PRUNE_EVERY.total_seconds(), max_instances=1,
+                      coalesce=True)  # fmt: skip
+    scheduler.add_job(check_slots, "interval", args=(cfg,), id="slots",
+                      seconds=SLOTS_EVERY.total_seconds(), max_instances=1,
+                      coalesce=True)  # fmt: skip
+    scheduler.start()
+    return scheduler

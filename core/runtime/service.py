@@ -1,0 +1,329 @@
+"""``weir run``: the sources (one thread each, blocking psycopg), the connectors (one asyncio
+loop in its own thread) and the HTTP API a config file declares, until ``stop`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+
+from core.config.model import Connector, PostgresSource, WeirConfig
+from core.engine.forwarder import Forwarder
+from core.failures import Unreachable, reach_postgres
+from core.redact import remember, secrets_of
+from core.runtime.metrics import Metrics
+from core.store import Store
+from core.store.reader import Notifier
+
+log = logging.getLogger("weir")
+GC_YOUNG = 50_000  # new objects between collections of the youngest generation
+T = TypeVar("T")
+
+
+def open_store(cfg: WeirConfig) -> Store:
+    """The store of ``cfg``, migrated, with its sources registered."""
+    store = Store(cfg.store_url, cfg.store.schema_)
+    store.prepare(cfg.sources)
+    return store
+
+
+def prepare(cfg: WeirConfig) -> Store:
+    """Migrate the store, register the sources and create their publications and slots, so
+    that every change committed from now on will be captured. ``serve`` does the same in its
+    threads; call this first when writes follow at once (the demo, tests).
+    """
+    from core.sources.pg import snapshot
+    from core.sources.pg.setup import prepare as prepare_source
+
+    store = open_store(cfg)
+    for src in cfg.sources:
+        if isinstance(src, PostgresSource):
+            with snapshot.connect(src.url.get_secret_value(), "weir") as conn:
+                prepare_source(conn, src)
+    return store
+
+
+def tune_gc() -> None:
+    """Collect cycles less often than Python's default (every 700 new objects), which on a
+    stream moved every message read ahead (up to ``max_pending``) into the oldest generation
+    and then walked the whole heap for it: 22% of a Kafka connector's time on a backlog, 0.3%
+    now. The objects of the startup are frozen out of those walks for good.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, 20, 10)
+
+
+def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
+    """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0.
+
+    Sources and connectors run only while this instance holds their lease (core/runtime/leases.py):
+    with several instances on one store, each is run by one of them, and taken over by another
+    within ``LEASE_POLL`` when its owner dies. The HTTP API and the scheduled jobs run on every
+    instance.
+    """
+    from core.api.app import ApiServer
+    from core.runtime import jobs
+    from core.runtime.leases import Leases
+
+    remember(secrets_of(cfg))
+    if not wait_for_store(cfg, stop):
+        log.info("weir: stopped before the store answered")
+        return 0
+    store = open_store(cfg)
+    metrics = Metrics()
+    metrics.watch_store(cfg, store)
+    api = ApiServer(cfg, store, metrics) if cfg.api is not None else None
+    if api is not None:
+        try:
+            api.start()
+        except BaseException as e:
+            log.error("api: cannot start: %s", e)
+            return 1
+    loop = _ConnectorLoop(store)
+    works: dict[str, _Work] = {}
+    for src in cfg.sources:
+        if isinstance(src, PostgresSource):
+            works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
+            works[f"backfill:{src.name}"] = _BackfillWork(src, store)
+    for c in cfg.connectors:
+        works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
+    leases = Leases(store)
+    scheduler = jobs.start(cfg, store)
+    tune_gc()
+    log.info(
+        "weir: instance %s serving %d sources, %d connectors and %d consumers",
+        leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
+    )  # fmt: skip
+    failed = False
+    reported: dict[str, tuple[str, str]] = {}  # what weir status was last told, by work
+    try:
+        while not stop.is_set():
+            if not leases.alive():  # another instance may take the work over now: stop it
+                for w in works.values():
+                    w.stop()
+                for w in works.values():
+                    w.join(LOST_GRACE)
+                reported.clear()
+            else:
+                for name, w in works.items():
+                    if w.error is not None:
+                        failed = True
+                        stop.set()
+                    elif not w.running and leases.take(name):
+                        w.start()
+                    if (w.running or w.error is not None) and reported.get(name) != w.status():
+                        reported[name] = w.status()
+                        leases.report(name, *reported[name])
+            stop.wait(LEASE_POLL)
+    finally:
+        for w in works.values():
+            w.stop()
+        for w in works.values():
+            w.join(grace)
+        leases.close()
+        loop.close()
+        scheduler.shutdown(wait=False)
+        if api is not None:
+            api.stop()
+    log.info("weir: stopped")
+    return 1 if failed else 0
+
+
+def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+    """Wait until the store answers, or ``stop`` is set (then False). A service often starts
+    before its database (systemd, compose): say once what it waits for, then retry with
+    backoff, saying it again only when the reason changes.
+    """
+    said, delay = "", STORE_RETRY_FIRST
+    while not stop.is_set():
+        try:
+            reach_postgres(cfg.store_url, "the store")
+        except Unreachable as e:
+            if str(e) != said:
+                log.warning("%s; retrying until it answers", e)
+                said = str(e)
+            stop.wait(delay)
+            delay = min(delay * 2, STORE_RETRY_MAX)
+            continue
+        if said:
+            log.info("weir: the store answers")
+        return True
+    return False
+
+
+STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 30.0  # seconds between attempts to reach the store
+LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
+LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
+RETRY_BACKFILL = 5.0  # seconds before a backfill that lost a connection resumes
+BACKFILL_POLL = 2.0  # seconds between looks for backfills capture asked for
+
+
+class _Work(Protocol):
+    """A source's capture or a connector, started and stopped as its lease comes and goes."""
+
+    error: BaseException | None  # it failed for good: weir run exits 1
+
+    @property
+    def running(self) -> bool: ...
+
+    def status(self) -> tuple[str, str]:
+        """(state, why) for weir status: ``streaming``, ``reconnecting`` and the reason, ..."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Ask it to drain and stop; ``join`` waits."""
+
+    def join(self, timeout: float) -> None: ...
+
+
+class _ThreadWork:
+    """Work that runs on a thread of its own until ``stop`` is set; ``body`` is the work."""
+
+    what = "work"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def body(self, stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    def status(self) -> tuple[str, str]:
+        return ("failed", str(self.error)) if self.error is not None else ("running", "")
+
+    def start(self) -> None:
+        self._stop = stop = threading.Event()
+
+        def run() -> None:
+            try:
+                self.body(stop)
+            except Exception as e:
+                log.error("%s %s: %s", self.what, self.name, e)
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name=f"{self.what}-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class _SourceWork(_ThreadWork):
+    what = "source"
+
+    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics) -> None:
+        from core.sources.pg.capture import PostgresCapture
+
+        super().__init__(src.name)
+        self.capture = PostgresCapture(src, store, metrics)
+
+    def body(self, stop: threading.Event) -> None:
+        self.capture.run(stop)
+
+    def status(self) -> tuple[str, str]:
+        if self.error is not None:
+            return "failed", str(self.error)
+        return self.capture.state, self.capture.detail
+
+
+class _BackfillWork(_ThreadWork):
+    """A source's backfills beside its capture: its ``backfill:`` tables, each once, and the
+    tables capture asks for (after a lost slot, or a table that joined late); resumed after a
+    restart or a takeover by another instance."""
+
+    what = "backfill of source"
+
+    def __init__(self, src: PostgresSource, store: Store) -> None:
+        super().__init__(src.name)
+        self.src = src
+        self.store = store
+
+    def body(self, stop: threading.Event) -> None:
+        from core.sources.backfill import run_configured, run_requested
+
+        configured = self.src.backfill is None
+        while not stop.is_set():
+            try:
+                if not configured:
+                    run_configured(self.src, self.store, stop)
+                    configured = not stop.is_set()
+                run_requested(self.src, self.store, stop)
+                wait = BACKFILL_POLL
+            except psycopg.OperationalError as e:  # a connection lost: resume at the last page
+                log.warning("backfill of source %s: %s; resuming in %gs", self.src.name,
+                            str(e).strip(), RETRY_BACKFILL)  # fmt: skip
+                wait = RETRY_BACKFILL
+            stop.wait(wait)
+
+
+class _ConnectorLoop:
+    """The event loop every connector of this instance runs in, in a thread of its own."""
+
+    def __init__(self, store: Store) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.notifier = Notifier(store)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="connectors",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        self.call(self.notifier.start())
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.call(self.notifier.stop()).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+class _ConnectorWork:
+    def __init__(self, c: Connector, cfg: WeirConfig, store: Store, metrics: Metrics,
+                 loop: _ConnectorLoop) -> None:  # fmt: skip
+        self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics)
+        self.loop = loop
+        self._halt = asyncio.Event()  # binds to the loop when first awaited
+        self._run: concurrent.futures.Future[None] | None = None
+        self.error: BaseException | None = None  # the engine retries every failure itself
+
+    @property
+    def running(self) -> bool:
+        return self._run is not None and not self._run.done()
+
+    def status(self) -> tuple[str, str]:
+        return self.forwarder.state, self.forwarder.detail
+
+    def start(self) -> None:
+        self._halt = asyncio.Event()  # made here, so that a stop() right after start() counts
+        self._run = self.loop.call(self.forwarder.run(self._halt))
+
+    def stop(self) -> None:
+        self.loop.loop.call_soon_threadsafe(self._halt.set)
+
+    def join(self, timeout: float) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
+            self._run.cancel()
+        except Exception as e:
+            log.error("connector %s: %s", self.forwarder.name, e)

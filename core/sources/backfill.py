@@ -1,0 +1,265 @@
+"""Table backfills in the engine: keyset pages of a table into the records stream, beside live
+capture (DESIGN.md sections 1 and 13).
+
+Each page is read by COPY in keyset order, staged, and merged with the snapshot version guard
+(core.sources.pg.snapshot), and the keyset position of its last row is committed in the same store
+transaction: a backfill killed at any point resumes after the last page it committed, and a
+page written twice changes nothing (same version: not newer).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+from core.config.model import BackfillConfig, PostgresSource
+from core.progress import Progress
+from core.redact import first_line
+from core.sources.pg import snapshot
+from core.sources.pg.relations import SourceSchemaError
+from core.sources.pg.setup import SourceSetupError, capturable_tables, published_tables
+from core.store import Conn, Store
+from core.store.change import REFUSED
+from core.store.snapshot_writer import SnapshotWriter
+from core.tables import parse_table, table_name
+
+log = logging.getLogger("weir.backfill")
+
+
+@dataclass
+class _State:  # a row of the backfills table
+    keyset: list[str]
+    version: int
+    snapshot_at: datetime
+    last_key: list[str] | None
+    rows_total: int
+    rows_read: int
+    rows_written: int
+    finished: bool
+    started_at: datetime
+
+
+@dataclass
+class BackfillResult:
+    table: str
+    rows_read: int
+    rows_written: int  # the others were already replaced by a newer live change
+    finished: bool
+
+
+class Backfill:
+    """The backfill of one table of a source; ``run`` starts it or resumes it."""
+
+    def __init__(
+        self,
+        src: PostgresSource,
+        store: Store,
+        table: str,
+        *,
+        page_size: int | None = None,
+        sort_column: str | None = None,
+    ) -> None:
+        """``page_size`` and ``sort_column`` default to the source's ``backfill:`` settings."""
+        settings = src.backfill or BackfillConfig()
+        self.src = src
+        self.store = store
+        self.table = table_name(*parse_table(table))  # as sort_columns are written
+        self.page_size = page_size or settings.page_size
+        self.sort_column = sort_column or settings.sort_columns.get(self.table)
+        t = store.table("backfills")
+        self._load = sql.SQL(
+            "SELECT keyset, version, snapshot_at, last_key, rows_total, rows_read, rows_written,"
+            " finished_at IS NOT NULL, started_at"
+            " FROM {} WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+        self._start = sql.SQL(
+            "INSERT INTO {} AS b (sync_id, collection_id, keyset, version, snapshot_at, rows_total)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (sync_id, collection_id) DO UPDATE SET"
+            " keyset = excluded.keyset, version = excluded.version,"
+            " snapshot_at = excluded.snapshot_at, last_key = NULL,"
+            " rows_total = excluded.rows_total, rows_read = 0, rows_written = 0,"
+            " started_at = now(), updated_at = now(), finished_at = NULL"
+        ).format(t)
+        self._step = sql.SQL(
+            "UPDATE {} SET last_key = %s, rows_read = rows_read + %s,"
+            " rows_written = rows_written + %s, updated_at = now()"
+            " WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+        self._finish = sql.SQL(
+            "UPDATE {} SET finished_at = now(), updated_at = now()"
+            " WHERE sync_id = %s AND collection_id = %s"
+        ).format(t)
+
+    def _state(self, conn: Conn, collection_id: str) -> _State | None:
+        row = conn.execute(self._load, (self.src.sync_id, collection_id)).fetchone()
+        return None if row is None else _State(*row)  # type: ignore[arg-type]
+
+    def run(
+        self, stop: threading.Event, *, new: str = "if-none", since: datetime | None = None
+    ) -> BackfillResult:
+        """Resume the table's unfinished backfill, or start a new one: ``new`` is ``if-none``
+        (``backfill:`` in ``weir run``: each table once), ``if-finished`` (``weir backfill``)
+        or ``always`` (``weir backfill --restart``); and when the backfill there is older than
+        ``since`` (a request). Returns when the table is done or ``stop`` is set.
+
+        When it is done, the records of the table that are older than its snapshot and were
+        not read (rows deleted while nothing captured them) become tombstones.
+        """
+        sid = self.src.sync_id
+        with (
+            snapshot.connect(self.src.url.get_secret_value()) as conn,
+            self.store.connect() as store_conn,
+        ):
+            snapshot.ensure_capture(conn, self.src)
+            plan = snapshot.table_plan(conn, self.src, self.table, self.sort_column)
+            rel = plan.rel
+            keyset = [rel.names[i] for i in plan.order]
+            st = self._state(store_conn, rel.collection_id)
+            if st is not None and not st.finished and new != "always" and st.keyset != keyset:
+                raise SourceSetupError(
+                    f"backfill of {self.table} was started paging by {st.keyset}, now by "
+                    f"{keyset}: go back to the first, or start again (weir backfill --restart)"
+                )
+            if (
+                st is None
+                or new == "always"
+                or (st.finished and new == "if-finished")
+                or (since is not None and st.started_at < since)
+            ):
+                point = snapshot.snapshot_point(conn, lambda m: log.info("%s: %s", self.table, m))
+                total = snapshot.count_rows(conn, plan)
+                store_conn.execute(
+                    self._start, (sid, rel.collection_id, keyset, point.version, point.at, total)
+                )
+                store_conn.commit()
+                st = self._state(store_conn, rel.collection_id)
+                assert st is not None
+            last, read, written = st.last_key, st.rows_read, st.rows_written
+            if st.finished:
+                return BackfillResult(self.table, read, written, True)
+            log.info(
+                "backfill %s: %s at version %d, %d of ~%d rows done",
+                self.table, "resuming" if last else "starting", st.version, read, st.rows_total,
+            )  # fmt: skip
+            writer = SnapshotWriter(store_conn, self.store, sid, st.version, st.snapshot_at)
+            progress = Progress(f"backfill {self.table}", st.rows_total)
+            progress.update(read)
+            while not stop.is_set():
+                rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
+                if not rows:
+                    gone = writer.sweep(rel.collection_id)
+                    store_conn.execute(self._finish, (sid, rel.collection_id))
+                    store_conn.commit()
+                    swept = f", {gone:,} gone from the table" if gone else ""
+                    progress.finish(f"{read:,} rows read, {written:,} written{swept}")
+                    return BackfillResult(self.table, read, written, True)
+                lines = list(snapshot.records_of(rel, rows))
+                accepted = self._write(store_conn, writer, rel.collection_id, lines)
+                last = plan.key_of(rows[-1])
+                store_conn.execute(self._step, (last, len(rows), accepted, sid, rel.collection_id))
+                store_conn.commit()
+                read += len(rows)
+                written += accepted
+                progress.update(read)
+            return BackfillResult(self.table, read, written, False)
+
+    def _write(
+        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[bytes]
+    ) -> int:
+        """Write a page; when the store refuses it (a value or size it cannot hold), a row at a
+        time, and those it refuses go to the source's failed list. Returns how many were
+        accepted."""
+        try:
+            with conn.transaction():  # a savepoint
+                return writer.write(collection, lines)[1]
+        except psycopg.Error as e:
+            if (e.sqlstate or "")[:2] not in REFUSED:
+                raise
+            if len(lines) > 1:
+                return sum(self._write(conn, writer, collection, [line]) for line in lines)
+            record_id = lines[0].split(b"\t", 1)[0].decode()
+            writer.refuse(collection, record_id, f"the store refused the row of {collection} "
+                          f"record {record_id} read by a backfill: {first_line(e)}")  # fmt: skip
+            return 0
+
+
+def configured_tables(src: PostgresSource) -> list[str]:
+    """The tables the source's ``backfill:`` option names (all of the source's by default)."""
+    if src.backfill is not None and src.backfill.tables:
+        return list(src.backfill.tables)
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        return [table_name(s, t) for s, t in capturable_tables(conn, src)]
+
+
+def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:
+    """``backfill:`` in ``weir run``: every named table not backfilled yet, or not finished."""
+    assert src.backfill is not None
+    for table in configured_tables(src):
+        if stop.is_set():
+            return
+        Backfill(src, store, table).run(stop)
+
+
+def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> None:
+    """The backfills capture asked for (sources/pg/capture.py): each table's request is done when
+    a backfill started after it finishes. A table that is gone ends its request with an error
+    in the log."""
+    requests = store.table("backfill_requests")
+    with store.connect(autocommit=True) as conn:
+        rows: list[tuple[str, str, datetime]] = conn.execute(  # type: ignore[assignment]
+            sql.SQL(
+                "SELECT schema_name, table_name, requested_at FROM {} WHERE sync_id = %s"
+                " ORDER BY requested_at"
+            ).format(requests),
+            (src.sync_id,),
+        ).fetchall()
+        published = _published(src) if rows and not src.create_publication else None
+        for schema, table, requested_at in rows:
+            if stop.is_set():
+                return
+            if published is not None and (schema, table) not in published:
+                continue  # one a DBA is to add to the publication (core/sources/pg/setup.py)
+            name = table_name(schema, table)
+            try:
+                finished = Backfill(src, store, name).run(stop, since=requested_at).finished
+            except (SourceSetupError, SourceSchemaError, psycopg.Error) as e:
+                if isinstance(e, psycopg.Error) and _lost(e):
+                    raise  # resumed at its last page after a pause (core/runtime/service.py)
+                if _exists(src, schema, table):
+                    log.error("backfill of %s asked for by capture: %s; not retried (run weir "
+                              "backfill --table %s once that is fixed)", name, str(e).strip(),
+                              name)  # fmt: skip
+                else:  # dropped, renamed or moved on since: capture follows it under its name
+                    log.info("backfill of %s asked for by capture: the table is no longer there "
+                             "(dropped, renamed or moved), nothing to do", name)  # fmt: skip
+                finished = True
+            if finished:
+                conn.execute(
+                    sql.SQL(
+                        "DELETE FROM {} WHERE sync_id = %s AND schema_name = %s"
+                        " AND table_name = %s AND requested_at = %s"
+                    ).format(requests),
+                    (src.sync_id, schema, table, requested_at),
+                )
+
+
+def _lost(e: psycopg.Error) -> bool:
+    """Whether the error is a connection lost (or a server going down), not the work's own."""
+    return isinstance(e, psycopg.OperationalError) and (e.sqlstate or "08")[:2] in ("08", "57")
+
+
+def _published(src: PostgresSource) -> set[tuple[str, str]]:
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        return published_tables(conn, src.publication)
+
+
+def _exists(src: PostgresSource, schema: str, table: str) -> bool:
+    with snapshot.connect(src.url.get_secret_value()) as conn:
+        name = sql.Identifier(schema, table).as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])

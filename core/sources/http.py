@@ -1,0 +1,187 @@
+"""HTTP ingest for ``kind: http`` sources (API syncs): batches of upserts and deletes become
+events- and records-stream messages, as a Postgres source's changes do (DESIGN.md section 3).
+
+A batch is one store transaction under the source row's lock, so batches of one source commit
+one after the other, also from several Weir processes. Versions: a record's ``version`` (else
+its ``upstream_updated_at`` in microseconds, else the time of ingest) must be newer than the
+stored one, or the record is skipped; so an older version never overwrites a newer one, and
+sending a batch again changes nothing. Each batch gets the next number of the source's
+``commit_lsn``, which with the position in the batch makes the events' idempotency keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+import orjson
+from psycopg import sql
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.api.consume import ApiError
+from core.config.model import HttpSource, WeirConfig
+from core.envelope import record_token
+from core.ids import encode_token
+from core.runtime.metrics import Metrics
+from core.store import Conn, Store
+from core.store.change import Change
+from core.store.writer import SourceWriter
+
+
+class IngestRecord(BaseModel):
+    """One record as an API sync pushes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    collection_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s.*>\x00]+$")
+    record_id: str = Field(min_length=1, max_length=512)
+    data: dict[str, Any] | None = Field(None, description="the record; optional for a delete")
+    deleted: bool = False
+    version: int | None = Field(None, ge=0, le=2**63 - 1)
+    upstream_updated_at: datetime | None = None
+
+    @field_validator("record_id", mode="before")
+    @classmethod
+    def _id_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("upstream_updated_at")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("needs a time zone, e.g. 2026-11-22T10:00:00Z")
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _storable(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        try:
+            text = orjson.dumps(v)
+        except TypeError as e:  # integers beyond 64 bits
+            raise ValueError(f"cannot be stored: {e}; send such numbers as strings") from None
+        if b"\\u0000" in text and _has_nul(v):
+            raise ValueError("must not contain the NUL character (Postgres cannot store it)")
+        return v
+
+    @model_validator(mode="after")
+    def _data_unless_deleted(self) -> Self:
+        if self.data is None and not self.deleted:
+            raise ValueError("data is required unless deleted is true")
+        return self
+
+
+class Ingest:
+    """Writes pushed records into their http source's streams."""
+
+    def __init__(self, cfg: WeirConfig, store: Store, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.metrics = metrics
+        self._conns: dict[str, Conn] = {}
+        self._locks: dict[str, threading.Lock] = {}
+
+    async def write(self, name: str, records: list[IngestRecord]) -> tuple[int, int]:
+        """Returns (accepted, skipped as not newer)."""
+        try:
+            src = self.cfg.source(name)
+        except KeyError:
+            raise ApiError(404, f"no source named {name!r}") from None
+        if not isinstance(src, HttpSource):
+            raise ApiError(409, f"source {name!r} is a {src.kind} source; only http "
+                                     "sources take records over HTTP")  # fmt: skip
+        return await asyncio.to_thread(self._write, src, records)
+
+    def _write(self, src: HttpSource, records: list[IngestRecord]) -> tuple[int, int]:
+        with self._locks.setdefault(src.name, threading.Lock()):
+            conn = self._conns.get(src.name)
+            if conn is None or conn.closed:
+                conn = self._conns[src.name] = self.store.connect()
+            writer = SourceWriter(conn, self.store, src.sync_id)
+            try:
+                return self._batch(conn, writer, src, records)
+            except BaseException:
+                writer.rollback()
+                raise
+
+    def _batch(
+        self, conn: Conn, writer: SourceWriter, src: HttpSource, records: list[IngestRecord]
+    ) -> tuple[int, int]:
+        row = conn.execute(
+            sql.SQL("SELECT commit_lsn FROM {} WHERE sync_id = %s FOR UPDATE").format(
+                self.store.table("sources")
+            ),
+            (src.sync_id,),
+        ).fetchone()
+        assert row is not None, "source not registered"
+        batch_no = int(row[0]) + 1  # type: ignore[call-overload]
+        keyed = [(r.collection_id, encode_token(r.record_id), r) for r in records]
+        tokens = [record_token(i) for _, i, _ in keyed]  # the records stream's key
+        rows: list[Any] = conn.execute(
+            sql.SQL(
+                "SELECT r.collection_id, coalesce(r.full_record_id, r.record_id), r.version,"
+                " r.deleted, r.record"
+                " FROM {} r JOIN unnest(%s::text[], %s::text[]) k(c, i)"
+                " ON r.sync_id = %s AND r.collection_id = k.c AND r.record_id = k.i"
+            ).format(self.store.table("records")),
+            ([c for c, _, _ in keyed], tokens, src.sync_id),
+        ).fetchall()
+        current: dict[tuple[str, str], tuple[int, bool, dict[str, Any]]] = {
+            (c, i): (v, d, rec) for c, i, v, d, rec in rows
+        }
+        now = datetime.now(UTC)
+        changes: list[Change] = []
+        for coll, rid, rec in keyed:
+            ts = rec.upstream_updated_at or now
+            version = rec.version if rec.version is not None else _micros(ts)
+            cur = current.get((coll, rid))
+            if cur is not None and version <= cur[0]:
+                continue
+            diff = None
+            if rec.deleted:
+                action = "delete"
+                record = rec.data if rec.data is not None else (cur[2] if cur else {})
+            elif cur is None or cur[1]:
+                action, record = "insert", rec.data or {}
+            else:
+                action, record = "update", rec.data or {}
+                old = cur[2]
+                diff = {k: old.get(k) for k in old.keys() | record.keys()
+                        if old.get(k) != record.get(k)}  # fmt: skip
+            iso = ts.astimezone(UTC).isoformat()
+            idx = len(changes)
+            changes.append(
+                Change(action, coll, rid, record, diff, (), None, version, idx, iso, batch_no)
+            )
+            current[(coll, rid)] = (version, rec.deleted, record)
+        if changes:
+            writer.write(changes)
+            writer.commit(batch_no, batch_no)
+            self.metrics.changes.labels(src.name).inc(len(changes))
+        else:
+            conn.rollback()
+        return len(changes), len(records) - len(changes)
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+
+
+def _has_nul(v: Any) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
+
+
+def _micros(ts: datetime) -> int:
+    return (ts - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

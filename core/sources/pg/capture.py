@@ -1,0 +1,203 @@
+"""Change capture from one Postgres source into the stream store.
+
+One replication session: hold the slot against the store's checkpoint (core/sources/pg/slot.py),
+START_REPLICATION with pgoutput, decode every message, gather whole transactions, and commit
+them with the LSN checkpoint in one store transaction; only then confirm the flush LSN to
+Postgres. A transaction at or below the stored checkpoint is skipped, so a change is stored
+exactly once even when Postgres sends it again after a crash.
+
+The stream itself is core/sources/pg/stream.py; batches go to the store on a thread of their own
+(core/sources/pg/store_thread.py), so decoding the next batch overlaps the store's work on this one.
+Batching is natural: a batch is committed when the socket has nothing more to read and the
+store thread is idle, or when it reaches ``max_batch`` changes or ``max_batch_wait``. A long
+transaction is written in chunks into the one open store transaction, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from core.config.model import PostgresSource
+from core.runtime.metrics import Metrics
+from core.sources.pg import snapshot
+from core.sources.pg.pgoutput import (
+    lsn_to_str,
+    standby_status,
+    start_replication,
+)
+from core.sources.pg.relations import Relations, SourceSchemaError
+from core.sources.pg.setup import (
+    SlotBusyError,
+    SourceSetupError,
+    capturable_tables,
+    prepare,
+    tables_wanted,
+)
+from core.sources.pg.slot import SlotGapError, check_slot, unreadable
+from core.sources.pg.stream import Stream
+from core.sources.pg.values import SESSION_OPTIONS
+from core.store import Store
+from core.store.change import UnstorableChange
+from core.store.writer import SourceWriter, WriterBusyError
+
+log = logging.getLogger("weir.source")
+
+FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError, UnstorableChange)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class PostgresCapture:
+    """Captures one ``postgres`` source until ``stop`` is set.
+
+    ``run`` reconnects with exponential backoff and jitter after the source or the store goes
+    away; a problem only the user can fix (see ``FATAL``) is raised instead.
+    """
+
+    def __init__(self, src: PostgresSource, store: Store, metrics: Metrics | None = None) -> None:
+        self.src = src
+        self.store = store
+        self.changes = (metrics or Metrics()).changes.labels(src.name)
+        self.flushed_lsn = 0  # stored, so it may be confirmed to Postgres
+        self.sent_lsn = 0  # confirmed to Postgres
+        self.stored_changes = 0
+        self.state = "starting"
+        self.detail = ""  # why, when reconnecting or failed
+
+    # -- supervision --------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                self.session(stop)
+                return
+            except FATAL as e:
+                self.state, self.detail = "failed", str(e)
+                raise
+            except (psycopg.OperationalError, SlotBusyError) as e:
+                if self._unreadable(str(e)):
+                    continue  # the slot was dropped: the next session makes it and backfills
+                first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.state, self.detail = "reconnecting", first_line
+                log.warning(
+                    "source %s: %s; reconnecting in %.1fs",
+                    self.src.name,
+                    first_line,
+                    delay,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                stop.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 30.0)
+
+    def _unreadable(self, error: str) -> bool:
+        """The slot can never be read past where it is (core/sources/pg/slot.py ``unreadable``)."""
+        try:
+            with snapshot.connect(self.src.url.get_secret_value(), "weir-catalog") as conn:
+                return unreadable(conn, self.src, error)
+        except psycopg.OperationalError:
+            return False  # the source is away: the next session looks again
+        except SlotGapError as e:
+            self.state, self.detail = "failed", str(e)
+            raise
+
+    # -- one replication session --------------------------------------------------------------
+
+    def session(self, stop: threading.Event) -> None:
+        """Steps, in order: 1. own the source's writer lock; 2. check the tables and complete
+        the publication; 3. hold the slot against the checkpoint (and tell the store where
+        capture starts, with any backfill a lost slot or a late table calls for); 4. stream.
+        """
+        src = self.src
+        url = src.url.get_secret_value()
+        with (
+            snapshot.connect(url, "weir-catalog") as catalog,
+            self.store.connect() as store_conn,
+        ):  # fmt: skip
+            writer = SourceWriter(store_conn, self.store, src.sync_id, src.on_unstorable)
+            # Step 1: one capture per source, whatever the slot says.
+            writer.lock(src.name)
+            # Step 2
+            waiting = prepare(catalog, src, slot=False)
+            writer.request_backfills(
+                waiting, f"until it is in publication {src.publication}", again=False
+            )
+            # Step 3
+            start = self._hold_slot(catalog, writer)
+            # Step 4. Text comes in the database's own encoding, unconverted: the server cannot
+            # convert every byte a database may hold (core/sources/pg/values.py decodes it).
+            row = catalog.execute("SHOW server_encoding").fetchone()
+            encoding = str(row[0]) if row else "UTF8"
+            store_schema = self.store.schema if _same_database(catalog, store_conn) else None
+            wanted = tables_wanted(src, store_schema)
+            relations = Relations(catalog, src.key_columns, encoding, wanted, src.name)
+            # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.
+            repl = psycopg.connect(
+                url,
+                autocommit=True,
+                replication="database",
+                options=SESSION_OPTIONS,
+                client_encoding=encoding,
+                application_name=f"weir:{src.name}",
+            )
+            try:
+                self._start(repl, start)
+                log.info("source %s: streaming from slot %s at %s", src.name, src.slot,
+                         lsn_to_str(start))  # fmt: skip
+                self.state, self.detail = "streaming", ""
+                Stream(self, repl, catalog, writer, relations, stop).run()
+            finally:
+                writer.rollback()
+                repl.close()
+
+    def _hold_slot(self, catalog: psycopg.Connection[Any], writer: SourceWriter) -> int:
+        """Check the slot against the checkpoint; store where capture starts, with a backfill
+        of every table when changes were lost with the slot. Returns the start position."""
+        src = self.src
+        cp = writer.checkpoint()
+        start = check_slot(catalog, src, cp)
+        if start.gap is not None:
+            writer.request_backfills(capturable_tables(catalog, src), start.gap)
+        if (
+            start.gap is not None
+            or not cp.tracked
+            or start.lsn != cp.end_lsn
+            or cp.slot != src.slot
+        ):
+            writer.advance(start.lsn, src.slot)
+        self.flushed_lsn = max(self.flushed_lsn, start.lsn)
+        return start.lsn
+
+    def _start(self, repl: psycopg.Connection[Any], start_lsn: int) -> None:
+        pgconn = repl.pgconn
+        pgconn.send_query(start_replication(self.src.slot, self.src.publication, start_lsn))
+        result = pgconn.get_result()
+        if result is None or result.status != psycopg.pq.ExecStatus.COPY_BOTH:
+            message = (result.error_message if result else b"").decode(errors="replace").strip()
+            if "is active for PID" in message:
+                raise SlotBusyError(
+                    f"source {self.src.name!r}: replication slot {self.src.slot!r} is in use "
+                    f"by another process ({message}): stop it or use another slot name"
+                )
+            # Anything else (an invalidated slot among them) is looked at by the next
+            # session's slot check.
+            raise psycopg.OperationalError(f"START_REPLICATION failed: {message}")
+
+    def send_status(self, pgconn: Any) -> None:
+        lsn = self.sent_lsn = self.flushed_lsn
+        pgconn.put_copy_data(standby_status(lsn, lsn, _now_us()))
+        pgconn.flush()
+
+
+def _same_database(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> bool:
+    """Whether two connections are to one database of one server."""
+    same = "SELECT current_database(), pg_postmaster_start_time(), inet_server_port()"
+    return a.execute(same).fetchone() == b.execute(same).fetchone()

@@ -1,0 +1,337 @@
+"""Checks a source database before capture, and creates its publication and slot when missing.
+
+Every problem a user can fix is a :class:`SourceSetupError` with one line saying what to do.
+Weir never makes the user's own writes fail: a table whose updates or deletes could not be
+published (no primary key and no replica identity) is never added to the publication, and a
+source that follows ``schemas:`` reports such a table instead of stopping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables, identity_sql
+from core.store.migrations import STORE_MARK, STORE_TABLES
+from core.tables import parse_table, table_name
+
+if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
+    from core.config.model import PostgresSource
+
+
+log = logging.getLogger("weir.source")
+
+
+class SourceSetupError(RuntimeError):
+    """The source database is not ready for capture; retrying will not help."""
+
+
+class SlotBusyError(RuntimeError):
+    """The replication slot is used by another connection; this may pass (e.g. a restart)."""
+
+
+# What decides whether a table can be captured (table_problem; the follow trigger keeps the same
+# rule). A deferrable primary key is no replica identity: Postgres refuses the updates and
+# deletes of a published table keyed only so, unless its identity is FULL.
+TABLE_INFO_SQL = f"""
+SELECT c.oid::bigint, c.relreplident, c.relkind, c.relpersistence,
+       obj_description(c.oid, 'pg_class') = '{STORE_MARK}',
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+       EXISTS (SELECT 1 FROM pg_index i
+               WHERE i.indrelid = c.oid AND i.indisprimary AND i.indimmediate),
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
+       (SELECT l.oid::regclass::text FROM pg_partition_tree(c.oid) pt
+        JOIN pg_class l ON l.oid = pt.relid
+        WHERE pt.isleaf AND l.oid <> c.oid AND NOT {identity_sql("l")} ORDER BY 1 LIMIT 1)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s
+"""
+
+# The tables of a schema Weir follows: ordinary and partitioned ones; a partition's rows are
+# published under its root (publish_via_partition_root), so partitions are not listed. Unlogged
+# and temporary tables write no WAL, so there is nothing of theirs to capture. The store's own
+# tables (a store kept in a followed schema) are never the source's.
+SCHEMA_TABLES_SQL = f"""
+SELECT n.nspname, c.relname
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND c.relpersistence = 'p'
+  AND obj_description(c.oid, 'pg_class') IS DISTINCT FROM '{STORE_MARK}'
+ORDER BY c.relname
+"""
+
+
+def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+    tables = [parse_table(t) for t in src.tables]
+    for schema in src.schemas:
+        rows = conn.execute(SCHEMA_TABLES_SQL, (schema,)).fetchall()
+        if (
+            not rows
+            and not conn.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+            ).fetchone()
+        ):
+            raise SourceSetupError(
+                f"source {src.name!r}: schema {schema!r} does not exist (check 'schemas:')"
+            )
+        tables += [(r[0], r[1]) for r in rows if (r[0], r[1]) not in tables]
+    return tables
+
+
+def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -> str | None:
+    """Why ``name`` (``TABLE_INFO_SQL``'s row) cannot be captured, or None when it can.
+
+    The rule the schema-following trigger (``FOLLOW_SQL``) keeps too: updates and deletes of
+    the table must be publishable, and its rows need a key.
+    """
+    if row is None:
+        return f"table {name} does not exist (check 'tables:' in the config)"
+    _, replident, relkind, persistence, store, has_pk, immediate_pk, identity_index, leaf = row
+    if relkind not in ("r", "p"):
+        return f"{name} is not a table"
+    if store:
+        return f"{name} is one of Weir's store tables: Weir never captures its own writes"
+    if persistence != "p":
+        return f"table {name} is UNLOGGED (or temporary): its changes are not in the WAL"
+    if replident == "n" or (replident == "i" and not identity_index):
+        return (
+            f"table {name} has REPLICA IDENTITY NOTHING (or its identity index is gone), so its "
+            f"updates and deletes cannot be captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
+        )
+    if replident == "d" and not immediate_pk:
+        deferrable = " (only a DEFERRABLE one)" if has_pk else ""
+        return (
+            f"table {name} has no primary key{deferrable}, so Postgres refuses its updates and "
+            f"deletes once it is published: add one, or ALTER TABLE {name} REPLICA IDENTITY "
+            f"FULL and set key_columns: {{{name}: [...]}} in the source's config"
+        )
+    if replident == "f" and not has_pk and name not in src.key_columns:
+        return f"table {name} has no primary key: set key_columns: {{{name}: [...]}}"
+    if leaf is not None:
+        return (
+            f"partition {leaf} of table {name} has no replica identity (REPLICA IDENTITY "
+            "NOTHING, a dropped identity index, or a deferrable key), so Postgres refuses its "
+            f"updates and deletes once {name} is published: ALTER TABLE {leaf} REPLICA IDENTITY "
+            "DEFAULT (or FULL)"
+        )
+    return None
+
+
+def tables_wanted(src: PostgresSource, store_schema: str | None) -> Callable[[str, str], bool]:
+    """Whether capture takes a table's changes: one the config names, or of a schema it
+    follows, and never one of the store's own tables (in ``store_schema``, when the store lives
+    in the source's database: capturing its writes would write them again, for ever). A
+    publication may hold more (made by a DBA, for all tables): those are left out."""
+    listed = {parse_table(t) for t in src.tables}
+    schemas = set(src.schemas)
+
+    def wanted(schema: str, table: str) -> bool:
+        if schema == store_schema and table in STORE_TABLES:
+            return False
+        return schema in schemas or (schema, table) in listed
+
+    return wanted
+
+
+def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+    """The source's tables that can be captured. A table named in ``tables:`` that cannot is
+    an error; one of ``schemas:`` is reported and left out."""
+    listed = {parse_table(t) for t in src.tables}
+    tables = []
+    for schema, table in tables_of(conn, src):
+        name = table_name(schema, table)
+        problem = table_problem(src, name, conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone())
+        if problem is None:
+            tables.append((schema, table))
+        elif (schema, table) in listed:
+            raise SourceSetupError(f"source {src.name!r}: {problem}")
+        else:
+            log.warning("source %s: not capturing %s", src.name, problem)
+    return tables
+
+
+def prepare(
+    conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = True
+) -> list[tuple[str, str]]:
+    """Check the server and the tables, create or complete the publication, and (``slot``)
+    create the slot if missing. A table added to an existing publication is backfilled
+    (``_ensure_publication``). Returns the tables left out of a publication Weir does not
+    manage (``create_publication: false``), to backfill once a DBA adds them.
+
+    ``conn`` is an ordinary autocommit connection to the source database. Tables named in
+    ``tables:`` must be capturable; tables of ``schemas:`` that are not are reported and left.
+    """
+    wal_level = conn.execute("SHOW wal_level").fetchone()
+    if not wal_level or wal_level[0] != "logical":
+        level = wal_level[0] if wal_level else "?"
+        raise SourceSetupError(
+            f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
+            "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
+        )
+    waiting = complete_publication(conn, src, follow=True)
+    if slot:
+        ensure_slot(conn, src)
+    return waiting
+
+
+def complete_publication(
+    conn: psycopg.Connection[Any], src: PostgresSource, *, follow: bool = False
+) -> list[tuple[str, str]]:
+    """Add the source's capturable tables missing from its publication (each backfilled), and
+    (``follow``) install the event trigger; one caller at a time per publication (capture, a
+    backfill and a seed may all start at once). Returns the tables missing from a publication
+    Weir does not manage."""
+    lock = ("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+            "SELECT pg_advisory_unlock(hashtextextended(%s, 0))")  # fmt: skip
+    key = f"weir:prepare:{src.publication}"
+    conn.execute(lock[0], (key,))
+    try:
+        waiting = _ensure_publication(conn, src, capturable_tables(conn, src))
+        if follow and src.create_publication:
+            follow_tables(conn, src)
+        elif follow:
+            log.info("source %s: publication %s is not Weir's (create_publication: false): "
+                     "tables created, dropped or made anew while Weir runs are not followed; "
+                     "one the config names is backfilled once it is added to the publication",
+                     src.name, src.publication)  # fmt: skip
+        return waiting
+    finally:
+        conn.execute(lock[1], (key,))
+
+
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[tuple[str, str]]:
+    """The (schema, table)s whose rows ``publication`` publishes now."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+        (publication,),
+    ).fetchall()
+    return {(str(s), str(t)) for s, t in rows}
+
+
+def _ensure_publication(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    pub = sql.Identifier(src.publication)
+    row = conn.execute(
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
+    ).fetchone()
+    if row is None and not src.create_publication:
+        raise SourceSetupError(
+            f"source {src.name!r}: publication {src.publication!r} does not exist and "
+            "create_publication is false: CREATE PUBLICATION it, or let Weir create it"
+        )
+    published = published_tables(conn, src.publication)
+    missing = [t for t in tables if t not in published]
+    if src.create_publication:
+        _leave(conn, src)
+    # ONLY: a table's inheritance children are tables of their own (a partitioned table's
+    # partitions are not, and ONLY does not apply to it).
+    kinds = {
+        (r[0], r[1]): r[2]
+        for r in conn.execute(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([s for s, _ in missing], [t for _, t in missing]),
+        ).fetchall()
+    }
+    idents = sql.SQL(", ").join(
+        sql.SQL("ONLY {}" if kinds.get((s, t)) == "r" else "{}").format(sql.Identifier(s, t))
+        for s, t in missing
+    )
+    # A partitioned table is one collection: its partitions' rows are published under it.
+    via_root = sql.SQL("WITH (publish_via_partition_root = true)")
+    if row is None:
+        listed = sql.SQL(" FOR TABLE {}").format(idents) if missing else sql.SQL("")
+        try:
+            conn.execute(sql.SQL("CREATE PUBLICATION {}{} {}").format(pub, listed, via_root))
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise SourceSetupError(
+                f"source {src.name!r}: cannot create publication {src.publication} "
+                f"({str(e).strip().splitlines()[0]}): the source's role needs CREATE on the "
+                "database and to own the tables; or have it created (CREATE PUBLICATION ... "
+                "WITH (publish_via_partition_root)) and set create_publication: false"
+            ) from None
+        log.info("source %s: created publication %s", src.name, src.publication)
+        return []
+    if src.create_publication and not row[0]:
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub)
+        )
+        log.info("source %s: publication %s now publishes partitions under their tables",
+                 src.name, src.publication)  # fmt: skip
+    if missing and not src.create_publication:
+        log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
+                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ... (Weir "
+                    "backfills it then)",
+                    src.name, ", ".join(table_name(s, t) for s, t in missing), src.publication,
+                    src.publication)  # fmt: skip
+        return missing
+    if missing:
+        # A table joining a publication that capture reads already may hold rows nothing
+        # captured: the message, read in order by capture, asks for its backfill.
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, idents))
+            for schema, table in missing:
+                conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                             (BACKFILL_PREFIX, json.dumps([schema, table])))  # fmt: skip
+        log.info(
+            "source %s: added %s to publication %s",
+            src.name,
+            ", ".join(table_name(s, t) for s, t in missing),
+            src.publication,
+        )
+    return []
+
+
+def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Take out of the publication the source's tables that cannot be captured (one that lost
+    its key while Weir was down, say): Postgres would refuse their updates and deletes. Each
+    is looked at now: one the follow trigger has just added (created a moment ago) stays."""
+    in_scope = tables_wanted(src, None)
+    members = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_publication_rel r"
+        " JOIN pg_publication p ON p.oid = r.prpubid JOIN pg_class c ON c.oid = r.prrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s",
+        (src.publication,),
+    ).fetchall()
+    leaving = [
+        (s, t) for s, t in members if in_scope(s, t) and table_problem(
+            src, table_name(s, t), conn.execute(TABLE_INFO_SQL, (s, t)).fetchone()) is not None
+    ]  # fmt: skip
+    if leaving:
+        conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+            sql.Identifier(src.publication),
+            sql.SQL(", ").join(sql.Identifier(s, t) for s, t in leaving)))  # fmt: skip
+        log.info("source %s: took %s out of publication %s", src.name,
+                 ", ".join(table_name(s, t) for s, t in leaving), src.publication)  # fmt: skip
+
+
+def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """Create the replication slot when missing; refuse a slot Weir cannot use."""
+    row = conn.execute(
+        "SELECT plugin, active_pid, database = current_database() FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        (src.slot,),
+    ).fetchone()
+    if row is None:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+        log.info("source %s: created replication slot %s", src.name, src.slot)
+        return
+    plugin, active_pid, same_db = row
+    if plugin != "pgoutput" or not same_db:
+        raise SourceSetupError(
+            f"source {src.name!r}: replication slot {src.slot!r} exists but "
+            + ("belongs to another database" if not same_db else f"uses plugin {plugin!r}")
+            + ": give this source another slot name or drop that slot"
+        )
+    if active_pid is not None:
+        raise SlotBusyError(
+            f"source {src.name!r}: replication slot {src.slot!r} is in use by another "
+            f"process (pid {active_pid}): stop the other consumer or use another slot name"
+        )

