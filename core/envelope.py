@@ -1,11 +1,11 @@
-"""Messages and subjects as subscribers see them (DESIGN.md sections 4 and 5, contract).
-
-Built from store rows when a message leaves Weir; every connector and the demo use these.
+"""Messages, group keys, subjects and payloads as subscribers see them (DESIGN.md sections 4
+and 5, contract): pure data, built from store rows when a message leaves Weir.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -146,3 +146,26 @@ def record_key(group: str, version: int) -> str:
 def key_prefixes(sync_id: str) -> tuple[str, str]:
     """What every idempotency key of a source's messages starts with (events, records)."""
     return f"{sync_id}:", f"{sync_id}."
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One message leaving Weir, built from a store row (core/store/reader.py; DESIGN.md
+    section 4).
+
+    ``group`` is the group key (unit of order, :func:`group_key`), ``key`` the idempotency key,
+    ``payload`` the JSON a subscriber receives. ``action`` is the event's action (``None`` on the
+    records stream). ``committed`` is the upstream commit time (epoch seconds), for latency
+    metrics.
+    """
+
+    sync_id: str
+    provider: str
+    seq: int
+    collection_id: str
+    action: str | None
+    group: str
+    key: str
+    payload: bytes
+    committed: float = 0.0
+    attempts: int = 0

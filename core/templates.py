@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from core.engine.sink import Message
+from core.envelope import Message
+from core.ids import encode_token
 
 PLACEHOLDERS = ("stream", "sync_id", "provider", "collection")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -34,11 +35,11 @@ class Template:
     def render(self, m: Message) -> str:
         if self.fixed:
             return self.template
-        sync_id, provider, collection, _ = m.group.split(".", 3)
         sub = self.bad.sub
         return self.template.format(
-            stream=self.stream, sync_id=sub("_", sync_id), provider=sub("_", provider),
-            collection=sub("_", collection),
+            stream=self.stream, sync_id=sub("_", m.sync_id),
+            provider=sub("_", encode_token(m.provider)),
+            collection=sub("_", encode_token(m.collection_id)),
         )  # fmt: skip
 
     def pattern(self, value: str) -> re.Pattern[str]:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import httpx
 
 from connectors.webhook.config import WebhookConnector
-from core.engine.sink import BatchError, BrokerMark, FatalError, Message, RetryableError
+from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
+from core.envelope import Message
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:

@@ -35,8 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig, UnknownSourceError, WeirConfig
 from core.engine.filters import selection
-from core.engine.sink import Message
-from core.envelope import RECORD_TOKEN_SQL
+from core.envelope import RECORD_TOKEN_SQL, Message
 from core.store import Store
 from core.store.reader import EVENTS_SELECT, RECORDS_SELECT, Notifier, StreamReader
 

@@ -7,28 +7,9 @@ sink only moves one batch to its broker and says which messages did not make it,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-
-@dataclass(slots=True, eq=False)
-class Message:
-    """One message leaving Weir, built from a store row (DESIGN.md section 4).
-
-    ``group`` is the group key (unit of order), ``key`` the idempotency key, ``payload`` the
-    JSON a subscriber receives. ``action`` is the event's action (``None`` on the records
-    stream). ``committed`` is the upstream commit time (epoch seconds), for latency metrics.
-    """
-
-    sync_id: str
-    seq: int
-    collection_id: str
-    action: str | None
-    group: str
-    key: str
-    payload: bytes
-    committed: float = 0.0
-    attempts: int = 0
+from core.envelope import Message
 
 
 class RetryableError(Exception):

@@ -18,8 +18,9 @@ import psycopg
 from psycopg import sql
 
 from core.config.base import SeqStart, TimeStart
-from core.engine.sink import BrokerMark, Message
+from core.engine.sink import BrokerMark
 from core.envelope import (
+    Message,
     collection_prefix,
     event_key,
     event_payload,
@@ -201,7 +202,7 @@ class StreamReader:
             sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
         )
         group = self._prefix(coll) + record_token(rid)
-        return Message(sid, seq, coll, action, group, key, payload, at)
+        return Message(sid, self.provider, seq, coll, action, group, key, payload, at)
 
     def record(self, row: tuple[Any, ...]) -> Message:
         seq, coll, rid, version, deleted, ts, record, at = row
@@ -211,7 +212,7 @@ class StreamReader:
         payload = record_payload(
             sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
         )
-        return Message(sid, seq, coll, None, group, key, payload, at)
+        return Message(sid, self.provider, seq, coll, None, group, key, payload, at)
 
 
 class Notifier:
