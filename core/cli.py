@@ -15,6 +15,7 @@ from types import FrameType
 from core.config.load import ConfigError, load_config
 from core.config.model import PostgresSource, WeirConfig
 from core.config.settings import WeirSettings
+from core.engine.registry import connector_specs, setup_of, spec_of
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
 from core.tables import parse_table, table_name
@@ -120,20 +121,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return 0
 
 
-SETUPS = {  # weir <type> setup: what it creates, and the function that does it
-    "nats": ("create the JetStream streams the connectors publish into",
-             "connectors.nats.setup", "ensure_streams"),
-    "kafka": ("create the topics the connectors produce to", "connectors.kafka.setup",
-              "ensure_topics"),
-}  # fmt: skip
-
-
 def cmd_setup(args: argparse.Namespace) -> int:
+    """``weir <type> setup``: the setup of the connector type's registry entry."""
     import asyncio
-    import importlib
 
-    _, module, func = SETUPS[args.command]
-    ensure = getattr(importlib.import_module(module), func)
+    ensure = setup_of(spec_of(args.command))
     cfg = load_or_exit(args.config)
     connectors = [c for c in cfg.connectors if c.type == args.command]
     if not connectors:
@@ -255,10 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("file")
     v.set_defaults(func=cmd_validate)
 
-    for kind, (text, _, _) in SETUPS.items():
-        p = sub.add_parser(kind, help=f"{kind} tools")
-        ksub = p.add_subparsers(dest=f"{kind}_command", required=True)
-        k = ksub.add_parser("setup", help=text)
+    for spec in connector_specs():
+        if spec.setup is None:
+            continue
+        p = sub.add_parser(spec.type, help=f"{spec.type} tools")
+        ksub = p.add_subparsers(dest=f"{spec.type}_command", required=True)
+        k = ksub.add_parser("setup", help=spec.setup_help)
         k.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
         k.set_defaults(func=cmd_setup)
 

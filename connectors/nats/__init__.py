@@ -1,0 +1,12 @@
+"""NATS JetStream: publishes to subjects ``sequin-{stream}.{namespace}...`` (DESIGN.md section 5);
+``weir nats setup`` creates the streams."""
+
+from connectors.nats.config import NatsConnector
+from core.engine.registry import ConnectorSpec
+
+CONNECTOR = ConnectorSpec(
+    config=NatsConnector,
+    sink="connectors.nats.sink:make_sink",
+    setup="connectors.nats.setup:ensure_streams",
+    setup_help="create the JetStream streams the connectors publish into",
+)

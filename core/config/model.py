@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -18,11 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from connectors.kafka.config import KafkaConnector
-from connectors.nats.config import NatsConnector
-from connectors.sqs.config import SqsConnector
-from connectors.webhook.config import WebhookConnector
-from core.config.base import Duration, Model, TableName, Text
+from core.config.base import ConnectorBase, Duration, Model, TableName, Text
+from core.engine.registry import connector_specs
 from core.ids import sync_id_for
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -211,9 +208,13 @@ class ConsumerConfig(Model):
         return v
 
 
-Connector = Annotated[
-    NatsConnector | KafkaConnector | SqsConnector | WebhookConnector, Field(discriminator="type")
-]
+if TYPE_CHECKING:
+    Connector = ConnectorBase
+else:  # the union of the registry's config models, told apart by ``type:``
+    Connector = Annotated[
+        Union[tuple(s.config for s in connector_specs())],  # noqa: UP007
+        Field(discriminator="type"),
+    ]
 
 
 class WeirConfig(Model):

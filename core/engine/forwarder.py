@@ -32,7 +32,8 @@ from core.config.base import ConnectorBase
 from core.config.model import HttpSource, PostgresSource
 from core.engine.filters import selection
 from core.engine.lane import Lane
-from core.engine.sink import BatchError, BrokerMark, FatalError, Sink, make_sink
+from core.engine.registry import make_sink
+from core.engine.sink import BatchError, BrokerMark, FatalError, Sink
 from core.envelope import Message, key_prefixes
 from core.runtime.metrics import Metrics
 from core.store import Store

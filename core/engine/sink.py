@@ -7,7 +7,7 @@ sink only moves one batch to its broker and says which messages did not make it,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from core.envelope import Message
 
@@ -58,14 +58,3 @@ class Sink(Protocol):
     async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]: ...
 
     async def close(self) -> None: ...
-
-
-def make_sink(connector: Any) -> Sink:
-    """The sink of a connector config, imported from ``connectors.<type>.sink`` on demand so
-    that a vendor SDK loads only when a connector uses it.
-    """
-    import importlib
-
-    module = importlib.import_module(f"connectors.{connector.type}.sink")
-    sink: Sink = module.make_sink(connector)
-    return sink
