@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, new_db, py_spy, record, summarize
 
 from core.config.model import WeirConfig
-from core.runtime.service import open_store
 from core.sources.pg import snapshot
+from core.store import open_store
 from devkit.embedded import EmbeddedPostgres
 
 TABLE = "public.items"

@@ -12,24 +12,13 @@ import traceback
 from collections.abc import Sequence
 from types import FrameType
 
-from core.config.load import ConfigError, load_config
-from core.config.model import PostgresSource, WeirConfig
+from core.commands import load_or_exit, postgres_source_or_exit, source_problems, table_arg
 from core.config.settings import WeirSettings
 from core.engine.registry import connector_specs, setup_of, spec_of
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
-from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir")
-
-
-def load_or_exit(path: str) -> WeirConfig:
-    """The config file, or exit 2 with every problem in it."""
-    try:
-        return load_config(path)
-    except ConfigError as e:
-        print(f"weir: invalid config:\n{e}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -62,38 +51,10 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def table_arg(text: str) -> str:
-    """``--table``: schema.table (core/tables.py), or a usage error (exit 2)."""
-    try:
-        return table_name(*parse_table(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
-    """The postgres source ``name`` of the config, or exit 2 saying what the config has."""
-    try:
-        return cfg.postgres_source(name)
-    except KeyError as e:
-        print(f"weir: {e.args[0]}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def source_problems() -> tuple[type[Exception], ...]:
-    """What a command reading a source database (backfill, seed) reports in one line, exit 1,
-    instead of a traceback: setup and schema problems, and errors from the database."""
-    import psycopg
-
-    from core.sources.pg.relations import SourceSchemaError
-    from core.sources.pg.setup import SourceSetupError
-
-    return (SourceSetupError, SourceSchemaError, psycopg.Error)
-
-
 def cmd_backfill(args: argparse.Namespace) -> int:
     """Backfill tables of a source into its records stream, beside a running ``weir run``."""
-    from core.runtime.service import open_store
     from core.sources.backfill import Backfill, configured_tables
+    from core.store import open_store
 
     cfg = load_or_exit(args.config)
     src = postgres_source_or_exit(cfg, args.source)

@@ -265,7 +265,7 @@ def run_seed(
     partitions: int | None = None,
 ) -> list[SeedResult]:
     """Seed ``tables`` of ``source`` in one Spark job; returns a summary per table."""
-    from core.runtime.service import open_store
+    from core.store import open_store
 
     store = open_store(cfg)
     url = src.url.get_secret_value()
@@ -340,7 +340,7 @@ def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from core.cli import table_arg
+    from core.commands import table_arg
 
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--source", required=True, help="a postgres source of the config")
@@ -356,7 +356,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit spark/seed.py``: the arguments of ``weir seed``."""
-    from core.cli import load_or_exit
+    from core.commands import load_or_exit
     from core.config.settings import WeirSettings
     from core.failures import bound_postgres_connects
     from core.redact import setup_logging
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def seed_command(args: argparse.Namespace, cfg: WeirConfig) -> int:
     """Run the job as asked on the command line; print one summary line per table."""
-    from core.cli import postgres_source_or_exit, source_problems
+    from core.commands import postgres_source_or_exit, source_problems
     from core.failures import Unreachable, reach_postgres
     from core.redact import first_line
 

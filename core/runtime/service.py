@@ -19,19 +19,12 @@ from core.engine.forwarder import Forwarder
 from core.failures import Unreachable, reach_postgres
 from core.redact import remember, secrets_of
 from core.runtime.metrics import Metrics
-from core.store import Store
+from core.store import Store, open_store
 from core.store.reader import Notifier
 
 log = logging.getLogger("weir")
 GC_YOUNG = 50_000  # new objects between collections of the youngest generation
 T = TypeVar("T")
-
-
-def open_store(cfg: WeirConfig) -> Store:
-    """The store of ``cfg``, migrated, with its sources registered."""
-    store = Store(cfg.store_url, cfg.store.schema_)
-    store.prepare(cfg.sources)
-    return store
 
 
 def prepare(cfg: WeirConfig) -> Store:

@@ -13,7 +13,7 @@ from psycopg import sql
 from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
-    from core.config.model import HttpSource, PostgresSource
+    from core.config.model import HttpSource, PostgresSource, WeirConfig
 
 Conn = psycopg.Connection[tuple[object, ...]]
 # Every store connection's settings: the date and interval styles psycopg reads, whatever the
@@ -94,3 +94,10 @@ class Store:
             self._warn_shadowing(conn)
             for src in sources:
                 conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))
+
+
+def open_store(cfg: WeirConfig) -> Store:
+    """The store of ``cfg``, migrated, with its sources registered (every command that writes)."""
+    store = Store(cfg.store_url, cfg.store.schema_)
+    store.prepare(cfg.sources)
+    return store

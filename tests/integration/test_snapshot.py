@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from core.runtime.service import open_store, prepare
+from core.runtime.service import prepare
 from core.sources.pg import snapshot
 from core.sources.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
+from core.store import open_store
 from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
 from core.store.writer import SourceWriter

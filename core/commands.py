@@ -1,0 +1,48 @@
+"""What the ``weir`` commands share (core/cli.py, spark/seed.py): the config or exit 2, the
+``--table`` argument, a postgres source of the config, the errors reported in one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core.config.load import ConfigError, load_config
+from core.config.model import PostgresSource, WeirConfig
+from core.tables import parse_table, table_name
+
+
+def load_or_exit(path: str) -> WeirConfig:
+    """The config file, or exit 2 with every problem in it."""
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        print(f"weir: invalid config:\n{e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def table_arg(text: str) -> str:
+    """``--table``: schema.table (core/tables.py), or a usage error (exit 2)."""
+    try:
+        return table_name(*parse_table(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def postgres_source_or_exit(cfg: WeirConfig, name: str) -> PostgresSource:
+    """The postgres source ``name`` of the config, or exit 2 saying what the config has."""
+    try:
+        return cfg.postgres_source(name)
+    except KeyError as e:
+        print(f"weir: {e.args[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def source_problems() -> tuple[type[Exception], ...]:
+    """What a command reading a source database (backfill, seed) reports in one line, exit 1,
+    instead of a traceback: setup and schema problems, and errors from the database."""
+    import psycopg
+
+    from core.sources.pg.relations import SourceSchemaError
+    from core.sources.pg.setup import SourceSetupError
+
+    return (SourceSetupError, SourceSchemaError, psycopg.Error)
