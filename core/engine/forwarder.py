@@ -26,18 +26,20 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from core.config.base import ConnectorBase
 from core.config.model import HttpSource, PostgresSource
 from core.engine.filters import selection
 from core.engine.lane import Lane
+from core.engine.ports import Commits, Reader
 from core.engine.registry import make_sink
+from core.engine.rules import Groups, Suspects, earliest
 from core.engine.sink import BatchError, BrokerMark, FatalError, Sink
 from core.envelope import Message, key_prefixes
 from core.runtime.metrics import Metrics
 from core.store import Store
-from core.store.reader import Notifier, StreamReader
+from core.store.reader import StreamReader
 
 log = logging.getLogger("weir.engine")
 
@@ -45,7 +47,8 @@ PAGE = 2000  # rows per store read
 SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
 POLL = 1.0  # seconds between store polls when no notification arrives
 SAVE_EVERY = 0.1  # seconds between cursor saves
-STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
+
+Source = PostgresSource | HttpSource
 
 
 class Forwarder:
@@ -53,15 +56,22 @@ class Forwarder:
 
     A new session starts from the saved cursors and reads back from the broker what it took
     since, so a failure anywhere (broker, store, this process) neither loses nor repeats.
+
+    Each session makes its sink with ``open_sink`` (the connector type's, by default) and a
+    reader per source with ``open_reader`` (a :class:`StreamReader` of ``store``, by default);
+    unit tests pass in-memory doubles instead (tests/helpers/fake_sink.py, fake_store.py).
     """
 
     def __init__(
         self,
         connector: ConnectorBase,
-        sources: Sequence[PostgresSource | HttpSource],
-        store: Store,
-        notifier: Notifier,
+        sources: Sequence[Source],
+        store: Store | None,
+        notifier: Commits,
         metrics: Metrics | None = None,
+        *,
+        open_sink: Callable[[ConnectorBase], Sink] = make_sink,
+        open_reader: Callable[[Source], Reader] | None = None,
     ) -> None:
         self.cfg = connector
         self.name = connector.name
@@ -69,35 +79,20 @@ class Forwarder:
         self.sources = sources
         self.store = store
         self.notifier = notifier
+        self.open_sink = open_sink
+        self.open_reader = open_reader or self._store_reader
         self.kick = asyncio.Event()  # something to do: a batch finished, a source committed
         self.notified = False
         self.state = "starting"
         self.detail = ""
         self.said = False  # that start_position no longer applies
-        # Idempotency keys of messages in a batch whose connection was lost: each is sent
-        # alone until it is acknowledged; the value counts the connections it lost alone, and
-        # keeps the last error.
-        self.suspects: dict[str, tuple[int, str]] = {}
+        self.suspects = Suspects()  # kept across sessions: they charge a lost connection
 
-    def lost_connection(self, batch: Sequence[Message], error: BaseException) -> None:
-        """A batch's connection was lost (or its acks never came): its messages are suspects;
-        a suspect sent alone is charged with the loss."""
-        if len(batch) == 1 and batch[0].key in self.suspects:
-            strikes, _ = self.suspects[batch[0].key]
-            self.suspects[batch[0].key] = (strikes + 1, f"{type(error).__name__}: {error}")
-        else:
-            for m in batch:
-                self.suspects.setdefault(m.key, (0, ""))
-
-    def charged(self, msg: Message) -> FatalError | None:
-        """The failure a suspect is charged with, once it lost the connection alone too often."""
-        strikes, error = self.suspects.get(msg.key, (0, ""))
-        if strikes < (self.cfg.retry.max_attempts or STRIKES):
-            return None
-        return FatalError(
-            f"the broker dropped the connection (or never answered) each of the {strikes} "
-            f"times this message was sent alone; last: {error}"
-        )
+    def _store_reader(self, src: Source) -> Reader:
+        assert self.store is not None, "a Forwarder without a store is given open_reader"
+        cfg = self.cfg
+        where = selection(cfg.collections, cfg.actions, cfg.filters)
+        return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id), src.provider)
 
     def set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:
@@ -136,17 +131,10 @@ class _Session:
         self.fw = fw
         self.cfg = fw.cfg
         self.stop = stop
-        self.sink: Sink = make_sink(fw.cfg)
-        cfg = fw.cfg
-        where = selection(cfg.collections, cfg.actions, cfg.filters)
-        self.lanes = [
-            Lane(StreamReader(fw.store, cfg.name, cfg.stream, where, str(s.sync_id), s.provider))
-            for s in fw.sources
-        ]
-        self.records = fw.cfg.stream == "records"
-        self.ready: deque[tuple[Lane, Message]] = deque()
-        self.waiting: dict[str, deque[tuple[Lane, Message]]] = {}
-        self.busy: set[str] = set()  # groups with a message ready, in flight or in backoff
+        self.sink = fw.open_sink(fw.cfg)
+        self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
+        self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")
+        self.ready = self.groups.ready
         self.retries: list[tuple[float, int, Lane, Message]] = []
         self.tick = itertools.count()
         self.in_flight: set[asyncio.Task[None]] = set()
@@ -226,10 +214,7 @@ class _Session:
                 marks.append(cur.mark)
         if not marks:
             return
-        since: BrokerMark = {}
-        for mark in marks:
-            for stream, pos in mark.items():
-                since[stream] = min(pos, since.get(stream, pos))
+        since = earliest(marks)
         keys = await self.sink.read_back(since, [lane.reader.sync_id for lane in self.lanes])
         for lane in self.lanes:
             prefixes = key_prefixes(lane.reader.sync_id)
@@ -251,43 +236,19 @@ class _Session:
         limit = min(room, PAGE)
         msgs = await lane.reader.fetch(lane.fetched, upto, limit)
         lane.fetched = msgs[-1].seq if len(msgs) == limit else upto
+        skip, admit = lane.skip, self.groups.admit
         for msg in msgs:
-            self._admit(lane, msg)
-
-    def _admit(self, lane: Lane, msg: Message) -> None:
-        if lane.skip and msg.key in lane.skip:
-            lane.skip.discard(msg.key)  # the broker took it before the restart
-            return
-        lane.outstanding.append(msg.seq)
-        self.pending += 1
-        g = msg.group
-        if g not in self.busy:
-            self.busy.add(g)
-            self.ready.append((lane, msg))
-            return
-        queue = self.waiting.get(g)
-        if queue is None:
-            self.waiting[g] = deque([(lane, msg)])
-        elif self.records:  # only the newest version of a record matters
-            old_lane, old = queue.pop()
-            self._settled(old_lane, old)
-            queue.append((lane, msg))
-        else:
-            queue.append((lane, msg))
+            if skip and msg.key in skip:
+                skip.discard(msg.key)  # the broker took it before the restart
+                continue
+            lane.outstanding.append(msg.seq)
+            self.pending += 1
+            if (older := admit(msg.group, (lane, msg))) is not None:
+                self._settled(*older)  # a newer version of the record replaced it
 
     def _settled(self, lane: Lane, msg: Message) -> None:
         lane.settle(msg.seq)
         self.pending -= 1
-
-    def _release(self, group: str) -> None:
-        """The group's message is settled: its next one, if any, becomes ready."""
-        queue = self.waiting.get(group)
-        if queue:
-            self.ready.append(queue.popleft())
-            if not queue:
-                del self.waiting[group]
-        else:
-            self.busy.discard(group)
 
     def _release_retries(self, now: float) -> None:
         while self.retries and self.retries[0][0] <= now:
@@ -316,7 +277,7 @@ class _Session:
                     break
             if not batch:
                 return
-            if self.probing and (charge := self.fw.charged(batch[0][1])) is not None:
+            if self.probing and (charge := self._charged(batch[0][1])) is not None:
                 self.probing = False
                 self.done.append((batch, BatchError({0: charge})))
                 self.fw.kick.set()
@@ -334,6 +295,9 @@ class _Session:
             self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
             task.add_done_callback(functools.partial(self._finished, batch=batch))
 
+    def _charged(self, msg: Message) -> FatalError | None:
+        return self.fw.suspects.charged(msg.key, self.cfg.retry.max_attempts)
+
     def _finished(self, task: asyncio.Task[None], *, batch: list[tuple[Lane, Message]]) -> None:
         self.in_flight.discard(task)
         if task.cancelled():
@@ -344,7 +308,7 @@ class _Session:
 
     async def _settle(self) -> None:
         """Account for finished batches: acks settle, failures back off or go to the list."""
-        suspects = self.fw.suspects
+        suspects, release = self.fw.suspects, self.groups.release
         while self.done:
             batch, exc = self.done.popleft()
             self.probing = False
@@ -352,7 +316,7 @@ class _Session:
             if isinstance(exc, BatchError):
                 failed = dict(exc.failed)
             elif exc is not None:  # the connection is in doubt: a new session reads back
-                self.fw.lost_connection([m for _, m in batch], exc)
+                suspects.lost_connection([m for _, m in batch], exc)
                 raise exc
             committed = []
             retried: BaseException | None = None
@@ -363,7 +327,7 @@ class _Session:
                 if err is None:
                     committed.append(msg.committed)
                     self._settled(lane, msg)
-                    self._release(msg.group)
+                    release(msg.group)
                 elif await self._failed(lane, msg, err):
                     retried = err
             self.delivered += len(committed)
@@ -386,7 +350,7 @@ class _Session:
             log.warning("connector %s: seq %d (%s) moved to the failed list after %d attempts: %s",
                         self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
             self._settled(lane, msg)
-            self._release(msg.group)
+            self.groups.release(msg.group)
             self.count_failed()
             return False
         self.count_retried()

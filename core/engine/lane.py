@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from core.engine.ports import Reader
 from core.engine.sink import BrokerMark, Sink
-from core.store.reader import StreamReader
 
 MAX_MARKS = 64
 
@@ -15,7 +15,7 @@ MAX_MARKS = 64
 class Lane:
     """One source's stream within a connector: its reader, cursor and read-ahead."""
 
-    def __init__(self, reader: StreamReader) -> None:
+    def __init__(self, reader: Reader) -> None:
         self.reader = reader
         self.fetched = 0  # every seq up to here has been read (and maybe filtered out)
         self.head = 0  # the stream's last seq, as last seen

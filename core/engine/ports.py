@@ -1,0 +1,53 @@
+"""What the forwarding engine needs from the store, as contracts: a reader of one source's
+stream (core/store/reader.py's ``StreamReader`` in production) and commit notifications
+(``Notifier``). Unit tests give the engine in-memory doubles of both (tests/helpers/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from core.envelope import Message
+from core.store.reader import Cursor
+
+
+class Reader(Protocol):
+    """One connector's view of one source's stream, its cursor and its failed list. A session
+    calls ``open()`` before anything else and ``close()`` last; a new session gets a new one.
+    """
+
+    sync_id: str
+
+    async def open(self) -> None:
+        """Called once, when the session starts; the other methods need it done."""
+
+    async def close(self) -> None:
+        """Called once, when the session ends (also after a failed ``open()``)."""
+
+    async def head(self) -> int:
+        """Called when the read-ahead caught up: the last seq committed to the stream."""
+
+    async def cursor(self, start: Any) -> Cursor:
+        """Called once after ``open()``: the saved cursor and broker mark, or on the
+        connector's first start a new cursor from ``start`` (its ``start_position``)."""
+
+    async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
+        """Called to read ahead: at most ``limit`` selected messages with
+        ``after < seq <= upto``, in seq order. Each call returns new ``Message`` objects."""
+
+    async def save(self, seq: int, state: dict[str, Any]) -> None:
+        """Called when the cursor moved: every message up to ``seq`` is settled (acknowledged,
+        on the failed list or superseded); ``state`` holds the broker mark from before
+        anything after ``seq`` was sent."""
+
+    async def fail(self, msg: Message, error: str) -> None:
+        """Called when a message goes to the failed list, before the cursor may pass it; a
+        message failed again (after a restart) replaces its earlier entry."""
+
+
+class Commits(Protocol):
+    """Commit notifications: ``subscribe`` is called once per source when a connector starts;
+    ``callback`` runs in the event loop after each commit of that source."""
+
+    def subscribe(self, sync_id: str, callback: Callable[[], None]) -> None: ...
