@@ -2,6 +2,8 @@
 
 Migrations run in one transaction under an advisory lock, so several Weir processes starting at
 once apply each exactly once. A migration is never edited after it has shipped: add a new one.
+The store's SQL functions are the exception: their current bodies live in core/store/functions.py
+and are applied after the migrations on every start (migrations that made them are history).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import re
 
 import psycopg
 from psycopg import sql
+
+from core.store.functions import FUNCTIONS
 
 log = logging.getLogger("weir.store")
 
@@ -99,7 +103,7 @@ CREATE TABLE {s}.failed_messages (
 );
 """,
     ),
-    (
+    (  # consumer_receive as it shipped; its current body is in core/store/functions.py
         3,
         "HTTP pull consumers and their queues",
         """
@@ -211,7 +215,7 @@ CREATE TABLE {s}.backfills (
 );
 """,
     ),
-    (
+    (  # history: consumer_receive's current body is in core/store/functions.py
         6,
         "consumer_receive updates the rows it chose through their ctid, without bitmap scans",
         """
@@ -386,6 +390,11 @@ def foreign_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
     return sorted(str(t) for t in found)
 
 
+def _execute(conn: psycopg.Connection[tuple[object, ...]], body: str, s: sql.Identifier) -> None:
+    """Run SQL with {s} standing for the quoted schema name."""
+    conn.execute(sql.SQL(body.replace("{s}", "{schema}")).format(schema=s))
+
+
 def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
     """Bring ``schema`` up to the newest migration. Returns the schema version.
 
@@ -395,7 +404,8 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
 
 
 def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target: int) -> int:
-    """Bring ``schema`` up to migration ``target`` (tests build older stores with it)."""
+    """Bring ``schema`` up to migration ``target`` (tests build older stores with it), and
+    its functions to their current bodies when that is the newest migration."""
     s = sql.Identifier(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('weir:migrate:' || %s))", (schema,))
@@ -416,7 +426,7 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
             if version <= current or version > target:
                 continue
             log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
-            conn.execute(sql.SQL(body.replace("{s}", "{schema}")).format(schema=s))
+            _execute(conn, body, s)
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {}.schema_migrations (version, description) VALUES (%s, %s)"
@@ -424,6 +434,9 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
                 (version, description),
             )
             current = version
+        if current == MIGRATIONS[-1][0]:  # not a store a newer Weir has migrated further
+            for body in FUNCTIONS.values():
+                _execute(conn, body, s)
         unmarked = conn.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"
