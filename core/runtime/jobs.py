@@ -18,11 +18,10 @@ import logging
 from datetime import timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from psycopg import sql
 
 from core.config.model import PostgresSource, WeirConfig
 from core.status import slot_lag
-from core.store import Store
+from core.store import Store, retention
 
 log = logging.getLogger("weir.jobs")
 
@@ -33,34 +32,15 @@ SLOTS_EVERY = timedelta(minutes=1)
 
 def prune_events(cfg: WeirConfig, store: Store) -> int:
     """Delete events older than the retention; returns how many."""
-    t = store.table
     cutoff = cfg.store.events_retention
-    total = 0
     with store.connect(autocommit=True) as conn:
-        behind = conn.execute(
-            sql.SQL(
-                "SELECT c.connector, s.name, count(*) FROM {c} c JOIN {s} s USING (sync_id)"
-                " JOIN {e} e ON e.sync_id = c.sync_id AND e.seq > c.seq"
-                " WHERE c.stream = 'events' AND e.inserted_at < now() - %s"
-                " GROUP BY c.connector, s.name"
-            ).format(c=t("cursors"), s=t("sources"), e=t("events")),
-            (cutoff,),
-        ).fetchall()
-        for connector, source, n in behind:
+        for connector, source, n in retention.behind(conn, store, cutoff):
             log.warning(
                 "retention: %s had not delivered %d events of source %s older than %s; they are "
                 "deleted now (raise store.events_retention to keep them longer)",
                 connector, n, source, cutoff,
             )  # fmt: skip
-        delete = sql.SQL(
-            "DELETE FROM {e} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {e}"
-            " WHERE inserted_at < now() - %s LIMIT %s))"
-        ).format(e=t("events"))
-        while True:
-            n = conn.execute(delete, (cutoff, CHUNK)).rowcount
-            total += n
-            if n < CHUNK:
-                break
+        total = retention.delete_older(conn, store, cutoff, CHUNK)
     if total:
         log.info("retention: deleted %d events older than %s", total, cutoff)
     return total

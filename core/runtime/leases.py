@@ -17,10 +17,10 @@ import socket
 import uuid
 
 import psycopg
-from psycopg import sql
 
 from core.redact import redact
-from core.store import SESSION, Conn, Store
+from core.store import Conn, Store
+from core.store.leases import Owners
 
 log = logging.getLogger("weir.leases")
 
@@ -30,7 +30,7 @@ class Leases:
         self.store = store
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._conn: Conn | None = None  # holds the leases: they end with it
-        self._owners = store.table("owners")
+        self._owners = Owners(store, self.instance)
 
     def alive(self) -> bool:
         """The lease connection is up (connecting when needed), and the heartbeat written.
@@ -38,14 +38,8 @@ class Leases:
         """
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(
-                    self.store.url, autocommit=True, connect_timeout=5, options=SESSION,
-                    application_name=f"weir-leases:{self.instance}"[:63],
-                )  # fmt: skip
-            self._conn.execute(
-                sql.SQL("UPDATE {} SET heartbeat = now() WHERE instance = %s").format(self._owners),
-                (self.instance,),
-            )
+                self._conn = self._owners.connect()
+            self._owners.heartbeat(self._conn)
             return True
         except psycopg.Error as e:
             if self._conn is not None:  # it was up: every lease went with it
@@ -57,19 +51,8 @@ class Leases:
     def take(self, work: str) -> bool:
         """Own ``work`` if no other instance does."""
         assert self._conn is not None, "take() before alive()"
-        row = self._conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"weir:lease:{work}",)
-        ).fetchone()
-        if not row or not row[0]:
+        if not self._owners.take(self._conn, work):
             return False
-        self._conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (work, instance) VALUES (%s, %s) ON CONFLICT (work) DO UPDATE"
-                " SET instance = excluded.instance, since = now(), heartbeat = now(),"
-                " state = NULL, detail = NULL"
-            ).format(self._owners),
-            (work, self.instance),
-        )
         log.info("leases: %s is %s's now", work, self.instance)
         return True
 
@@ -79,22 +62,13 @@ class Leases:
         if self._conn is None:
             return
         with contextlib.suppress(psycopg.Error):
-            self._conn.execute(
-                sql.SQL("UPDATE {} SET state = %s, detail = %s WHERE work = %s AND instance = %s")
-                .format(self._owners),
-                (state, redact(detail), work, self.instance),
-            )  # fmt: skip
+            self._owners.report(self._conn, work, state, redact(detail))
 
     def close(self) -> None:
         """Give up every lease; on a clean stop, no longer shown as owner (work that failed
         stays, so that weir status says why)."""
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
-                self._conn.execute(
-                    sql.SQL(
-                        "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
-                    ).format(self._owners),
-                    (self.instance,),
-                )
+                self._owners.release(self._conn)
             self._conn.close()
             self._conn = None

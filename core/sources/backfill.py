@@ -24,24 +24,12 @@ from core.sources.pg import snapshot
 from core.sources.pg.relations import SourceSchemaError
 from core.sources.pg.setup import SourceSetupError, capturable_tables, published_tables
 from core.store import Conn, Store
+from core.store.backfills import Backfills
 from core.store.change import REFUSED
 from core.store.snapshot_writer import SnapshotWriter
 from core.tables import parse_table, table_name
 
 log = logging.getLogger("weir.backfill")
-
-
-@dataclass
-class _State:  # a row of the backfills table
-    keyset: list[str]
-    version: int
-    snapshot_at: datetime
-    last_key: list[str] | None
-    rows_total: int
-    rows_read: int
-    rows_written: int
-    finished: bool
-    started_at: datetime
 
 
 @dataclass
@@ -71,33 +59,7 @@ class Backfill:
         self.table = table_name(*parse_table(table))  # as sort_columns are written
         self.page_size = page_size or settings.page_size
         self.sort_column = sort_column or settings.sort_columns.get(self.table)
-        t = store.table("backfills")
-        self._load = sql.SQL(
-            "SELECT keyset, version, snapshot_at, last_key, rows_total, rows_read, rows_written,"
-            " finished_at IS NOT NULL, started_at"
-            " FROM {} WHERE sync_id = %s AND collection_id = %s"
-        ).format(t)
-        self._start = sql.SQL(
-            "INSERT INTO {} AS b (sync_id, collection_id, keyset, version, snapshot_at, rows_total)"
-            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (sync_id, collection_id) DO UPDATE SET"
-            " keyset = excluded.keyset, version = excluded.version,"
-            " snapshot_at = excluded.snapshot_at, last_key = NULL,"
-            " rows_total = excluded.rows_total, rows_read = 0, rows_written = 0,"
-            " started_at = now(), updated_at = now(), finished_at = NULL"
-        ).format(t)
-        self._step = sql.SQL(
-            "UPDATE {} SET last_key = %s, rows_read = rows_read + %s,"
-            " rows_written = rows_written + %s, updated_at = now()"
-            " WHERE sync_id = %s AND collection_id = %s"
-        ).format(t)
-        self._finish = sql.SQL(
-            "UPDATE {} SET finished_at = now(), updated_at = now()"
-            " WHERE sync_id = %s AND collection_id = %s"
-        ).format(t)
-
-    def _state(self, conn: Conn, collection_id: str) -> _State | None:
-        row = conn.execute(self._load, (self.src.sync_id, collection_id)).fetchone()
-        return None if row is None else _State(*row)  # type: ignore[arg-type]
+        self._backfills = Backfills(store, src.sync_id)
 
     def run(
         self, stop: threading.Event, *, new: str = "if-none", since: datetime | None = None
@@ -119,7 +81,7 @@ class Backfill:
             plan = snapshot.table_plan(conn, self.src, self.table, self.sort_column)
             rel = plan.rel
             keyset = [rel.names[i] for i in plan.order]
-            st = self._state(store_conn, rel.collection_id)
+            st = self._backfills.state(store_conn, rel.collection_id)
             if st is not None and not st.finished and new != "always" and st.keyset != keyset:
                 raise SourceSetupError(
                     f"backfill of {self.table} was started paging by {st.keyset}, now by "
@@ -133,11 +95,11 @@ class Backfill:
             ):
                 point = snapshot.snapshot_point(conn, lambda m: log.info("%s: %s", self.table, m))
                 total = snapshot.count_rows(conn, plan)
-                store_conn.execute(
-                    self._start, (sid, rel.collection_id, keyset, point.version, point.at, total)
+                self._backfills.start(
+                    store_conn, rel.collection_id, keyset, point.version, point.at, total
                 )
                 store_conn.commit()
-                st = self._state(store_conn, rel.collection_id)
+                st = self._backfills.state(store_conn, rel.collection_id)
                 assert st is not None
             last, read, written = st.last_key, st.rows_read, st.rows_written
             if st.finished:
@@ -153,7 +115,7 @@ class Backfill:
                 rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
                 if not rows:
                     gone = writer.sweep(rel.collection_id)
-                    store_conn.execute(self._finish, (sid, rel.collection_id))
+                    self._backfills.finish(store_conn, rel.collection_id)
                     store_conn.commit()
                     swept = f", {gone:,} gone from the table" if gone else ""
                     progress.finish(f"{read:,} rows read, {written:,} written{swept}")
@@ -161,7 +123,7 @@ class Backfill:
                 lines = list(snapshot.records_of(rel, rows))
                 accepted = self._write(store_conn, writer, rel.collection_id, lines)
                 last = plan.key_of(rows[-1])
-                store_conn.execute(self._step, (last, len(rows), accepted, sid, rel.collection_id))
+                self._backfills.step(store_conn, rel.collection_id, last, len(rows), accepted)
                 store_conn.commit()
                 read += len(rows)
                 written += accepted
@@ -209,15 +171,9 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
     """The backfills capture asked for (sources/pg/capture.py): each table's request is done when
     a backfill started after it finishes. A table that is gone ends its request with an error
     in the log."""
-    requests = store.table("backfill_requests")
+    backfills = Backfills(store, src.sync_id)
     with store.connect(autocommit=True) as conn:
-        rows: list[tuple[str, str, datetime]] = conn.execute(  # type: ignore[assignment]
-            sql.SQL(
-                "SELECT schema_name, table_name, requested_at FROM {} WHERE sync_id = %s"
-                " ORDER BY requested_at"
-            ).format(requests),
-            (src.sync_id,),
-        ).fetchall()
+        rows = backfills.requests(conn)
         published = _published(src) if rows and not src.create_publication else None
         for schema, table, requested_at in rows:
             if stop.is_set():
@@ -239,13 +195,7 @@ def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> N
                              "(dropped, renamed or moved), nothing to do", name)  # fmt: skip
                 finished = True
             if finished:
-                conn.execute(
-                    sql.SQL(
-                        "DELETE FROM {} WHERE sync_id = %s AND schema_name = %s"
-                        " AND table_name = %s AND requested_at = %s"
-                    ).format(requests),
-                    (src.sync_id, schema, table, requested_at),
-                )
+                backfills.request_done(conn, schema, table, requested_at)
 
 
 def _lost(e: psycopg.Error) -> bool:

@@ -1,0 +1,65 @@
+"""Leases in the store: who owns which work, for ``weir run`` instances sharing one store
+(DESIGN.md 13; core/runtime/leases.py decides when to take, report and give up).
+
+A lease is a session advisory lock on the owner's lease connection, so it ends with that
+connection; the ``owners`` table says, with a heartbeat, who holds which for ``weir status``.
+Every method raises ``psycopg.Error`` when the connection fails.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from core.store import SESSION, Conn, Store
+
+
+class Owners:
+    """The leases of one instance (``instance`` names it in the owners table)."""
+
+    def __init__(self, store: Store, instance: str) -> None:
+        self.store = store
+        self.instance = instance
+        t = store.table("owners")
+        self._heartbeat = sql.SQL("UPDATE {} SET heartbeat = now() WHERE instance = %s").format(t)
+        self._claim = sql.SQL(
+            "INSERT INTO {} (work, instance) VALUES (%s, %s) ON CONFLICT (work) DO UPDATE"
+            " SET instance = excluded.instance, since = now(), heartbeat = now(),"
+            " state = NULL, detail = NULL"
+        ).format(t)
+        self._report = sql.SQL(
+            "UPDATE {} SET state = %s, detail = %s WHERE work = %s AND instance = %s"
+        ).format(t)
+        self._release = sql.SQL(
+            "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
+        ).format(t)
+
+    def connect(self) -> Conn:
+        """A lease connection: the leases taken on it end with it."""
+        return psycopg.connect(
+            self.store.url, autocommit=True, connect_timeout=5, options=SESSION,
+            application_name=f"weir-leases:{self.instance}"[:63],
+        )  # fmt: skip
+
+    def heartbeat(self, conn: Conn) -> None:
+        """Mark the instance's works as owned now (every second)."""
+        conn.execute(self._heartbeat, (self.instance,))
+
+    def take(self, conn: Conn, work: str) -> bool:
+        """Lock ``work`` on ``conn`` and record the instance as its owner, unless another
+        connection holds it: then False."""
+        row = conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"weir:lease:{work}",)
+        ).fetchone()
+        if not row or not row[0]:
+            return False
+        conn.execute(self._claim, (work, self.instance))
+        return True
+
+    def report(self, conn: Conn, work: str, state: str, detail: str) -> None:
+        """Record ``work``'s state and why, while the instance owns it."""
+        conn.execute(self._report, (state, detail, work, self.instance))
+
+    def release(self, conn: Conn) -> None:
+        """No longer show the instance as owner, but of work that failed (it says why)."""
+        conn.execute(self._release, (self.instance,))
