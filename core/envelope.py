@@ -44,6 +44,25 @@ RECORD_TOKEN_SQL = (
 )
 
 
+def queue_group_key_sql(group_columns: list[str] | None) -> str:
+    """A consumer queue's group key of a stream row, in SQL over the row's columns: its sync
+    id, collection and record token (of the record id, or of the JSON array of the values of
+    ``group_columns``, whose names stand as ``{0}``, ``{1}``, ... for their SQL literals).
+
+    Unlike :func:`group_key` it leaves out the provider and does not encode the collection
+    (the key only orders one consumer's queue, no subject shows it). Existing queues hold keys
+    spelled so: it cannot change without re-keying them.
+    """
+    if group_columns is None:
+        last = "coalesce(record_id, '')"
+    else:
+        values = ", ".join(f"record -> {{{i}}}" for i in range(len(group_columns)))
+        last = f"jsonb_build_array({values})::text"
+    return "sync_id::text || '.' || collection_id || '.' || " + RECORD_TOKEN_SQL.replace(
+        "{c}", last
+    )
+
+
 def group_key(sync_id: str, provider: str, collection_id: str, record_id: str | None) -> str:
     """``{sync_id}.{provider}.{collection}.{record token}``: the unit of per-record order."""
     return collection_prefix(sync_id, provider, collection_id) + record_token(record_id)

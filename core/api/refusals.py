@@ -1,6 +1,7 @@
 """How the HTTP API refuses a request (DESIGN.md sections 7.6 and 7.7): always JSON
 ``{"detail": ...}``, never with a secret in it, and 413 for a body beyond
-``api.max_body_bytes`` before that body is read into memory.
+``api.max_body_bytes`` before that body is read into memory. The one place where the domain's
+refusals (core/errors.py) become HTTP statuses.
 """
 
 from __future__ import annotations
@@ -14,8 +15,26 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.api.consume import ApiError
+from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refused
 from core.redact import redact
+
+# The HTTP status of each kind of refusal.
+STATUS: dict[type[Refused], int] = {
+    Invalid: 400,
+    NotFound: 404,
+    Conflict: 409,
+    InvalidField: 422,
+    Busy: 429,
+}
+# What the token-guarded routes may answer besides their own (the OpenAPI document's).
+REFUSALS = [
+    (400, "Bad request"),
+    (401, "No valid bearer token"),
+    (404, "No such consumer or source"),
+    (409, "Conflict with what exists"),
+    (413, "Request body larger than api.max_body_bytes"),
+    (429, "Too many receive calls waiting (max_waiting)"),
+]
 
 
 def redacted(value: Any) -> Any:
@@ -66,12 +85,12 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     """The body limit, and error bodies without secrets, on every route of ``app``."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
-    @app.exception_handler(ApiError)
-    async def _refused(_: Request, e: ApiError) -> JSONResponse:
-        if e.status == 422:  # the shape of FastAPI's validation errors
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, e: Refused) -> JSONResponse:
+        if isinstance(e, InvalidField):  # the shape of FastAPI's validation errors
             detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
-            return JSONResponse({"detail": redacted(detail)}, status_code=422)
-        return JSONResponse({"detail": redact(e.reason)}, status_code=e.status)
+            return JSONResponse({"detail": redacted(detail)}, status_code=STATUS[InvalidField])
+        return JSONResponse({"detail": redact(e.reason)}, status_code=STATUS[type(e)])
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:

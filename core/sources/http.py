@@ -17,16 +17,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 import orjson
-from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.api.consume import ApiError
 from core.config.model import HttpSource, WeirConfig
 from core.envelope import record_token
+from core.errors import Conflict, NotFound
 from core.ids import encode_token
 from core.runtime.metrics import Metrics
 from core.store import Conn, Store
 from core.store.change import Change
+from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
 
 
@@ -85,14 +85,15 @@ class Ingest:
         self._locks: dict[str, threading.Lock] = {}
 
     async def write(self, name: str, records: list[IngestRecord]) -> tuple[int, int]:
-        """Returns (accepted, skipped as not newer)."""
+        """Write a batch (a POST of the ingest route); returns (accepted, skipped as not
+        newer). :class:`NotFound` or :class:`Conflict` when ``name`` is no http source."""
         try:
             src = self.cfg.source(name)
         except KeyError:
-            raise ApiError(404, f"no source named {name!r}") from None
+            raise NotFound(f"no source named {name!r}") from None
         if not isinstance(src, HttpSource):
-            raise ApiError(409, f"source {name!r} is a {src.kind} source; only http "
-                                     "sources take records over HTTP")  # fmt: skip
+            raise Conflict(f"source {name!r} is a {src.kind} source; only http "
+                           "sources take records over HTTP")  # fmt: skip
         return await asyncio.to_thread(self._write, src, records)
 
     def _write(self, src: HttpSource, records: list[IngestRecord]) -> tuple[int, int]:
@@ -110,28 +111,11 @@ class Ingest:
     def _batch(
         self, conn: Conn, writer: SourceWriter, src: HttpSource, records: list[IngestRecord]
     ) -> tuple[int, int]:
-        row = conn.execute(
-            sql.SQL("SELECT commit_lsn FROM {} WHERE sync_id = %s FOR UPDATE").format(
-                self.store.table("sources")
-            ),
-            (src.sync_id,),
-        ).fetchone()
-        assert row is not None, "source not registered"
-        batch_no = int(row[0]) + 1  # type: ignore[call-overload]
+        batch_no = lock_batch(conn, self.store, src.sync_id)
         keyed = [(r.collection_id, encode_token(r.record_id), r) for r in records]
-        tokens = [record_token(i) for _, i, _ in keyed]  # the records stream's key
-        rows: list[Any] = conn.execute(
-            sql.SQL(
-                "SELECT r.collection_id, coalesce(r.full_record_id, r.record_id), r.version,"
-                " r.deleted, r.record"
-                " FROM {} r JOIN unnest(%s::text[], %s::text[]) k(c, i)"
-                " ON r.sync_id = %s AND r.collection_id = k.c AND r.record_id = k.i"
-            ).format(self.store.table("records")),
-            ([c for c, _, _ in keyed], tokens, src.sync_id),
-        ).fetchall()
-        current: dict[tuple[str, str], tuple[int, bool, dict[str, Any]]] = {
-            (c, i): (v, d, rec) for c, i, v, d, rec in rows
-        }
+        current = current_records(  # by the records stream's key, the record token
+            conn, self.store, src.sync_id, [(c, i, record_token(i)) for c, i, _ in keyed]
+        )
         now = datetime.now(UTC)
         changes: list[Change] = []
         for coll, rid, rec in keyed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # for annotations only: a seed task does not import the confi
     from core.config.model import HttpSource, PostgresSource, WeirConfig
 
 Conn = psycopg.Connection[tuple[object, ...]]
+AConn = psycopg.AsyncConnection[tuple[Any, ...]]
 # Every store connection's settings: the date and interval styles psycopg reads, whatever the
 # database or role sets (ALTER DATABASE ... SET datestyle = 'German' made timestamps unreadable).
 SESSION = "-c DateStyle=ISO,YMD -c IntervalStyle=postgres"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,10 +28,10 @@ from core.envelope import (
     record_payload,
     record_token,
 )
-from core.store import SESSION, Store
+from core.store import SESSION, AConn, Store
+from core.store import failed as failed_list
 from core.store.writer import NOTIFY_CHANNEL
 
-AConn = psycopg.AsyncConnection[tuple[Any, ...]]
 ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 EVENTS_SELECT = (
@@ -168,16 +168,8 @@ class StreamReader:
 
     async def fail(self, msg: Message, error: str) -> None:
         """Put a message on the connector's failed list with the broker's last error."""
-        await self.conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (connector, sync_id, stream, seq, group_key, idempotency_key,"
-                " attempts, error, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (connector, sync_id, seq) DO UPDATE SET attempts ="
-                " excluded.attempts, error = excluded.error, failed_at = now()"
-            ).format(self.store.table("failed_messages")),
-            (self.connector, self.sync_id, self.stream, msg.seq, msg.group, msg.key,
-             msg.attempts, error, msg.payload.decode()),
-        )  # fmt: skip
+        await failed_list.put(self.store, self.conn, self.connector, self.stream,
+                              [(msg, msg.attempts, error)])  # fmt: skip
 
     async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
         """Messages with ``after < seq <= upto`` that the connector selects, in seq order."""
@@ -194,7 +186,7 @@ class StreamReader:
             self._prefixes[collection_id] = prefix
         return prefix
 
-    def event(self, row: tuple[Any, ...]) -> Message:
+    def event(self, row: Sequence[Any]) -> Message:
         seq, coll, rid, action, lsn, idx, ts, record, changes, at = row
         sid = self.sync_id
         key = event_key(sid, lsn, idx)
@@ -204,7 +196,7 @@ class StreamReader:
         group = self._prefix(coll) + record_token(rid)
         return Message(sid, self.provider, seq, coll, action, group, key, payload, at)
 
-    def record(self, row: tuple[Any, ...]) -> Message:
+    def record(self, row: Sequence[Any]) -> Message:
         seq, coll, rid, version, deleted, ts, record, at = row
         sid = self.sync_id
         group = self._prefix(coll) + record_token(rid)

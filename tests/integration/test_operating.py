@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.api.app import _reachable
+from core.api.probes import reachable as _reachable
 from core.config.model import WeirConfig
 from core.runtime import jobs
 from core.runtime.service import prepare
