@@ -348,8 +348,9 @@ class SourceWriter:
         the next commit. Drops in a row (``DROP SCHEMA ... CASCADE``) are one pass."""
         if not self._open:
             self._begin()
-        self._drops.append(Change("truncate", collection_id, None, None, None, (), None, version,
-                                  idx, committed_at))  # fmt: skip
+        self._drops.append(Change(action="truncate", collection_id=collection_id, record_id=None,
+                                  record=None, changes=None, missing=(), old_record_id=None,
+                                  version=version, idx=idx, committed_at=committed_at))  # fmt: skip
 
     def _tombstone_dropped(self) -> None:
         if self._drops:

@@ -223,7 +223,18 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
         live = SourceWriter(conn, store, sid)
         live.write(
             [
-                Change("insert", "public:t", rid, {"v": "live"}, None, (), None, lsn, 0, str(at))
+                Change(
+                    action="insert",
+                    collection_id="public:t",
+                    record_id=rid,
+                    record={"v": "live"},
+                    changes=None,
+                    missing=(),
+                    old_record_id=None,
+                    version=lsn,
+                    idx=0,
+                    committed_at=str(at),
+                )
                 for rid, lsn in (("newer", 50), ("older", 30))
             ]
         )

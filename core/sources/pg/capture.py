@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -28,7 +27,6 @@ from core.runtime.metrics import Metrics
 from core.sources.pg import snapshot
 from core.sources.pg.pgoutput import (
     lsn_to_str,
-    standby_status,
     start_replication,
 )
 from core.sources.pg.relations import Relations, SourceSchemaError
@@ -40,7 +38,7 @@ from core.sources.pg.setup import (
     tables_wanted,
 )
 from core.sources.pg.slot import SlotGapError, check_slot, unreadable
-from core.sources.pg.stream import Stream
+from core.sources.pg.stream import SlotPosition, Stream
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.change import UnstorableChange
@@ -49,10 +47,6 @@ from core.store.writer import SourceWriter, WriterBusyError
 log = logging.getLogger("weir.source")
 
 FATAL = (SourceSetupError, SourceSchemaError, WriterBusyError, UnstorableChange)
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
 
 
 class PostgresCapture:
@@ -65,12 +59,14 @@ class PostgresCapture:
     def __init__(self, src: PostgresSource, store: Store, metrics: Metrics | None = None) -> None:
         self.src = src
         self.store = store
-        self.changes = (metrics or Metrics()).changes.labels(src.name)
-        self.flushed_lsn = 0  # stored, so it may be confirmed to Postgres
-        self.sent_lsn = 0  # confirmed to Postgres
-        self.stored_changes = 0
+        self.position = SlotPosition((metrics or Metrics()).changes.labels(src.name))
         self.state = "starting"
         self.detail = ""  # why, when reconnecting or failed
+
+    @property
+    def stored_changes(self) -> int:
+        """Changes written to the store so far (progress, benchmarks)."""
+        return self.position.stored_changes
 
     # -- supervision --------------------------------------------------------------------------
 
@@ -153,7 +149,8 @@ class PostgresCapture:
                 log.info("source %s: streaming from slot %s at %s", src.name, src.slot,
                          lsn_to_str(start))  # fmt: skip
                 self.state, self.detail = "streaming", ""
-                Stream(self, repl, catalog, writer, relations, stop).run()
+                Stream(src, self.position, repl, catalog, writer, relations, stop).run()
+                self.state = "stopped"
             finally:
                 writer.rollback()
                 repl.close()
@@ -173,7 +170,7 @@ class PostgresCapture:
             or cp.slot != src.slot
         ):
             writer.advance(start.lsn, src.slot)
-        self.flushed_lsn = max(self.flushed_lsn, start.lsn)
+        self.position.flushed_lsn = max(self.position.flushed_lsn, start.lsn)
         return start.lsn
 
     def _start(self, repl: psycopg.Connection[Any], start_lsn: int) -> None:
@@ -190,11 +187,6 @@ class PostgresCapture:
             # Anything else (an invalidated slot among them) is looked at by the next
             # session's slot check.
             raise psycopg.OperationalError(f"START_REPLICATION failed: {message}")
-
-    def send_status(self, pgconn: Any) -> None:
-        lsn = self.sent_lsn = self.flushed_lsn
-        pgconn.put_copy_data(standby_status(lsn, lsn, _now_us()))
-        pgconn.flush()
 
 
 def _same_database(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> bool:

@@ -246,8 +246,10 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     tag = msg[0]
     if tag == "I":
         rec, missing = row_values(rel, msg[2])
-        return Change("insert", rel.collection_id, record_id_for(rel, rec), rec, None, missing,
-                      None, lsn, idx, ts)  # fmt: skip
+        return Change(action="insert", collection_id=rel.collection_id,
+                      record_id=record_id_for(rel, rec), record=rec, changes=None,
+                      missing=missing, old_record_id=None, version=lsn, idx=idx,
+                      committed_at=ts)  # fmt: skip
     if tag == "U":
         _, _, old_kind, old, new = msg
         rec, missing = row_values(rel, new)
@@ -264,13 +266,16 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
             old_record_id = record_id_for(rel, before)
         else:
             before = None
-        return Change("update", rel.collection_id, record_id_for(rel, rec, before), rec, changes,
-                      missing, old_record_id, lsn, idx, ts)  # fmt: skip
+        return Change(action="update", collection_id=rel.collection_id,
+                      record_id=record_id_for(rel, rec, before), record=rec, changes=changes,
+                      missing=missing, old_record_id=old_record_id, version=lsn, idx=idx,
+                      committed_at=ts)  # fmt: skip
     # Delete: the whole old row with REPLICA IDENTITY FULL, else only its key.
     _, _, old_kind, old = msg
     rec, missing = row_values(rel, old) if old_kind == "O" else key_values(rel, old)
-    return Change("delete", rel.collection_id, record_id_for(rel, rec), rec, None, missing, None,
-                  lsn, idx, ts)  # fmt: skip
+    return Change(action="delete", collection_id=rel.collection_id,
+                  record_id=record_id_for(rel, rec), record=rec, changes=None, missing=missing,
+                  old_record_id=None, version=lsn, idx=idx, committed_at=ts)  # fmt: skip
 
 
 def other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:

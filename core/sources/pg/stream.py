@@ -15,13 +15,20 @@ import selectors
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
+from core.config.model import PostgresSource
 from core.sources.pg.follow import TABLE_MESSAGES
 from core.sources.pg.follower import TableFollower
-from core.sources.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, lsn_to_str
+from core.sources.pg.pgoutput import (
+    XLOG_HEADER,
+    decode,
+    decode_copy_data,
+    lsn_to_str,
+    standby_status,
+)
 from core.sources.pg.relations import (
     Relation,
     Relations,
@@ -35,9 +42,6 @@ from core.sources.pg.store_thread import StoreThread
 from core.store.change import Change, UnstorableChange
 from core.store.writer import SourceWriter
 from core.tables import table_name
-
-if TYPE_CHECKING:
-    from core.sources.pg.capture import PostgresCapture
 
 log = logging.getLogger("weir.source")
 
@@ -55,6 +59,36 @@ def _iso(us: int) -> str:
     return (_EPOCH + timedelta(microseconds=us)).isoformat()
 
 
+class SlotPosition:
+    """How far capture has stored and confirmed, across the sessions of one source.
+
+    The store thread counts what it wrote (``stored``) and moves ``flushed_lsn`` once a commit
+    (or an advance) is in the store (``confirmed``); ``send_status`` tells Postgres that
+    position, and only that one, so the slot never passes what the store holds.
+    """
+
+    def __init__(self, changes: Any) -> None:
+        self.changes = changes  # the source's counter of committed changes (metrics)
+        self.flushed_lsn = 0  # stored, so it may be confirmed to Postgres
+        self.sent_lsn = 0  # confirmed to Postgres
+        self.stored_changes = 0
+        self.uncommitted = 0  # changes written to the store and not yet committed
+
+    def stored(self, n: int) -> None:
+        self.stored_changes += n
+        self.uncommitted += n
+
+    def confirmed(self, end_lsn: int) -> None:
+        self.flushed_lsn = max(self.flushed_lsn, end_lsn)
+        self.changes.inc(self.uncommitted)
+        self.uncommitted = 0
+
+    def send_status(self, pgconn: Any) -> None:
+        lsn = self.sent_lsn = self.flushed_lsn
+        pgconn.put_copy_data(standby_status(lsn, lsn, time.time_ns() // 1000))
+        pgconn.flush()
+
+
 class Stream:
     """One session's stream: decodes messages and hands whole transactions to the store.
 
@@ -66,15 +100,16 @@ class Stream:
 
     def __init__(
         self,
-        capture: PostgresCapture,
+        src: PostgresSource,
+        position: SlotPosition,
         repl: psycopg.Connection[Any],
         catalog: psycopg.Connection[Any],
         writer: SourceWriter,
         relations: Relations,
         stop: threading.Event,
     ) -> None:
-        self.capture = capture
-        self.src = src = capture.src
+        self.src = src
+        self.position = position
         self.pgconn = repl.pgconn
         self.catalog = catalog
         self.relations = relations
@@ -93,47 +128,43 @@ class Stream:
         self.idx = 0
         self.batch_started = 0.0
         self.last_status = self.last_data = self.last_advance = time.monotonic()
-        self.uncommitted = 0  # changes written to the store and not yet committed
-        self.store = StoreThread(writer, self._stored, self._confirmed)
+        self.store = StoreThread(writer, position.stored, position.confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
         self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
         self.follower = TableFollower(src, catalog, relations, self.store, writer.tables(),
                                       self._drop)  # fmt: skip
-
-    def _stored(self, n: int) -> None:
-        self.capture.stored_changes += n
-        self.uncommitted += n
-
-    def _confirmed(self, end_lsn: int) -> None:
-        cap = self.capture
-        cap.flushed_lsn = max(cap.flushed_lsn, end_lsn)
-        cap.changes.inc(self.uncommitted)
-        self.uncommitted = 0
+        self.on_message = {"I": self._change, "U": self._change, "D": self._change,
+                           "B": self._begin, "C": self._commit, "T": self._truncate,
+                           "R": self._relation, "M": self._logical}  # fmt: skip
 
     def run(self) -> None:
+        """Read until ``stop``; then keep what is complete and drop the partial transaction
+        (Postgres sends it again to the next session)."""
         pgconn = self.pgconn
         sel = selectors.DefaultSelector()
         sel.register(pgconn.socket, selectors.EVENT_READ)
+        on_message = self.on_message
         try:
             while not self.stop.is_set():
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
                     if data[0] == 107:  # 'k' keepalive
                         self._keepalive(bytes(data))
-                    else:
-                        self._message(decode(bytes(data[XLOG_HEADER:])))  # XLogData
+                    else:  # XLogData; 'Y' types and 'O' origins need nothing
+                        m = decode(bytes(data[XLOG_HEADER:]))
+                        step = on_message.get(m[0])
+                        if step is not None:
+                            step(m)
                 elif nbytes == 0:
                     self._idle(sel)
                 else:
                     result = pgconn.get_result()
                     message = result.error_message.decode(errors="replace") if result else ""
                     raise psycopg.OperationalError(f"replication stream ended: {message.strip()}")
-            # Stop: keep what is complete, drop the partial transaction (it will be sent again).
             if self.committed is not None:
                 self._flush()
             self.store.finish()
-            self.capture.send_status(pgconn)
-            self.capture.state = "stopped"
+            self.position.send_status(pgconn)
         except BaseException:
             self.store.abort()
             raise
@@ -144,54 +175,60 @@ class Stream:
         _, wal_end, reply = decode_copy_data(data)
         self._advance(wal_end)
         if reply:
-            self.capture.send_status(self.pgconn)
+            self.position.send_status(self.pgconn)
             self.last_status = time.monotonic()
 
-    def _message(self, m: tuple[Any, ...]) -> None:
-        tag = m[0]
-        if tag in ("I", "U", "D"):
-            if not self.skip:
-                self._change(m)
-        elif tag == "B":
-            self.in_txn = True
-            self.txn_lsn, self.txn_ts, self.idx = m[1], _iso(m[2]), 0
-            self.skip = self.txn_lsn <= self.checkpoint_lsn
-            self.txn_mark = (len(self.pending), self.store.submitted)
-            if self.committed is None:
-                self.batch_started = time.monotonic()
-        elif tag == "C":
-            self.in_txn = False
-            self.last_data = time.monotonic()
-            if self.last_data >= self.next_tick:  # under load _idle may not come for a while
-                self.next_tick = self.last_data + 1.0
-                self.follower.tick(self.last_data)
-            if self.committed is None and self.txn_mark == (
-                len(self.pending),
-                self.store.submitted,
-            ):
-                # Nothing of the source's (the store's own writes, in a publication for all
-                # tables, say): the slot moves on as for a keepalive, no store commit follows.
-                self._advance(m[3])
-            elif not self.skip:
-                self.committed, self.complete = (m[2], m[3]), len(self.pending)
-                if (self.complete >= self.max_batch
-                        or self.last_data - self.batch_started >= self.max_wait):  # fmt: skip
-                    self._flush()
-        elif tag == "T":
-            if not self.skip:
-                for relid in m[2]:
-                    rel = self.relations.by_id[relid]
-                    if rel.ignored:
-                        continue
-                    self._append(Change("truncate", rel.collection_id, None, None, None, (), None,
-                                        self.txn_lsn, self.idx, self.txn_ts))  # fmt: skip
-        elif tag == "R":
-            self.follower.seen(self.relations.add(m))
-        elif tag == "M" and not m[1]:  # a non-transactional message: our heartbeat
+    def _begin(self, m: tuple[Any, ...]) -> None:
+        """A transaction begins: skipped whole when the store has it already (a resend)."""
+        self.in_txn = True
+        self.txn_lsn, self.txn_ts, self.idx = m[1], _iso(m[2]), 0
+        self.skip = self.txn_lsn <= self.checkpoint_lsn
+        self.txn_mark = (len(self.pending), self.store.submitted)
+        if self.committed is None:
+            self.batch_started = time.monotonic()
+
+    def _commit(self, m: tuple[Any, ...]) -> None:
+        """A transaction is complete. Steps: 1. let the follower look at the tables (a second
+        apart, as ``_idle`` may not come under load); 2. a transaction without a change of the
+        source's moves the slot as a keepalive does; 3. otherwise it joins the batch, which is
+        flushed once it holds ``max_batch`` changes or waited ``max_batch_wait``."""
+        self.in_txn = False
+        now = self.last_data = time.monotonic()
+        # Step 1
+        if now >= self.next_tick:
+            self.next_tick = now + 1.0
+            self.follower.tick(now)
+        # Step 2: nothing of the source's (the store's own writes, in a publication for all
+        # tables, say): no store commit follows.
+        if self.committed is None and self.txn_mark == (len(self.pending), self.store.submitted):
+            self._advance(m[3])
+            return
+        # Step 3
+        if not self.skip:
+            self.committed, self.complete = (m[2], m[3]), len(self.pending)
+            if self.complete >= self.max_batch or now - self.batch_started >= self.max_wait:
+                self._flush()
+
+    def _truncate(self, m: tuple[Any, ...]) -> None:
+        if self.skip:
+            return
+        for relid in m[2]:
+            rel = self.relations.by_id[relid]
+            if not rel.ignored:
+                self._append(Change(action="truncate", collection_id=rel.collection_id,
+                                    record_id=None, record=None, changes=None, missing=(),
+                                    old_record_id=None, version=self.txn_lsn, idx=self.idx,
+                                    committed_at=self.txn_ts))  # fmt: skip
+
+    def _relation(self, m: tuple[Any, ...]) -> None:
+        self.follower.seen(self.relations.add(m))
+
+    def _logical(self, m: tuple[Any, ...]) -> None:
+        """A logical message: our heartbeat (non-transactional), or the follow trigger's."""
+        if not m[1]:
             self._advance(m[2])
-        elif tag == "M" and m[3] in TABLE_MESSAGES and not self.skip:
+        elif m[3] in TABLE_MESSAGES and not self.skip:
             self.follower.message(m[3], bytes(m[4]), self.txn_lsn)
-        # 'Y' types and 'O' origins need nothing
 
     def _drop(self, collection: str) -> None:
         """Every record of the collection becomes a tombstone, after the changes before this
@@ -205,6 +242,10 @@ class Stream:
         self.idx += 1
 
     def _change(self, m: tuple[Any, ...]) -> None:
+        """An insert, update or delete: one change (a key change: a delete and an insert; a row
+        moved between partitions: one update)."""
+        if self.skip:
+            return
         rel = self.relations.by_id[m[1]]
         if rel.ignored:
             return
@@ -222,8 +263,10 @@ class Stream:
         if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
             # The key changed: the old record is gone (a delete), the new one appears.
             old, missing = old_row(m, rel)
-            self._append(Change("delete", ch.collection_id, ch.old_record_id, old, None, missing,
-                                None, ch.version, self.idx, ch.committed_at))  # fmt: skip
+            self._append(Change(action="delete", collection_id=ch.collection_id,
+                                record_id=ch.old_record_id, record=old, changes=None,
+                                missing=missing, old_record_id=None, version=ch.version,
+                                idx=self.idx, committed_at=ch.committed_at))  # fmt: skip
             ch = ch._replace(action="insert", changes=None, idx=self.idx)
         pending = self.pending
         if rel.partition_key is not None and ch.action == "insert" and pending:
@@ -262,21 +305,26 @@ class Stream:
             del pending[:-1]
 
     def _flush(self) -> None:
-        """Commit the complete transactions with their checkpoint (on the store thread); the
-        flush LSN moves once they are committed, and goes out with the next status.
+        """Flush, then confirm. Steps: 1. write the complete transactions; 2. commit them with
+        their checkpoint (both on the store thread, in this order); 3. forget them; 4. send a
+        status: it carries the flush LSN the store thread last confirmed, so Postgres hears of
+        these transactions only after the store committed them (here or with a later status).
         """
         assert self.committed is not None
+        # Steps 1 and 2
         self.store.submit("write", self.pending[: self.complete])
         self.store.submit("commit", self.committed)
+        # Step 3
         del self.pending[: self.complete]
         self.committed, self.complete = None, 0
-        self.capture.send_status(self.pgconn)
+        # Step 4
+        self.position.send_status(self.pgconn)
 
     def _advance(self, lsn: int) -> None:
         """Everything before ``lsn`` is in the store: let the slot move there, once the store
         has it too (rate-limited: a position a second at most)."""
         now = time.monotonic()
-        if (not self.in_txn and self.committed is None and lsn > self.capture.flushed_lsn
+        if (not self.in_txn and self.committed is None and lsn > self.position.flushed_lsn
                 and now - self.last_advance >= ADVANCE_EVERY and self.store.idle()):  # fmt: skip
             self.last_advance = now
             self.store.submit("advance", lsn)
@@ -285,13 +333,13 @@ class Stream:
         """Nothing more to read right now: commit what is complete (latency) and wait. While
         the store thread is busy a batch gains nothing by going early: it grows instead (to
         max_batch_wait), so a backlog is written in large batches rather than one per gap."""
-        cap, now = self.capture, time.monotonic()
+        pos, now = self.position, time.monotonic()
         if self.committed is not None and (
             self.store.idle() or now - self.batch_started >= self.max_wait
         ):
             self._flush()
-        if now - self.last_status >= self.status_every or cap.flushed_lsn > cap.sent_lsn:
-            cap.send_status(self.pgconn)  # periodic, or a commit is to confirm
+        if now - self.last_status >= self.status_every or pos.flushed_lsn > pos.sent_lsn:
+            pos.send_status(self.pgconn)  # periodic, or a commit is to confirm
             self.last_status = now
         if now - self.last_data >= self.heartbeat_every and not self.in_txn:
             self.catalog.execute(
