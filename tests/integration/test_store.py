@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from core.store import Store, migrations
+from core.store.functions import FUNCTIONS
 
 KEY_COLUMNS = """
 SELECT array_agg(a.attname::text ORDER BY k.n)
@@ -98,3 +99,21 @@ def test_source_failures_of_one_transaction_are_kept_apart_after_migration_9(db_
         got = conn.execute("SELECT commit_lsn, record_id FROM weir.source_failures"
                            " ORDER BY 1, 2").fetchall()  # fmt: skip
     assert got == [(1, ""), (2, "a"), (2, "b")]
+
+
+def test_functions_get_their_current_body_from_one_file_whatever_made_the_store(
+    db_url: str,
+) -> None:
+    """A store of version 3 holds consumer_receive as migration 3 made it: migrating it, like
+    migrating any store, leaves each function as core/store/functions.py says."""
+    store = Store(db_url)
+    source = (
+        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'weir' AND p.proname = %s"
+    )
+    with psycopg.connect(db_url) as conn:
+        assert migrations.migrate_to(conn, store.schema, 3) == 3
+        migrations.migrate(conn, store.schema)
+        for name, body in FUNCTIONS.items():
+            expected = body.split("$$")[1].replace("{s}", '"weir"')
+            assert conn.execute(source, (name,)).fetchone() == (expected,)
