@@ -1,5 +1,22 @@
-"""``weir run``: the sources (one thread each, blocking psycopg), the connectors (one asyncio
-loop in its own thread) and the HTTP API a config file declares, until ``stop`` is set.
+"""``weir run``: the sources, connectors and HTTP API a config file declares, until ``stop``.
+
+What runs where, in one process (``serve`` starts and stops all of it):
+
+==========================  ==================================================================
+main thread                 the lease loop: takes and renews leases (runtime/leases.py), starts
+                            and stops each source's and connector's work as its lease comes
+                            and goes, reports their state for ``weir status``
+a thread per source         capture (sources/pg/capture.py): blocking psycopg on the
+                            replication connection, decoding and batching
+  + its store thread        the batches' store writes and commits, in order
+                            (sources/pg/store_thread.py), overlapping the next batch's decoding
+a thread per source         its backfills (sources/backfill.py), when capture asks for them
+one asyncio loop thread     every connector (engine/forwarder.py) and the Notifier that
+                            LISTENs for the store's commits (store/reader.py)
+the API thread              uvicorn on its own asyncio loop (api/app.py): Consume API with its
+                            own Notifier and its queue sweeper, HTTP ingest, health, metrics
+a scheduler thread          retention and slot-lag jobs (runtime/jobs.py)
+==========================  ==================================================================
 """
 
 from __future__ import annotations
