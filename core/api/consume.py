@@ -32,11 +32,11 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig, UnknownSourceError, WeirConfig
-from core.engine.filters import selection
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound
 from core.store import Store
 from core.store.consumers import Delivery, Filler, Queues, consumer_key
 from core.store.reader import Notifier, StreamReader
+from core.store.selection import selection
 
 log = logging.getLogger("weir.consume")
 

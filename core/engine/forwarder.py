@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 
 from core.config.base import ConnectorBase
 from core.config.model import HttpSource, PostgresSource
-from core.engine.filters import selection
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
 from core.engine.registry import make_sink
@@ -40,6 +39,7 @@ from core.envelope import Message, key_prefixes
 from core.runtime.metrics import Metrics
 from core.store import Store
 from core.store.reader import StreamReader
+from core.store.selection import selection
 
 log = logging.getLogger("weir.engine")
 

@@ -70,7 +70,7 @@ class Filler:
     (the consumer's filler task, core/api/consume.py)."""
 
     def __init__(self, store: Store, cfg: ConsumerConfig, where: tuple[Any, list[Any]]) -> None:
-        """``where`` is the consumer's :func:`core.engine.filters.selection`."""
+        """``where`` is the consumer's :func:`core.store.selection.selection`."""
         self.name = cfg.name
         where_sql, self._where_params = where
         m = store.table("consumer_messages")

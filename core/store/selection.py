@@ -1,6 +1,6 @@
 """Message selection as SQL: collection patterns, actions and column filters (DESIGN.md section 9).
 
-One place for it: connectors and, later, the Consume API select messages with these clauses.
+One place for it: connectors and the Consume API select messages with these clauses.
 Values are always bound parameters, never spliced into the text.
 """
 
