@@ -113,6 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from core import status
     from core.sources.pg.pgoutput import lsn_to_str
     from core.store import Store
+    from core.store.consumers import CONSUMER_PREFIX, consumer_key
 
     cfg = load_or_exit(args.config)
     reach_postgres(cfg.store_url, "the store")
@@ -139,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     _table(rows)
     print()
     # Every connector of the file, also one that never got as far as its first cursor.
-    shown = {c.name for c in cursors} | {f"consumer:{q}" for q in queues}
+    shown = {c.name for c in cursors} | {consumer_key(q) for q in queues}
     cursors += [status.CursorStatus(c.name, "-", c.stream, 0, 0, 0.0, 0, None)
                 for c in cfg.connectors if c.name not in shown]  # fmt: skip
     table = [("CONNECTOR", "STATE", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED",
@@ -147,7 +148,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for c in cursors:
         moved = c.seq - before.get((c.name, c.source), c.seq)
         rate = f"{max(moved, 0) / args.interval:.0f}"
-        w = works.get(f"connector:{c.name}") if not c.name.startswith("consumer:") else None
+        consumer = c.name.startswith(CONSUMER_PREFIX)
+        w = works.get(f"connector:{c.name}") if not consumer else None
         w = w or (idle if any(x.name == c.name for x in cfg.connectors) else None)
         table.append((c.name, w.state if w else "-", c.source, c.stream, str(c.lag_messages),
                       f"{c.lag_seconds:.1f}s", rate, str(c.failed), c.owner or "-",

@@ -43,9 +43,12 @@ QUEUE_COUNTS = (
 )
 
 
+CONSUMER_PREFIX = "consumer:"
+
+
 def consumer_key(name: str) -> str:
     """What names an HTTP pull consumer's cursors and failed list, beside the connectors'."""
-    return f"consumer:{name}"
+    return CONSUMER_PREFIX + name
 
 
 @dataclass
