@@ -219,6 +219,8 @@ class _Session:
         for lane in self.lanes:
             prefixes = key_prefixes(lane.reader.sync_id)
             lane.skip = {k for k in keys if k.startswith(prefixes)}
+            if lane.skip:
+                lane.floor = (since, await lane.reader.head())
         if keys:
             log.info("connector %s: the broker already has %d messages sent before the restart;"
                      " they are not sent again", self.fw.name, len(keys))  # fmt: skip

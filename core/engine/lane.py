@@ -24,6 +24,9 @@ class Lane:
         self.settled: set[int] = set()  # settled seqs still behind an outstanding one
         self.marks: deque[tuple[BrokerMark, int]] = deque()  # (mark at dispatch, max seq)
         self.skip: set[str] = set()  # keys the broker already holds (read back on start)
+        # The mark the read-back started from, and the head then: the skipped messages were
+        # stored after that mark, so it is the one saved until the cursor passed them all.
+        self.floor: tuple[BrokerMark, int] | None = None
         self.saved: tuple[int, Any] | None = None
         self.loaded = False  # the saved cursor is read: only then may it be written
 
@@ -49,8 +52,13 @@ class Lane:
             marks.append((mark, max_seq))
 
     def state(self, sink: Sink) -> tuple[int, dict[str, Any]]:
-        """The cursor and the broker mark from before anything after it was sent."""
+        """The cursor and the broker mark from before anything after it was sent (in this
+        session or, for the messages the read-back skipped, in an earlier one)."""
         cursor = self.cursor()
+        if self.floor is not None:
+            if cursor < self.floor[1]:
+                return cursor, {"mark": self.floor[0]}
+            self.floor = None
         while self.marks and self.marks[0][1] <= cursor:
             self.marks.popleft()
         mark = self.marks[0][0] if self.marks else sink.mark()

@@ -7,7 +7,7 @@ tests/unit/test_engine_rules.py checks them one by one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from core.engine.sink import BrokerMark, FatalError
@@ -89,12 +89,12 @@ class Suspects(dict[str, tuple[int, str]]):
         )
 
 
-def earliest(marks: Iterable[BrokerMark]) -> BrokerMark:
+def earliest(marks: Sequence[BrokerMark]) -> BrokerMark:
     """The mark a restart reads back from, given each source's saved mark: per broker stream
-    or partition the lowest position any of them holds, so that nothing a source sent after
-    its own mark is missed."""
-    since: BrokerMark = {}
-    for mark in marks:
-        for stream, pos in mark.items():
-            since[stream] = min(pos, since.get(stream, pos))
-    return since
+    or partition the lowest position, so that nothing a source sent after its own mark is
+    missed. A stream that one of the marks lacks did not exist when it was taken (a Kafka
+    topic made for a new table): it is left out, so the sink reads it from its start."""
+    if not marks:
+        return {}
+    shared = set(marks[0]).intersection(*marks[1:])
+    return {stream: min(mark[stream] for mark in marks) for stream in shared}

@@ -150,6 +150,19 @@ def test_a_dropped_connection_resends_nothing_the_broker_took() -> None:
     assert broker.stored_keys() == [m.key for m in msgs]  # the two stored are read back
 
 
+def test_what_a_restart_skipped_is_not_resent_after_the_next_restart() -> None:
+    # Session 1 stores 1 and 4, then loses the connection on 2. Session 2 reads 4 back and
+    # skips it, stores 2, and loses the connection on 3 with its cursor at 2: the mark saved
+    # with that cursor must still be from before 4 was stored, or session 3 sends 4 again.
+    store, broker = FakeStore(), FakeBroker()
+    m1, m2, m3, m4 = (store.append(r) for r in ["a", "a", "a", "b"])
+    broker.fail(m2.key, ConnectionError("reset"))
+    broker.fail(m3.key, ConnectionError("reset"))
+    run(store, broker, cfg=connector(max_messages=1, max_in_flight=1))
+    assert broker.connects == 3
+    assert broker.stored_keys() == [m1.key, m4.key, m2.key, m3.key]
+
+
 def test_a_message_that_keeps_dropping_the_connection_is_charged_with_it() -> None:
     store, broker = FakeStore(), FakeBroker()
     a1, b1, c1 = (store.append(r) for r in ["a", "b", "c"])

@@ -96,6 +96,12 @@ def test_the_read_back_starts_at_each_streams_lowest_saved_position() -> None:
     assert earliest([]) == {}
 
 
+def test_a_stream_one_saved_mark_lacks_is_read_back_from_its_start() -> None:
+    # Source 1's mark was taken before topic "t2" existed: its messages may be anywhere in
+    # t2, so the read-back must not start at source 2's position there.
+    assert earliest([{"t1": 10}, {"t1": 12, "t2": 5}]) == {"t1": 10}
+
+
 def test_a_suspect_is_charged_once_it_lost_the_connection_alone_often_enough() -> None:
     suspects = Suspects()
     batch = [msg(1), msg(2)]
