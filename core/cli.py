@@ -111,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import time
 
     from core import status
-    from core.sources.pg.pgoutput import lsn_to_str
+    from core.ids import lsn_to_str
     from core.store import Store
     from core.store.consumers import CONSUMER_PREFIX, consumer_key
 

@@ -14,6 +14,25 @@ from core.ids import encode_token, schema_table_of
 
 _dumps = orjson.dumps
 
+
+class RawJson(bytes):
+    """The text of a json/jsonb value that every JSON parser reads as it is: written into
+    payloads untouched (:func:`dumps`), so its numbers keep every digit."""
+
+    __slots__ = ()
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawJson):
+        return orjson.Fragment(bytes(value))
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def dumps(record: Any) -> bytes:
+    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
+    return orjson.dumps(record, default=_fragment)
+
+
 EVENT_TYPES = {"insert": "inserted", "update": "updated", "delete": "deleted",
                "truncate": "truncated"}  # fmt: skip
 

@@ -42,7 +42,7 @@ def key_token(value: Any) -> str:
         return "t"
     if value is False:
         return "f"
-    if isinstance(value, bytes):  # json/jsonb text (core.sources.pg.values.RawJson)
+    if isinstance(value, bytes):  # json/jsonb text (core.envelope.RawJson)
         return encode_token(value.decode())
     return encode_token(str(value))
 
@@ -76,3 +76,13 @@ def schema_table_of(collection_id: str) -> tuple[str, str]:
     if "%" in schema:
         schema = schema.replace("%3A", ":").replace("%25", "%")
     return schema, table
+
+
+def lsn_to_str(lsn: int) -> str:
+    """``0/16B3748`` form, as Postgres prints LSNs."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def str_to_lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)

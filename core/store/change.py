@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from core.envelope import dumps
+from core.ids import lsn_to_str
 from core.redact import first_line
-from core.sources.pg.pgoutput import lsn_to_str
-from core.sources.pg.values import dumps
 
 
 class Change(NamedTuple):

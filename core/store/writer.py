@@ -19,9 +19,8 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from core.envelope import MAX_RECORD_TOKEN, record_token
+from core.envelope import MAX_RECORD_TOKEN, dumps, record_token
 from core.ids import schema_table_of
-from core.sources.pg.values import dumps
 from core.store import Conn, Store
 from core.store.change import (
     JSONB_ITEM,

@@ -7,14 +7,13 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.ids import lsn_to_str, str_to_lsn
 from core.sources.pg.pgoutput import (
     PG_EPOCH_OFFSET_US,
     UNCHANGED,
     decode,
     decode_copy_data,
-    lsn_to_str,
     standby_status,
-    str_to_lsn,
 )
 
 values = st.one_of(st.none(), st.just(UNCHANGED), st.binary(max_size=300))

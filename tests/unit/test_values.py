@@ -7,6 +7,7 @@ from datetime import datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.envelope import RawJson, dumps
 from core.sources.pg import values as v
 from core.sources.pg.values import TypeCatalog, parse_array
 
@@ -88,14 +89,14 @@ def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> Non
 def test_json_passes_through_digit_for_digit_or_as_its_text() -> None:
     """DESIGN.md section 4: json/jsonb keep every digit; JSON that parsers (or the store's
     jsonb) refuse arrives as a string holding the Postgres text."""
-    assert v.dumps({"j": v.to_jsonb(b'{"n": 123456789012345678901234567890}')}) == (
+    assert dumps({"j": v.to_jsonb(b'{"n": 123456789012345678901234567890}')}) == (
         b'{"j":{"n": 123456789012345678901234567890}}'
     )
     for refused in (b'{"a": 1e400}', b"[" * 1025 + b"]" * 1025):
         assert v.to_jsonb(refused) == refused.decode()
     for refused in (b'{"a": "\\u0000"}', b'["\\ud800"]', b'{"tiny": 1e-16384}'):
         assert v.to_json(refused) == refused.decode()
-    assert v.to_json(b'"a\\\\u0000"') == v.RawJson(b'"a\\\\u0000"')  # an escaped backslash
+    assert v.to_json(b'"a\\\\u0000"') == RawJson(b'"a\\\\u0000"')  # an escaped backslash
 
 
 def test_text_in_other_encodings_reads_whole() -> None:

@@ -16,14 +16,13 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from core.ids import collection_id_of
+from core.ids import collection_id_of, lsn_to_str
 from core.sources.pg.follow import (
     ALTERED_PREFIX,
     BACKFILL_PREFIX,
     LEFT_PREFIX,
     MISSED_PREFIX,
 )
-from core.sources.pg.pgoutput import lsn_to_str
 from core.sources.pg.relations import Relation, Relations
 from core.sources.pg.setup import complete_publication
 from core.sources.pg.store_thread import StoreThread

@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+from core.ids import lsn_to_str
+
 _i16 = struct.Struct(">h").unpack_from
 _i32 = struct.Struct(">i").unpack_from
 _u32 = struct.Struct(">I").unpack_from
@@ -201,13 +203,3 @@ def decode_copy_data(buf: bytes) -> tuple[Any, ...]:
 def standby_status(written: int, flushed: int, now_us: int, reply: bool = False) -> bytes:
     """The Standby status update a client sends: ``flushed`` is what the slot may free."""
     return _status(b"r", written, flushed, flushed, now_us - PG_EPOCH_OFFSET_US, int(reply))
-
-
-def lsn_to_str(lsn: int) -> str:
-    """``0/16B3748`` form, as Postgres prints LSNs."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def str_to_lsn(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)

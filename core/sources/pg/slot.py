@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from core.sources.pg.pgoutput import lsn_to_str
+from core.ids import lsn_to_str
 from core.sources.pg.setup import SourceSetupError, ensure_slot
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq, sql
 
+from core.envelope import dumps
 from core.sources.pg.relations import (
     Relation,
     Relations,
@@ -38,7 +39,7 @@ from core.sources.pg.relations import (
     row_values,
 )
 from core.sources.pg.setup import SlotBusyError, SourceSetupError, prepare
-from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID, dumps
+from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models

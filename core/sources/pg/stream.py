@@ -20,15 +20,10 @@ from typing import Any
 import psycopg
 
 from core.config.model import PostgresSource
+from core.ids import lsn_to_str
 from core.sources.pg.follow import TABLE_MESSAGES
 from core.sources.pg.follower import TableFollower
-from core.sources.pg.pgoutput import (
-    XLOG_HEADER,
-    decode,
-    decode_copy_data,
-    lsn_to_str,
-    standby_status,
-)
+from core.sources.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, standby_status
 from core.sources.pg.relations import (
     Relation,
     Relations,

@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from core.envelope import RawJson
+
 Converter = Callable[[bytes], Any]
 
 # Session settings that make the text of every value predictable; every connection whose
@@ -42,24 +44,6 @@ SESSION_OPTIONS = (
 BOOL, BYTEA, INT8, INT2, INT4, OID = 16, 17, 20, 21, 23, 26
 JSON, JSONB, FLOAT4, FLOAT8, NUMERIC = 114, 3802, 700, 701, 1700
 TIMESTAMP, TIMESTAMPTZ, UUID = 1114, 1184, 2950
-
-
-class RawJson(bytes):
-    """The text of a json/jsonb value that every JSON parser reads as it is: written into
-    payloads untouched (:func:`dumps`), so its numbers keep every digit."""
-
-    __slots__ = ()
-
-
-def _fragment(value: Any) -> orjson.Fragment:
-    if isinstance(value, RawJson):
-        return orjson.Fragment(bytes(value))
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
-
-
-def dumps(record: Any) -> bytes:
-    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
-    return orjson.dumps(record, default=_fragment)
 
 
 def to_text(b: bytes) -> str:
