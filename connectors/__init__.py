@@ -1,1 +1,1 @@
-"""One package per connector; each declares itself to core/engine/registry.py in its __init__."""
+"""One package per connector; each declares itself to core/registry.py in its __init__."""

@@ -14,9 +14,9 @@ from types import FrameType
 
 from core.commands import load_or_exit, postgres_source_or_exit, source_problems, table_arg
 from core.config.settings import WeirSettings
-from core.engine.registry import connector_specs, setup_of, spec_of
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
+from core.registry import connector_specs, setup_of, spec_of
 
 log = logging.getLogger("weir")
 

@@ -186,6 +186,11 @@ def key_prefixes(sync_id: str) -> tuple[str, str]:
     return f"{sync_id}:", f"{sync_id}."
 
 
+# A broker's position as a sink's acknowledgements have shown it, stream by stream (e.g.
+# JetStream stream sequences): saved with a connector's cursor (core/engine/sink.py ``mark``).
+BrokerMark = dict[str, int]
+
+
 @dataclass(slots=True, eq=False)
 class Message:
     """One message leaving Weir, built from a store row (core/store/reader.py; DESIGN.md

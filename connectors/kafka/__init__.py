@@ -2,7 +2,7 @@
 creates the topic."""
 
 from connectors.kafka.config import KafkaConnector
-from core.engine.registry import ConnectorSpec
+from core.registry import ConnectorSpec
 
 CONNECTOR = ConnectorSpec(
     config=KafkaConnector,

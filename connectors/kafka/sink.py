@@ -21,8 +21,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.kafka.config import KafkaConnector, KafkaSettings
-from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
-from core.envelope import Message, key_prefixes
+from core.engine.sink import BatchError, FatalError, RetryableError
+from core.envelope import BrokerMark, Message, key_prefixes
 from core.templates import Template
 
 log = logging.getLogger("weir.kafka")

@@ -2,7 +2,7 @@
 ``weir nats setup`` creates the streams."""
 
 from connectors.nats.config import NatsConnector
-from core.engine.registry import ConnectorSpec
+from core.registry import ConnectorSpec
 
 CONNECTOR = ConnectorSpec(
     config=NatsConnector,

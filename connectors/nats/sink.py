@@ -21,8 +21,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector
 from connectors.nats.connection import connect
-from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
-from core.envelope import Message, event_subject, record_subject, subject_prefix
+from core.engine.sink import BatchError, FatalError, RetryableError
+from core.envelope import BrokerMark, Message, event_subject, record_subject, subject_prefix
 
 log = logging.getLogger("weir.nats")
 

@@ -23,8 +23,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from connectors.sqs.config import SqsConnector
-from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
-from core.envelope import Message
+from core.engine.sink import BatchError, FatalError, RetryableError
+from core.envelope import BrokerMark, Message
 from core.templates import Template
 
 log = logging.getLogger("weir.sqs")

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import httpx
 
 from connectors.webhook.config import WebhookConnector
-from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
-from core.envelope import Message
+from core.engine.sink import BatchError, FatalError, RetryableError
+from core.envelope import BrokerMark, Message
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:

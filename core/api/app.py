@@ -32,7 +32,7 @@ from core.api import consume, consume_routes, ingest_routes, probes, refusals
 from core.api.consume import Consumers
 from core.api.models import Refused
 from core.config.model import WeirConfig
-from core.runtime.metrics import Metrics
+from core.metrics import Metrics
 from core.sources.http import Ingest
 from core.store import SESSION, Store
 

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from core.api.models import Health, Ready
 from core.config.model import PostgresSource, WeirConfig
 from core.failures import postgres_unreachable
-from core.runtime.metrics import Metrics
+from core.metrics import Metrics
 
 
 async def reachable(url: str, what: str) -> str:

@@ -175,7 +175,7 @@ class ConnectorBase(Model):
     and retry. The broker settings live under a key named after the ``type``.
     """
 
-    type: str  # each connector's model narrows it to its Literal (core/engine/registry.py)
+    type: str  # each connector's model narrows it to its Literal (core/registry.py)
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     stream: Literal["records", "events"]
     sources: list[str] | None = None

@@ -19,8 +19,8 @@ from pydantic import (
 )
 
 from core.config.base import ConnectorBase, Duration, Model, TableName, Text
-from core.engine.registry import connector_specs
 from core.ids import sync_id_for
+from core.registry import connector_specs
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 

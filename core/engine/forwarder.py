@@ -32,11 +32,11 @@ from core.config.base import ConnectorBase
 from core.config.model import HttpSource, PostgresSource
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
-from core.engine.registry import make_sink
 from core.engine.rules import Groups, Suspects, earliest
-from core.engine.sink import BatchError, BrokerMark, FatalError, Sink
-from core.envelope import Message, key_prefixes
-from core.runtime.metrics import Metrics
+from core.engine.sink import BatchError, FatalError, Sink
+from core.envelope import BrokerMark, Message, key_prefixes
+from core.metrics import Metrics
+from core.registry import make_sink
 from core.store import Store
 from core.store.reader import StreamReader
 from core.store.selection import selection

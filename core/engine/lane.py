@@ -7,7 +7,8 @@ from collections import deque
 from typing import Any
 
 from core.engine.ports import Reader
-from core.engine.sink import BrokerMark, Sink
+from core.engine.sink import Sink
+from core.envelope import BrokerMark
 
 MAX_MARKS = 64
 

@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from core.engine.sink import BrokerMark, FatalError
-from core.envelope import Message
+from core.engine.sink import FatalError
+from core.envelope import BrokerMark, Message
 
 STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
 

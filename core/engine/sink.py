@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from core.envelope import Message
+from core.envelope import BrokerMark, Message
 
 
 class RetryableError(Exception):
@@ -29,9 +29,6 @@ class BatchError(Exception):
         self.failed = failed
         first = next(iter(failed.values()))
         super().__init__(f"{len(failed)} messages failed, first: {first}")
-
-
-BrokerMark = dict[str, int]
 
 
 class Sink(Protocol):

@@ -34,8 +34,8 @@ import psycopg
 from core.config.model import Connector, PostgresSource, WeirConfig
 from core.engine.forwarder import Forwarder
 from core.failures import Unreachable, reach_postgres
+from core.metrics import Metrics
 from core.redact import remember, secrets_of
-from core.runtime.metrics import Metrics
 from core.store import Store, open_store
 from core.store.reader import Notifier
 

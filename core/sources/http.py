@@ -23,7 +23,7 @@ from core.config.model import HttpSource, WeirConfig
 from core.envelope import record_token
 from core.errors import Conflict, NotFound
 from core.ids import encode_token
-from core.runtime.metrics import Metrics
+from core.metrics import Metrics
 from core.store import Conn, Store
 from core.store.change import Change
 from core.store.ingest import current_records, lock_batch

@@ -18,8 +18,8 @@ import psycopg
 from psycopg import sql
 
 from core.config.base import SeqStart, TimeStart
-from core.engine.sink import BrokerMark
 from core.envelope import (
+    BrokerMark,
     Message,
     collection_prefix,
     event_key,

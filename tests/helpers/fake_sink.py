@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from core.engine.sink import BatchError, BrokerMark, FatalError, RetryableError
-from core.envelope import Message
+from core.engine.sink import BatchError, FatalError, RetryableError
+from core.envelope import BrokerMark, Message
 
 
 class Stored(NamedTuple):

@@ -32,7 +32,7 @@ def test_production_code_never_imports_the_embedded_servers() -> None:
 
 
 def test_core_names_no_connector() -> None:
-    """Connectors register themselves (core/engine/registry.py): core imports none of them."""
+    """Connectors register themselves (core/registry.py): core imports none of them."""
     for module, names in _imports("core").items():
         bad = sorted(n for n in names if n.startswith("connectors."))
         assert not bad, f"{module} imports {bad}: use the connector registry"

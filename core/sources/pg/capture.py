@@ -24,7 +24,7 @@ import psycopg
 
 from core.config.model import PostgresSource
 from core.ids import lsn_to_str
-from core.runtime.metrics import Metrics
+from core.metrics import Metrics
 from core.sources.pg import snapshot
 from core.sources.pg.pgoutput import start_replication
 from core.sources.pg.relations import Relations, SourceSchemaError
