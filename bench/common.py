@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devkit/ is not installed
 from devkit.embedded import EmbeddedPostgres
 
 RESULTS = Path(__file__).parent / "results"

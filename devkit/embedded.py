@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # devkit/ is not installed: run from here
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -293,8 +295,8 @@ class _Server:
 
     def start(self) -> Self:
         with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.args(), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(  # in the checkout: `-m devkit...` finds devkit there
+                self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=CHECKOUT,
                 preexec_fn=_child_setup(None, None),
             )  # fmt: skip
         deadline = time.monotonic() + 30

@@ -1,7 +1,10 @@
 """The layout's promises (DESIGN.md section 2) that a careless import would break silently."""
 
 import ast
+import tomllib
 from pathlib import Path
+
+from setuptools import find_packages
 
 ROOT = Path(__file__).parents[2]
 PRODUCTION = ("core", "connectors", "spark")
@@ -29,6 +32,14 @@ def test_production_code_never_imports_the_embedded_servers() -> None:
         for module, names in _imports(package).items():
             bad = sorted(n for n in names if n.split(".")[0] in dev_only)
             assert not bad, f"{module} imports {bad}: production code must not"
+
+
+def test_the_distribution_leaves_devkit_in_the_checkout() -> None:
+    """``pip install`` of Weir installs the production packages only."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(str(ROOT), include=include)
+    assert {p.split(".")[0] for p in packages} == set(PRODUCTION)
 
 
 def test_core_names_no_connector() -> None:
