@@ -23,7 +23,8 @@ log = logging.getLogger("weir")
 
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.file)
-    print(f"{args.file}: ok ({len(cfg.sources)} sources)")
+    print(f"{args.file}: ok ({len(cfg.sources)} sources, {len(cfg.connectors)} connectors, "
+          f"{len(cfg.consumers)} consumers)")  # fmt: skip
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -96,6 +96,13 @@ def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, 
     return lines.get(tuple(path), 1), tuple(path)
 
 
+def _tags(loc: tuple[str | int, ...], disc: str) -> list[str]:
+    """The values ``disc`` may take in the list field ``loc[0]`` of the config (a union of
+    models told apart by it: sources by ``kind``, connectors by ``type``)."""
+    (item,) = get_args(WeirConfig.model_fields[str(loc[0])].annotation)
+    return sorted(get_args(m.model_fields[disc].annotation)[0] for m in get_args(get_args(item)[0]))
+
+
 def load_config(path: str | Path) -> WeirConfig:
     """Read and validate a config file; raises :class:`ConfigError` listing every problem."""
     path = Path(path)
@@ -129,6 +136,9 @@ def load_config(path: str | Path) -> WeirConfig:
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
+            elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:
+                disc = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
+                msg = f"{disc}: is required (one of {', '.join(_tags(loc, disc))})"
             problems.append(redact(f"{line}: {key}: {msg}"))
         raise ConfigError(path, problems) from None
     remember(secrets_of(cfg))

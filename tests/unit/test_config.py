@@ -124,6 +124,23 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
     ]
 
 
+def test_a_missing_kind_or_type_names_the_choices(tmp_path: Path) -> None:
+    """The registry's connector types (and the source kinds) are what the error offers."""
+    path = _write(
+        tmp_path,
+        "sources: [{name: app, url: 'postgresql://x', tables: [public.t]}]\n"
+        "connectors:\n"
+        "  - name: c1\n"
+        "    stream: records\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "1: sources[0]: kind: is required (one of http, postgres)",
+        "3: connectors[0]: type: is required (one of kafka, nats, sqs, webhook)",
+    ]
+
+
 def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
     head = "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
     cases = {
