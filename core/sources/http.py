@@ -137,9 +137,10 @@ class Ingest:
                         if old.get(k) != record.get(k)}  # fmt: skip
             iso = ts.astimezone(UTC).isoformat()
             idx = len(changes)
-            changes.append(
-                Change(action, coll, rid, record, diff, (), None, version, idx, iso, batch_no)
-            )
+            change = Change(action=action, collection_id=coll, record_id=rid, record=record,
+                            changes=diff, missing=(), old_record_id=None, version=version,
+                            idx=idx, committed_at=iso, event_lsn=batch_no)  # fmt: skip
+            changes.append(change)
             current[(coll, rid)] = (version, rec.deleted, record)
         if changes:
             writer.write(changes)
