@@ -114,19 +114,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     from core import status
     from core.ids import lsn_to_str
     from core.store import Store
+    from core.store import status as stored
     from core.store.consumers import CONSUMER_PREFIX, consumer_key
 
     cfg = load_or_exit(args.config)
     reach_postgres(cfg.store_url, "the store")
     store = Store(cfg.store_url, cfg.store.schema_)
-    before = {(c.name, c.source): c.seq for c in status.cursors(store)}
+    before = {(c.name, c.source): c.seq for c in stored.cursors(store)}
     time.sleep(args.interval)
     sources = status.sources(cfg, store)
-    cursors = status.cursors(store)
-    queues = status.consumer_queues(store)
-    backfills = status.backfills(store)
-    works = status.works(store)
-    idle = status.WorkState("not running", "", None)
+    cursors = stored.cursors(store)
+    queues = stored.consumer_queues(store)
+    backfills = stored.backfills(store)
+    works = stored.works(store)
+    idle = stored.WorkState("not running", "", None)
     rows = [("SOURCE", "KIND", "STATE", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG",
              "OWNER", "NOTE")]  # fmt: skip
     for s in sources:
@@ -142,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print()
     # Every connector of the file, also one that never got as far as its first cursor.
     shown = {c.name for c in cursors} | {consumer_key(q) for q in queues}
-    cursors += [status.CursorStatus(c.name, "-", c.stream, 0, 0, 0.0, 0, None)
+    cursors += [stored.CursorStatus(c.name, "-", c.stream, 0, 0, 0.0, 0, None)
                 for c in cfg.connectors if c.name not in shown]  # fmt: skip
     table = [("CONNECTOR", "STATE", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED",
               "OWNER", "NOTE")]  # fmt: skip

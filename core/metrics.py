@@ -70,12 +70,13 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         from core import status
+        from core.store import status as stored
 
         up = GaugeMetricFamily("weir_store_up", "1 when the store answered this scrape")
         try:
             sources = status.sources(self.cfg, self.store)
-            cursors = status.cursors(self.store)
-            queues = status.consumer_queues(self.store)
+            cursors = stored.cursors(self.store)
+            queues = stored.consumer_queues(self.store)
         except Exception as e:  # the store is down: say so, and nothing else
             log.warning("metrics: cannot read the store: %s", type(e).__name__)
             up.add_metric([], 0)

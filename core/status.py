@@ -1,8 +1,7 @@
-"""Where sources, connectors and consumers stand: the store's view (core/store/status.py) and
-what only the source databases know (their replication slots).
-
-One place for these: ``weir status`` prints them, ``/metrics`` exports them and the slot-lag
-check warns from them.
+"""Where sources stand: the store's view of them (core/store/status.py, which also has the
+connectors', consumers' and backfills') with what only the source databases know, their
+replication slots. ``weir status`` prints it, ``/metrics`` exports it and the slot-lag check
+warns from it.
 """
 
 from __future__ import annotations
@@ -15,18 +14,6 @@ import psycopg
 from core.config.model import PostgresSource, WeirConfig
 from core.store import Store
 from core.store import status as stored
-from core.store.status import (
-    BackfillStatus,
-    CursorStatus,
-    WorkState,
-    backfills,
-    consumer_queues,
-    cursors,
-    works,
-)
-
-__all__ = ["BackfillStatus", "CursorStatus", "SourceStatus", "WorkState", "backfills",
-           "consumer_queues", "cursors", "slot_lag", "sources", "works"]  # fmt: skip
 
 log = logging.getLogger("weir.status")
 

@@ -13,8 +13,8 @@ import pytest
 
 from core.runtime.service import prepare
 from core.sources.pg.setup import SourceSetupError
-from core.status import backfills
 from core.store import Store, StoreError
+from core.store.status import backfills
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute, rows, wait_records
 from tests.helpers.weir import Running, serving, weir_config
