@@ -8,7 +8,7 @@ none of these modules knows HTTP. ``str(e)`` is the reason a client is told.
 from __future__ import annotations
 
 
-class Refused(Exception):
+class Refusal(Exception):
     """A request Weir refuses; ``reason`` says why."""
 
     def __init__(self, reason: str) -> None:
@@ -16,11 +16,11 @@ class Refused(Exception):
         self.reason = reason
 
 
-class Invalid(Refused):
+class Invalid(Refusal):
     """A request value outside what is allowed (a batch size, a token Weir did not issue)."""
 
 
-class InvalidField(Refused):
+class InvalidField(Refusal):
     """A field of a request body that names what cannot be (a source not in the config);
     ``loc`` is where in the request, as validation errors say it."""
 
@@ -29,13 +29,13 @@ class InvalidField(Refused):
         self.loc = loc
 
 
-class NotFound(Refused):
+class NotFound(Refusal):
     """No consumer or source of that name."""
 
 
-class Conflict(Refused):
+class Conflict(Refusal):
     """The request contradicts what exists (a name taken, a consumer the config declares)."""
 
 
-class Busy(Refused):
+class Busy(Refusal):
     """Too many requests wait already (a consumer's ``max_waiting``)."""

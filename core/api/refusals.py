@@ -15,11 +15,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refused
+from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.redact import redact
 
 # The HTTP status of each kind of refusal.
-STATUS: dict[type[Refused], int] = {
+STATUS: dict[type[Refusal], int] = {
     Invalid: 400,
     NotFound: 404,
     Conflict: 409,
@@ -85,8 +85,8 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     """The body limit, and error bodies without secrets, on every route of ``app``."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
-    @app.exception_handler(Refused)
-    async def _refused(_: Request, e: Refused) -> JSONResponse:
+    @app.exception_handler(Refusal)
+    async def _refused(_: Request, e: Refusal) -> JSONResponse:
         if isinstance(e, InvalidField):  # the shape of FastAPI's validation errors
             detail: Any = [{"loc": list(e.loc), "msg": e.reason, "type": "value_error"}]
             return JSONResponse({"detail": redacted(detail)}, status_code=STATUS[InvalidField])
