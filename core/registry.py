@@ -17,7 +17,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import connectors
-from core.config.base import ConnectorBase
+from core.config.base import ConnectorBase, tag_of
 
 if TYPE_CHECKING:
     from core.engine.sink import Sink
@@ -38,8 +38,7 @@ class ConnectorSpec:
     @property
     def type(self) -> str:
         """The ``type:`` of the YAML, from the config model's ``type: Literal[...]``."""
-        default = self.config.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
-        return str(default)
+        return tag_of(self.config, "type")
 
 
 def _load(ref: str) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import (
     AfterValidator,
@@ -49,6 +49,12 @@ def _no_nul(v: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 # schema.table, in the one spelling of core.tables, so that names compare equal as text
 TableName = Annotated[str, AfterValidator(lambda t: table_name(*parse_table(t)))]
+
+
+def tag_of(model: type[BaseModel], field: str) -> str:
+    """The one value a union member's discriminator ``field`` (a ``Literal``) may take: a
+    connector's ``type``, a source's ``kind``."""
+    return str(get_args(model.model_fields[field].annotation)[0])
 
 
 def check_pair(model: BaseModel, a: str, b: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import ValidationError
 
+from core.config.base import tag_of
 from core.config.model import WeirConfig
 from core.redact import raw_secrets, redact, remember, secrets_of
 
@@ -100,7 +101,7 @@ def _tags(loc: tuple[str | int, ...], disc: str) -> list[str]:
     """The values ``disc`` may take in the list field ``loc[0]`` of the config (a union of
     models told apart by it: sources by ``kind``, connectors by ``type``)."""
     (item,) = get_args(WeirConfig.model_fields[str(loc[0])].annotation)
-    return sorted(get_args(m.model_fields[disc].annotation)[0] for m in get_args(get_args(item)[0]))
+    return sorted(tag_of(m, disc) for m in get_args(get_args(item)[0]))
 
 
 def load_config(path: str | Path) -> WeirConfig:
