@@ -31,16 +31,21 @@ class Template:
         self.stream = stream
         self.bad = re.compile(bad)
         self.fixed = _PLACEHOLDER.search(template) is None
+        self._rendered: dict[tuple[str, str, str], str] = {}  # one entry per collection
 
     def render(self, m: Message) -> str:
         if self.fixed:
             return self.template
-        sub = self.bad.sub
-        return self.template.format(
-            stream=self.stream, sync_id=sub("_", m.sync_id),
-            provider=sub("_", encode_token(m.provider)),
-            collection=sub("_", encode_token(m.collection_id)),
-        )  # fmt: skip
+        key = (m.sync_id, m.provider, m.collection_id)
+        name = self._rendered.get(key)
+        if name is None:
+            sub = self.bad.sub
+            name = self._rendered[key] = self.template.format(
+                stream=self.stream, sync_id=sub("_", m.sync_id),
+                provider=sub("_", encode_token(m.provider)),
+                collection=sub("_", encode_token(m.collection_id)),
+            )  # fmt: skip
+        return name
 
     def pattern(self, value: str) -> re.Pattern[str]:
         """What the template renders to, with ``value`` a regex for each placeholder."""
