@@ -29,15 +29,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Serve everything the file declares until SIGTERM/SIGINT; a second signal exits at once."""
+    """Serve everything the file declares until SIGTERM/SIGINT; a second signal exits at once.
+    By default a supervisor runs it in worker processes (core/runtime/supervisor.py)."""
     from core.runtime.service import serve
+    from core.runtime.supervisor import Supervisor, die_with_parent, worker_named
 
     cfg = load_or_exit(args.config)
-    return serve(cfg, _stop_on_signals(), WeirSettings().shutdown_grace)
+    grace = WeirSettings().shutdown_grace
+    if args.worker is not None:  # SIGINT (a terminal's ^C) is the supervisor's to forward
+        die_with_parent(args.parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        worker = worker_named(cfg, args.worker)
+        return serve(cfg, _stop_on_signals((signal.SIGTERM,)), grace, worker)
+    if args.single_process:
+        return serve(cfg, _stop_on_signals(), grace)
+    return Supervisor(args.config, cfg, _stop_on_signals(), grace).run()
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event SIGTERM/SIGINT set, to drain and stop; a second signal exits at once."""
+def _stop_on_signals(
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+) -> threading.Event:
+    """An event these signals set, to drain and stop; a second signal exits at once."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -47,8 +59,8 @@ def _stop_on_signals() -> threading.Event:
         log.info("signal %s: draining", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for s in signals:
+        signal.signal(s, on_signal)
     return stop
 
 
@@ -204,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("run", help="run the sources and connectors of a config file")
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
+    p.add_argument(
+        "--single-process",
+        action="store_true",
+        help="run everything in this process, not in supervised worker processes",
+    )
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a supervisor's worker: its name
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # and the supervisor's pid
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("config", help="config file tools")

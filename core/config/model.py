@@ -217,9 +217,30 @@ else:  # the union of the registry's config models, told apart by ``type:``
     ]
 
 
+class WorkersConfig(Model):
+    """The worker processes ``weir run`` supervises (core/runtime/supervisor.py): each runs
+    the works of one role that its index selects, under the same leases as instances do."""
+
+    sources: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes capturing the postgres sources "
+        "(and their backfills); source k of the file runs in process k mod N",
+    )
+    connectors: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes forwarding the connectors; "
+        "connector k of the file runs in process k mod N",
+    )
+
+
 class WeirConfig(Model):
     store: StoreConfig = Field(default_factory=lambda: StoreConfig.model_validate({}))
     api: ApiConfig | None = None
+    workers: WorkersConfig = Field(default_factory=lambda: WorkersConfig.model_validate({}))
     sources: list[Source] = []
     connectors: list[Connector] = []
     consumers: list[ConsumerConfig] = []

@@ -1,6 +1,7 @@
-"""``weir run``: the sources, connectors and HTTP API a config file declares, until ``stop``.
+"""``serve``: the sources, connectors and HTTP API of a config file, or those of one worker
+process of ``weir run`` (core/runtime/supervisor.py says which process runs what), until ``stop``.
 
-What runs where, in one process (``serve`` starts and stops all of it):
+What runs where, in a process that ``serve`` starts and stops (a worker has only its role's):
 
 ==========================  ==================================================================
 main thread                 the lease loop: takes and renews leases (runtime/leases.py), starts
@@ -27,7 +28,7 @@ import gc
 import logging
 import threading
 from collections.abc import Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
 
@@ -38,6 +39,9 @@ from core.metrics import Metrics
 from core.redact import remember, secrets_of
 from core.store import Store, open_store
 from core.store.reader import Notifier
+
+if TYPE_CHECKING:
+    from core.runtime.supervisor import Worker
 
 log = logging.getLogger("weir")
 GC_YOUNG = 50_000  # new objects between collections of the youngest generation
@@ -70,13 +74,16 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG, 20, 10)
 
 
-def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
+def serve(
+    cfg: WeirConfig, stop: threading.Event, grace: float = 30.0, worker: Worker | None = None
+) -> int:
     """Run until ``stop`` is set, then drain. Returns 1 when a source failed for good, else 0.
 
-    Sources and connectors run only while this instance holds their lease (core/runtime/leases.py):
-    with several instances on one store, each is run by one of them, and taken over by another
-    within ``LEASE_POLL`` when its owner dies. The HTTP API and the scheduled jobs run on every
-    instance.
+    Sources and connectors run only while this process holds their lease (core/runtime/leases.py):
+    with several instances (or worker processes) on one store, each is run by one of them, and
+    taken over by another within ``LEASE_POLL`` when its owner dies. Without ``worker``, every
+    part of the file runs here; a worker runs its role's part only (the API, or the sources and
+    connectors it selects), and the scheduled jobs when it is the one given them.
     """
     from core.api.app import ApiServer
     from core.runtime import jobs
@@ -89,28 +96,26 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
     store = open_store(cfg)
     metrics = Metrics()
     metrics.watch_store(cfg, store)
-    api = ApiServer(cfg, store, metrics) if cfg.api is not None else None
+    serves_api = cfg.api is not None and (worker is None or worker.role == "api")
+    api = ApiServer(cfg, store, metrics) if serves_api else None
     if api is not None:
         try:
             api.start()
         except BaseException as e:
             log.error("api: cannot start: %s", e)
             return 1
-    loop = _ConnectorLoop(store)
-    works: dict[str, _Work] = {}
-    for src in cfg.sources:
-        if isinstance(src, PostgresSource):
-            works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
-            works[f"backfill:{src.name}"] = _BackfillWork(src, store)
-    for c in cfg.connectors:
-        works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
+    works, loop = _works(cfg, store, metrics, worker)
     leases = Leases(store)
-    scheduler = jobs.start(cfg, store)
+    scheduler = jobs.start(cfg, store) if worker is None or worker.jobs else None
     tune_gc()
-    log.info(
-        "weir: instance %s serving %d sources, %d connectors and %d consumers",
-        leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
-    )  # fmt: skip
+    if worker is None:
+        log.info(
+            "weir: instance %s serving %d sources, %d connectors and %d consumers",
+            leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
+        )  # fmt: skip
+    else:
+        log.info("weir: worker %s is instance %s: %s", worker.name, leases.instance,
+                 ", ".join(works) or "the API")  # fmt: skip
     failed = False
     reported: dict[str, tuple[str, str]] = {}  # what weir status was last told, by work
     try:
@@ -138,12 +143,36 @@ def serve(cfg: WeirConfig, stop: threading.Event, grace: float = 30.0) -> int:
         for w in works.values():
             w.join(grace)
         leases.close()
-        loop.close()
-        scheduler.shutdown(wait=False)
+        if loop is not None:
+            loop.close()
+        if scheduler is not None:
+            scheduler.shutdown(wait=False)
         if api is not None:
             api.stop()
     log.info("weir: stopped")
     return 1 if failed else 0
+
+
+def _works(
+    cfg: WeirConfig, store: Store, metrics: Metrics, worker: Worker | None
+) -> tuple[dict[str, _Work], _ConnectorLoop | None]:
+    """The works this process may run under their leases, by lease name, and the loop its
+    connectors run in (none when it runs no connector)."""
+    works: dict[str, _Work] = {}
+    pg = [s for s in cfg.sources if isinstance(s, PostgresSource)]
+    for k, src in enumerate(pg):
+        if worker is None or worker.runs("sources", k):
+            works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
+            works[f"backfill:{src.name}"] = _BackfillWork(src, store)
+    mine = [
+        c for k, c in enumerate(cfg.connectors) if worker is None or worker.runs("connectors", k)
+    ]
+    if not mine:
+        return works, None
+    loop = _ConnectorLoop(store)
+    for c in mine:
+        works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
+    return works, loop
 
 
 def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
