@@ -34,6 +34,7 @@ import orjson
 import psycopg
 from common import RESULTS, new_db, py_spy, record, summarize
 
+from devkit import procs
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 
 PAYLOAD = 520  # bytes: about what one of the bench table's events weighs
@@ -100,8 +101,15 @@ async def make_stream(url: str, stream: str, subject: str) -> None:
     await nc.close()
 
 
+def cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds used so far by `weir run` at ``pid`` and by each of its workers, by name."""
+    return {procs.name(p): procs.cpu_seconds(p) for p in procs.tree(pid)}
+
+
 def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: Path,
-              profile: bool) -> tuple[float, str | None]:  # fmt: skip
+              profile: bool) -> tuple[float, str | None, dict[str, float]]:  # fmt: skip
+    """The rate, the profile's summary and the CPU each weir process used over the window,
+    in µs per change."""
     url = new_db(pg, "thru")
     asyncio.run(make_stream(ns.url, "THRU", "sequin-events.thru.>"))
     weir = start_weir(url, ns.url, workdir, "thru")
@@ -112,11 +120,14 @@ def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: P
     try:
         time.sleep(5)  # warm-up: a backlog forms
         first = asyncio.run(stream_count(ns.url, "THRU"))
+        cpu = cpu_by_process(weir.pid)
         t0 = time.perf_counter()
         spy = py_spy(weir.pid, seconds, workdir / "profile.txt") if profile else None
         time.sleep(seconds)
         last = asyncio.run(stream_count(ns.url, "THRU"))
         rate = (last - first) / (time.perf_counter() - t0)
+        used = {k: v - cpu.get(k, 0.0) for k, v in cpu_by_process(weir.pid).items()}
+        us = {k: round(1e6 * v / max(1, last - first), 1) for k, v in used.items()}
         if spy is not None:
             spy.wait(60)
     finally:
@@ -125,7 +136,7 @@ def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: P
         weir.terminate()
         weir.wait(60)
     summary = summarize(workdir / "profile.txt") if profile else None
-    return rate, summary
+    return rate, summary, us
 
 
 def latency(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: Path) -> list[float]:
@@ -170,7 +181,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="weir-bench-"))
     with EmbeddedPostgres(settings={"max_wal_size": "4GB"}) as pg, EmbeddedNats() as ns:
         raw = asyncio.run(ceiling(ns.url, 200_000))
-        rate, summary = sustained(pg, ns, args.seconds, workdir, args.profile)
+        rate, summary, cpu_us = sustained(pg, ns, args.seconds, workdir, args.profile)
         lat = sorted(latency(pg, ns, min(args.seconds, 20), workdir))
     p = (lambda q: round(lat[int(q * (len(lat) - 1))], 1)) if lat else (lambda q: None)
     result = {
@@ -182,6 +193,7 @@ def main() -> None:
         "ceiling_publish_async_per_s": round(raw),
         "e2e_changes_per_s": round(rate),
         "ratio_to_ceiling": round(rate / raw, 3),
+        "weir_cpu_us_per_change": cpu_us,  # by process: the supervisor and each worker
         "latency_at_5000_per_s_ms": {"p50": p(0.5), "p99": p(0.99), "samples": len(lat)},
         "targets": {"e2e_changes_per_s": 30000, "ratio_to_ceiling": 0.6, "p99_ms": 100},
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from devkit import procs
 from tests.helpers.capture import wait_for
 
 Op = tuple[str, str, Any]  # (action, record_id, v)
@@ -83,24 +84,6 @@ def load_with_interruptions(
     return expected
 
 
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (none once it is gone)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        return [int(c) for t in tasks
-                for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]  # fmt: skip
-    except FileNotFoundError:
-        return []
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie, dead and not yet reaped, does not)."""
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-
-
 class WeirProcess:
     """`weir run --config FILE` in a process of its own, logging to ``log``; killed on exit."""
 
@@ -141,12 +124,7 @@ class WeirProcess:
     def workers(self) -> dict[str, int]:
         """The pid of each worker process of the supervisor, by worker name (``sources-0``)."""
         assert self.proc is not None
-        found = {}
-        for pid in children(self.proc.pid):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"--worker" in argv:
-                found[argv[argv.index(b"--worker") + 1].decode()] = pid
-        return found
+        return {procs.name(pid): pid for pid in procs.children(self.proc.pid)}
 
     def stop(self) -> None:
         """SIGTERM: it must drain and exit 0."""

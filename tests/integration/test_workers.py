@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from devkit.embedded import EmbeddedNats
+from devkit.procs import alive
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.load import WeirProcess, alive, create_load_table, load_with_interruptions
+from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
 from tests.integration.test_forwarding_crash import _check, _connectors
 
 
