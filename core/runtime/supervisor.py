@@ -20,22 +20,34 @@ connection, and whoever polls first (its restarted self, or another instance) ta
 over. A worker is ``weir run --worker NAME --parent PID`` (hidden options), so it reads the same
 config file and logs to the same stderr. Workers die with the supervisor: the kernel SIGKILLs
 them when it goes (``PR_SET_PDEATHSIG``), which is the crash ``weir run`` already survives.
+
+Metrics are counted in the workers and served by ``api``: every worker writes its values to
+files in the run's ``MetricsDir`` (prometheus_client's multiprocess mode, core/metrics.py), which
+``api`` sums at each scrape. The files of a worker that died are kept, so its counts stay in the
+totals and no counter goes backwards when it is restarted; a new ``weir run`` starts them from
+zero, a counter reset that Prometheus' ``rate`` and ``increase`` handle.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from core.config.model import PostgresSource, WeirConfig
+from core.metrics import SHARED_DIR
 
 log = logging.getLogger("weir")
 
@@ -120,6 +132,49 @@ def describe(status: int) -> str:
         return f"killed by signal {-status}"
 
 
+class MetricsDir:
+    """The run's ``PROMETHEUS_MULTIPROC_DIR``: where its workers keep their metric values for
+    the ``api`` process to sum (core/metrics.py), ``weir-metrics-*`` in the temp directory,
+    removed when the run ends. A supervisor holds a lock on its directory while it lives, so
+    the directory of one that was SIGKILLed is removed by the next that starts on this host.
+    """
+
+    PREFIX = "weir-metrics-"
+
+    def __init__(self) -> None:
+        tmp = tempfile.gettempdir()
+        for name in os.listdir(tmp):
+            if name.startswith(self.PREFIX):
+                self._remove_if_abandoned(os.path.join(tmp, name))
+        staging = tempfile.mkdtemp(prefix="." + self.PREFIX)  # locked before the sweep sees it
+        self._lock = os.open(staging, os.O_RDONLY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.path = os.path.join(tmp, os.path.basename(staging)[1:])
+        os.rename(staging, self.path)
+
+    @staticmethod
+    def _remove_if_abandoned(path: str) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # removed meanwhile, or not ours to read
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+        except BlockingIOError:  # its supervisor lives
+            pass
+        finally:
+            os.close(fd)
+
+    def dead(self, pid: int) -> None:
+        """Worker ``pid`` ended: its gauges no longer count (its counters still do)."""
+        mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
+
+
 class _Child:
     """A worker's process, and when it may be started again after dying."""
 
@@ -151,6 +206,15 @@ class Supervisor:
         if not wait_for_store(self.cfg, self.stop):
             log.info("weir: stopped before the store answered")
             return 0
+        self.metrics = MetricsDir()
+        try:
+            self._supervise()
+        finally:
+            self.metrics.remove()
+        log.info("weir: stopped")
+        return 1 if self.failed else 0
+
+    def _supervise(self) -> None:
         log.info("weir: instance %d supervising %s", os.getpid(),
                  ", ".join(c.worker.name for c in self.children) or "no worker")  # fmt: skip
         for child in self.children:
@@ -164,14 +228,13 @@ class Supervisor:
                     self._exited(child, status)
             self.stop.wait(POLL)
         self._drain()
-        log.info("weir: stopped")
-        return 1 if self.failed else 0
 
     def _start(self, child: _Child) -> None:
         verbose = ["-v"] if log.isEnabledFor(logging.DEBUG) else []
         child.proc = subprocess.Popen(
             [sys.executable, "-m", "core.cli", *verbose, "run", "--config", self.config,
              "--worker", child.worker.name, "--parent", str(os.getpid())],
+            env={**os.environ, SHARED_DIR: self.metrics.path},
         )  # fmt: skip
         child.started = time.monotonic()
         log.info("weir: worker %s started (pid %d)", child.worker.name, child.proc.pid)
@@ -182,6 +245,7 @@ class Supervisor:
         assert child.proc is not None
         name, pid = child.worker.name, child.proc.pid
         child.proc = None
+        self.metrics.dead(pid)
         if status in FAILED_FOR_GOOD:
             log.error("weir: worker %s (pid %d) %s: failed for good; stopping every worker",
                       name, pid, describe(status))  # fmt: skip

@@ -1,7 +1,8 @@
 """`weir run` as a supervisor of worker processes (core/runtime/supervisor.py), under load: a
 worker SIGKILLed alone is restarted and its leases taken back; the supervisor SIGKILLed takes
 its workers with it; SIGTERM drains every worker and exits 0. NATS subscribers see every
-change once and in per-record order each time.
+change once and in per-record order each time. `/metrics` on the `api` worker serves what
+every worker counted, a worker SIGKILLed and restarted included.
 """
 
 from __future__ import annotations
@@ -12,14 +13,19 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from devkit.embedded import EmbeddedNats
+from devkit.embedded import EmbeddedNats, free_port
 from devkit.procs import alive
+from tests.helpers.api import TOKEN
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
 from tests.integration.test_forwarding_crash import _check, _connectors
+from tests.integration.test_operating import samples
 
 
 def _config(tmp_path: Path, db_url: str, connectors: list[dict[str, Any]]) -> Path:
@@ -104,3 +110,78 @@ def test_the_supervisor_killed_takes_its_workers_and_sigterm_drains_them_all(
     for name, pid in workers.items():
         assert f"weir: worker {name} (pid {pid}) drained" in log
     assert log.count("weir: instance ") == 2
+
+
+def test_metrics_served_by_the_api_worker_count_every_worker_and_survive_a_restart(
+    tmp_path: Path, db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """Capture counts in `sources-0`, delivery in `connectors-0`, `api` serves the sum, with the
+    types of `--single-process`; the counts of a connectors worker SIGKILLed stay in the totals
+    after its restart, its in-flight gauge leaves them, and the run's metric files go with it."""
+    create_load_table(db_url)
+    broker = NatsHarness(nats_server)
+    events = broker.connector("events", "events")
+    broker.prepare(events)
+    port = free_port()
+    cfg = {"sources": [{"name": "app", "kind": "postgres", "url": db_url,
+                        "tables": ["public.load"]}], "connectors": [events],
+           "api": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]}}  # fmt: skip
+    (config := tmp_path / "weir.yaml").write_text(json.dumps(cfg))
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+
+    def write(first: int, n: int) -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO load SELECT i, 0 FROM generate_series(%s::int, %s::int) i",
+                         (first, first + n - 1))  # fmt: skip
+
+    def totals_at(n: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        got: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+        def counted() -> bool:
+            try:
+                got.update(samples(client))
+            except httpx.TransportError:
+                return False
+            return got.get(("weir_connector_delivered_total", conn)) == n
+
+        wait_for(counted, timeout=60, what=f"/metrics to count {n} deliveries")
+        return got
+
+    conn, src = (("connector", "events"),), (("source", "app"),)
+    with client, WeirProcess(config, tmp_path / "weir.log") as weir:
+        wait_for(lambda: len(weir.workers()) == 3, what="three workers")
+        shared = Path(_environ(weir.workers()["api"])["PROMETHEUS_MULTIPROC_DIR"])
+        write(1, 200)
+        got = totals_at(200)
+        assert got[("weir_source_changes_total", src)] == 200
+        assert got[("weir_connector_delivery_latency_seconds_count", conn)] == 200
+        assert 0 < got[("weir_connector_delivery_latency_seconds_sum", conn)] < 200 * 30
+        assert got[("weir_connector_failed_total", conn)] == 0
+        assert got[("weir_connector_retried_total", conn)] == 0
+        assert got[("weir_connector_in_flight", conn)] == 0
+        assert got[("weir_store_up", ())] == 1
+        types = {f.name: f.type for f in text_string_to_metric_families(
+            client.get("/metrics").text)}  # fmt: skip
+        assert types["weir_source_changes"] == types["weir_connector_delivered"] == "counter"
+        assert types["weir_connector_in_flight"] == "gauge"
+        assert types["weir_connector_delivery_latency_seconds"] == "histogram"
+
+        pid = weir.workers()["connectors-0"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: weir.workers().get("connectors-0", pid) != pid, timeout=30,
+                 what="connectors-0 restarted")  # fmt: skip
+        assert not list(shared.glob(f"gauge_livesum_{pid}.db"))  # its in-flight no longer counts
+        write(201, 150)
+        got = totals_at(350)
+        assert got[("weir_source_changes_total", src)] == 350
+        assert got[("weir_connector_delivery_latency_seconds_count", conn)] == 350
+        assert got[("weir_connector_in_flight", conn)] == 0
+        assert len(wait_delivered(broker, events, 350, settle=0.5)) == 350
+        weir.stop()
+    assert not shared.exists()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
