@@ -96,12 +96,18 @@ def main() -> None:
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         samples: list[float] = []
+        pss: list[float] = []
+        peaks: dict[str, float] = {}  # the largest RSS each process had, by its name
         try:
             deadline = time.monotonic() + 900
             next_count = time.monotonic()
             done = [0, 0]
             while time.monotonic() < deadline and weir.poll() is None:
-                samples.append(sum(map(procs.rss_mb, procs.tree(weir.pid))))
+                rss = {procs.name(p): procs.rss_mb(p) for p in procs.tree(weir.pid)}
+                samples.append(sum(rss.values()))
+                pss.append(sum(map(procs.pss_mb, procs.tree(weir.pid))))
+                for who, mb in rss.items():
+                    peaks[who] = max(mb, peaks.get(who, 0.0))
                 if time.monotonic() >= next_count:
                     done = asyncio.run(counts(ns.url))
                     if min(done) >= n:
@@ -128,6 +134,8 @@ def main() -> None:
         "rss_at_end_mb": round(end),
         "rss_p50_mb": round(sorted(samples)[len(samples) // 2]),
         "rss_of": "the process tree (supervisor and workers), VmRSS summed",
+        "peak_rss_mb_by_process": {who: round(mb) for who, mb in sorted(peaks.items())},
+        "peak_pss_mb": round(max(pss)),
         "target_peak_rss_mb": TARGET_MB,
     }
     record(result)

@@ -43,6 +43,17 @@ def rss_mb(pid: int) -> float:
                  if ln.startswith("VmRSS:")), 0.0)  # fmt: skip
 
 
+def pss_mb(pid: int) -> float:
+    """The proportional set of ``pid`` (Pss: its private pages, and its share of pages it
+    shares with other processes, such as the interpreter's libraries), in MB."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return next((int(ln.split()[1]) / 1024 for ln in rollup.splitlines()
+                 if ln.startswith("Pss:")), 0.0)  # fmt: skip
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time ``pid`` has used, in seconds."""
     try:
