@@ -153,10 +153,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                      str(s.records_seq), lsn, lag, s.owner or "-", note))  # fmt: skip
     _table(rows)
     print()
-    # Every connector of the file, also one that never got as far as its first cursor.
+    # Every connector (shard) of the file, also one that never got as far as its first cursor.
     shown = {c.name for c in cursors} | {consumer_key(q) for q in queues}
-    cursors += [stored.CursorStatus(c.name, "-", c.stream, 0, 0, 0.0, 0, None)
-                for c in cfg.connectors if c.name not in shown]  # fmt: skip
+    configured = {shard.key(c.name): c for c, shard in cfg.connector_shards()}
+    cursors += [stored.CursorStatus(key, "-", c.stream, 0, 0, 0.0, 0, None)
+                for key, c in configured.items() if key not in shown]  # fmt: skip
     table = [("CONNECTOR", "STATE", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED",
               "OWNER", "NOTE")]  # fmt: skip
     for c in cursors:
@@ -164,7 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rate = f"{max(moved, 0) / args.interval:.0f}"
         consumer = c.name.startswith(CONSUMER_PREFIX)
         w = works.get(f"connector:{c.name}") if not consumer else None
-        w = w or (idle if any(x.name == c.name for x in cfg.connectors) else None)
+        w = w or (idle if c.name in configured else None)
         table.append((c.name, w.state if w else "-", c.source, c.stream, str(c.lag_messages),
                       f"{c.lag_seconds:.1f}s", rate, str(c.failed), c.owner or "-",
                       w.detail if w else ""))  # fmt: skip

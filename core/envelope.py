@@ -5,6 +5,7 @@ and 5, contract): pure data, built from store rows when a message leaves Weir.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,3 +213,14 @@ class Message:
     payload: bytes
     committed: float = 0.0
     attempts: int = 0
+
+
+def earliest(marks: Sequence[BrokerMark]) -> BrokerMark:
+    """The mark a restart reads back from, given each source's saved mark: per broker stream
+    or partition the lowest position, so that nothing a source sent after its own mark is
+    missed. A stream that one of the marks lacks did not exist when it was taken (a Kafka
+    topic made for a new table): it is left out, so the sink reads it from its start."""
+    if not marks:
+        return {}
+    shared = set(marks[0]).intersection(*marks[1:])
+    return {stream: min(mark[stream] for mark in marks) for stream in shared}

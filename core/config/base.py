@@ -193,6 +193,14 @@ class ConnectorBase(Model):
     retry: RetryPolicy = RetryPolicy()
     max_in_flight: int = Field(8, ge=1, le=256, description="batches awaiting the broker")
     max_pending: int = Field(20_000, ge=10, le=1_000_000, description="messages read ahead")
+    shards: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="units of work the connector is split into, by a stable hash of the group "
+        "key, so that it spreads over worker processes and instances (per-record order holds); "
+        "each reads ahead up to max_pending",
+    )
 
     @model_validator(mode="after")
     def _actions_on_events(self) -> ConnectorBase:

@@ -21,6 +21,7 @@ from pydantic import (
 from core.config.base import ConnectorBase, Duration, Model, TableName, Text
 from core.ids import sync_id_for
 from core.registry import connector_specs
+from core.shards import Shard, split
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -232,8 +233,8 @@ class WorkersConfig(Model):
         1,
         ge=1,
         le=64,
-        description="processes forwarding the connectors; "
-        "connector k of the file runs in process k mod N",
+        description="processes forwarding the connectors; connector shard k of the file "
+        "(their shards in order; one per connector without shards:) runs in process k mod N",
     )
 
 
@@ -284,6 +285,10 @@ class WeirConfig(Model):
         if unknown:
             raise UnknownSourceError(f"no source named {', '.join(unknown)}")
         return [s for s in self.sources if names is None or s.name in names]
+
+    def connector_shards(self) -> list[tuple[Connector, Shard]]:
+        """Every connector's units of work, in the file's order: its shards (core/shards.py)."""
+        return [(c, shard) for c in self.connectors for shard in split(c.shards)]
 
     def source(self, name: str) -> PostgresSource | HttpSource:
         for s in self.sources:

@@ -32,11 +32,12 @@ from core.config.base import ConnectorBase
 from core.config.model import HttpSource, PostgresSource
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
-from core.engine.rules import Groups, Suspects, earliest
+from core.engine.rules import Groups, Suspects
 from core.engine.sink import BatchError, FatalError, Sink
-from core.envelope import BrokerMark, Message, key_prefixes
+from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.metrics import Metrics
 from core.registry import make_sink
+from core.shards import UNSPLIT, Shard
 from core.store import Store
 from core.store.reader import StreamReader
 from core.store.selection import selection
@@ -72,9 +73,11 @@ class Forwarder:
         *,
         open_sink: Callable[[ConnectorBase], Sink] = make_sink,
         open_reader: Callable[[Source], Reader] | None = None,
+        shard: Shard = UNSPLIT,
     ) -> None:
         self.cfg = connector
-        self.name = connector.name
+        self.shard = shard
+        self.name = shard.key(connector.name)  # in logs, metrics and weir status
         self.metrics = metrics or Metrics()
         self.sources = sources
         self.store = store
@@ -92,7 +95,8 @@ class Forwarder:
         assert self.store is not None, "a Forwarder without a store is given open_reader"
         cfg = self.cfg
         where = selection(cfg.collections, cfg.actions, cfg.filters)
-        return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id), src.provider)
+        return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id),
+                            src.provider, self.shard)  # fmt: skip
 
     def set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:

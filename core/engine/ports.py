@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from core.envelope import Message
-from core.store.reader import Cursor
+from core.store.cursors import Cursor
 
 
 class Reader(Protocol):

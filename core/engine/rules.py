@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from core.engine.sink import FatalError
-from core.envelope import BrokerMark, Message
+from core.envelope import Message
 
 STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
 
@@ -87,14 +87,3 @@ class Suspects(dict[str, tuple[int, str]]):
             f"the broker dropped the connection (or never answered) each of the {strikes} "
             f"times this message was sent alone; last: {error}"
         )
-
-
-def earliest(marks: Sequence[BrokerMark]) -> BrokerMark:
-    """The mark a restart reads back from, given each source's saved mark: per broker stream
-    or partition the lowest position, so that nothing a source sent after its own mark is
-    missed. A stream that one of the marks lacks did not exist when it was taken (a Kafka
-    topic made for a new table): it is left out, so the sink reads it from its start."""
-    if not marks:
-        return {}
-    shared = set(marks[0]).intersection(*marks[1:])
-    return {stream: min(mark[stream] for mark in marks) for stream in shared}

@@ -37,6 +37,7 @@ from core.engine.forwarder import Forwarder
 from core.failures import Unreachable, reach_postgres
 from core.metrics import Metrics
 from core.redact import remember, secrets_of
+from core.shards import Shard
 from core.store import Store, open_store
 from core.store.reader import Notifier
 
@@ -165,13 +166,16 @@ def _works(
             works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
             works[f"backfill:{src.name}"] = _BackfillWork(src, store)
     mine = [
-        c for k, c in enumerate(cfg.connectors) if worker is None or worker.runs("connectors", k)
+        (c, shard)
+        for k, (c, shard) in enumerate(cfg.connector_shards())
+        if worker is None or worker.runs("connectors", k)
     ]
     if not mine:
         return works, None
     loop = _ConnectorLoop(store)
-    for c in mine:
-        works[f"connector:{c.name}"] = _ConnectorWork(c, cfg, store, metrics, loop)
+    for c, shard in mine:
+        works[f"connector:{shard.key(c.name)}"] = _ConnectorWork(c, shard, cfg, store, metrics,
+                                                                 loop)  # fmt: skip
     return works, loop
 
 
@@ -334,9 +338,10 @@ class _ConnectorLoop:
 
 
 class _ConnectorWork:
-    def __init__(self, c: Connector, cfg: WeirConfig, store: Store, metrics: Metrics,
-                 loop: _ConnectorLoop) -> None:  # fmt: skip
-        self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics)
+    def __init__(self, c: Connector, shard: Shard, cfg: WeirConfig, store: Store,
+                 metrics: Metrics, loop: _ConnectorLoop) -> None:  # fmt: skip
+        self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics,
+                                   shard=shard)  # fmt: skip
         self.loop = loop
         self._halt = asyncio.Event()  # binds to the loop when first awaited
         self._run: concurrent.futures.Future[None] | None = None

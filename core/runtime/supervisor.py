@@ -9,8 +9,9 @@ the supervisor         waits for the store, starts the workers, restarts one tha
 ``sources-<i>``         the capture and the backfills of postgres source k of the file, for
                        every k with k mod ``workers.sources`` = i (default 1 process); the
                        retention and slot-lag jobs run in the first worker of the list
-``connectors-<i>``     connector k of the file, for every k with k mod ``workers.connectors``
-                       = i (default 1 process), all on one asyncio loop
+``connectors-<i>``     connector shard k of the file (its connectors' shards in order, one
+                       per connector without ``shards:``), for every k with k mod
+                       ``workers.connectors`` = i (default 1 process), on one asyncio loop
 ``api``                the HTTP API, when ``api:`` is given
 =====================  ======================================================================
 
@@ -84,7 +85,7 @@ def plan(cfg: WeirConfig) -> list[Worker]:
         "sources": min(
             cfg.workers.sources, sum(isinstance(s, PostgresSource) for s in cfg.sources)
         ),
-        "connectors": min(cfg.workers.connectors, len(cfg.connectors)),
+        "connectors": min(cfg.workers.connectors, len(cfg.connector_shards())),
         "api": 0 if cfg.api is None else 1,
     }
     roles = [(role, i, n) for role, n in counts.items() for i in range(n)]

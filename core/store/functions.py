@@ -11,6 +11,15 @@ from __future__ import annotations
 
 # Each function is SQL with {s} standing for the quoted schema name.
 FUNCTIONS: dict[str, str] = {
+    # The shard of a record of a connector split into p_shards (core/shards.py says why, and
+    # computes the same in Python): the first 32 bits of the MD5 of collection/record_id.
+    "shard_of": """
+CREATE OR REPLACE FUNCTION {s}.shard_of(p_collection text, p_record text, p_shards integer)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (('x' || left(md5(p_collection || '/' || coalesce(p_record, '')), 8))::bit(32)::bigint
+            % p_shards)::integer
+$$;
+""",
     # One receive of the Consume API (core/store/consumers.py, DESIGN.md section 8): picks up
     # to p_n deliverable rows of a consumer's queue and makes them invisible for p_wait_ms.
     # Deliverable: the lowest row of its group, visible, and new ones only while fewer than

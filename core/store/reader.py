@@ -13,13 +13,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg import sql
 
 from core.config.base import SeqStart, TimeStart
 from core.envelope import (
-    BrokerMark,
     Message,
     collection_prefix,
     event_key,
@@ -28,8 +26,10 @@ from core.envelope import (
     record_payload,
     record_token,
 )
+from core.shards import UNSPLIT, Resplit, Shard
 from core.store import SESSION, AConn, Store
 from core.store import failed as failed_list
+from core.store.cursors import Cursor, Cursors
 from core.store.writer import NOTIFY_CHANNEL
 
 ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
@@ -47,22 +47,6 @@ RECORDS_SELECT = (  # a long record id is kept whole beside its key (record_toke
 )
 
 
-class Cursor:
-    """Where a connector is in one source's stream: every message up to ``seq`` is delivered
-    (or failed, or filtered out). ``state`` is what the broker held then (see core/engine/sink.py).
-    """
-
-    def __init__(self, seq: int, state: dict[str, Any] | None, new: bool = False) -> None:
-        self.seq = seq
-        self.state = state or {}
-        self.new = new  # made now, from the connector's start_position
-
-    @property
-    def mark(self) -> BrokerMark | None:
-        mark = self.state.get("mark")
-        return None if mark is None else {str(k): int(v) for k, v in mark.items()}
-
-
 class StreamReader:
     """One connector's view of one source's stream (records or events)."""
 
@@ -74,21 +58,22 @@ class StreamReader:
         where: tuple[sql.Composable, list[Any]],
         sync_id: str,
         provider: str,
+        shard: Shard = UNSPLIT,
     ) -> None:
-        """``name`` keys the cursor and failed list; ``where`` is a :func:`selection`."""
+        """``name`` keys the failed list, and with ``shard`` the cursor; ``where`` is a
+        :func:`selection`."""
         self.store = store
         self.connector = name
         self.stream = stream
         self.sync_id = sync_id
         self.provider = provider
+        self.shard = shard
+        self.cursors = Cursors(store, name, shard, sync_id, stream)
+        self.resplits: list[Resplit] = []
         self._prefixes: dict[str, str] = {}
         self._conn: AConn | None = None
-        where_sql, self._where_params = where
-        select = EVENTS_SELECT if self.stream == "events" else RECORDS_SELECT
-        self._fetch = sql.SQL(
-            select + " WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} "
-            "ORDER BY seq LIMIT %s"
-        ).format(table=store.table(self.stream), where=where_sql)
+        self._where = where
+        self._fetch, self._fetch_params = self._select()
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
         )
@@ -120,24 +105,34 @@ class StreamReader:
             raise RuntimeError(f"source {self.sync_id} is not registered in the store")
         return int(row[0])
 
+    def _select(self) -> tuple[sql.Composed, list[Any]]:
+        """The query of :meth:`fetch` and its parameters after ``sync_id, after, upto``: the
+        connector's selection, its shard's records only, and none that an earlier split of the
+        connector delivered (:attr:`resplits`)."""
+        where, params = self._where
+        parts, params = [where], list(params)
+        shard_of = sql.SQL("{}.shard_of(collection_id, record_id, %s)").format(
+            sql.Identifier(self.store.schema)
+        )
+        if self.shard.of > 1:
+            parts.append(sql.SQL("{} = %s").format(shard_of))
+            params += [self.shard.of, self.shard.index]
+        for r in self.resplits:
+            parts.append(sql.SQL("seq > (%s::bigint[])[{} + 1]").format(shard_of))
+            params += [list(r.seqs), r.shards]
+        select = EVENTS_SELECT if self.stream == "events" else RECORDS_SELECT
+        query = sql.SQL(
+            select + " WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} "
+            "ORDER BY seq LIMIT %s"
+        ).format(table=self.store.table(self.stream), where=sql.SQL(" AND ").join(parts))
+        return query, params
+
     async def cursor(self, start: Any) -> Cursor:
         """The saved cursor; on the connector's first start, one made from ``start``."""
-        table = self.store.table("cursors")
-        q = sql.SQL("SELECT seq, broker_state FROM {} WHERE connector = %s AND sync_id = %s")
-        row = await (
-            await self.conn.execute(q.format(table), (self.connector, self.sync_id))
-        ).fetchone()
-        if row is not None:
-            return Cursor(int(row[0]), row[1])
-        seq = await self._start_seq(start)
-        await self.conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (connector, sync_id, stream, seq) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT DO NOTHING"
-            ).format(table),
-            (self.connector, self.sync_id, self.stream, seq),
-        )
-        return Cursor(seq, None, new=True)
+        cursor = await self.cursors.load(self.conn, lambda: self._start_seq(start))
+        self.resplits = cursor.resplits
+        self._fetch, self._fetch_params = self._select()
+        return cursor
 
     async def _start_seq(self, start: Any) -> int:
         if start == "beginning":
@@ -158,13 +153,14 @@ class StreamReader:
         return int(row[0]) - 1
 
     async def save(self, seq: int, state: dict[str, Any]) -> None:
-        await self.conn.execute(
-            sql.SQL(
-                "UPDATE {} SET seq = %s, broker_state = %s, updated_at = now() "
-                "WHERE connector = %s AND sync_id = %s"
-            ).format(self.store.table("cursors")),
-            (seq, orjson.dumps(state).decode(), self.connector, self.sync_id),
-        )
+        if self.resplits:  # kept until the cursor has passed what the earlier splits sent
+            left = [r for r in self.resplits if seq < max(r.seqs)]
+            if left != self.resplits:
+                self.resplits = left
+                self._fetch, self._fetch_params = self._select()
+            if left:
+                state = {**state, "resplits": [r.as_json() for r in left]}
+        await self.cursors.save(self.conn, seq, state)
 
     async def fail(self, msg: Message, error: str) -> None:
         """Put a message on the connector's failed list with the broker's last error."""
@@ -173,7 +169,7 @@ class StreamReader:
 
     async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
         """Messages with ``after < seq <= upto`` that the connector selects, in seq order."""
-        params = (self.sync_id, after, upto, *self._where_params, limit)
+        params = (self.sync_id, after, upto, *self._fetch_params, limit)
         cur = await self.conn.execute(self._fetch, params, binary=False)
         rows = await cur.fetchall()
         build = self.event if self.stream == "events" else self.record

@@ -106,7 +106,8 @@ SELECT c.connector, s.name, c.stream, c.seq,
            (SELECT extract(epoch FROM now() - r.updated_at) FROM {records} r
             WHERE r.sync_id = c.sync_id AND r.seq > c.seq ORDER BY r.seq LIMIT 1)
          END, 0)::float8,
-       (SELECT count(*) FROM {failed} f WHERE f.connector = c.connector AND f.sync_id = c.sync_id),
+       (SELECT count(*) FROM {failed} f  -- a connector's, shown beside each of its shards
+        WHERE f.connector = split_part(c.connector, '#', 1) AND f.sync_id = c.sync_id),
        """
     + OWNER
     + """

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from core.config.base import SeqStart
 from core.config.model import HttpSource
 from core.envelope import Message, event_key, group_key, record_key
-from core.store.reader import Cursor
+from core.store.cursors import Cursor
 
 
 class Failed(NamedTuple):

@@ -6,9 +6,9 @@ they merge, and the charge of a message that keeps dropping the connection.
 from __future__ import annotations
 
 from core.engine.lane import MAX_MARKS, Lane
-from core.engine.rules import STRIKES, Groups, Suspects, earliest
+from core.engine.rules import STRIKES, Groups, Suspects
 from core.engine.sink import FatalError
-from core.envelope import Message
+from core.envelope import Message, earliest
 from tests.helpers.fake_sink import FakeBroker
 from tests.helpers.fake_store import FakeReader, FakeStore
 

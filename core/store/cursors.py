@@ -1,0 +1,148 @@
+"""Connector cursors: where a connector, or each of its shards (core/shards.py), is in a source's
+stream, and where the broker was then (DESIGN.md sections 7 and 13).
+
+The cursors of a connector's shards are made together, by the first shard that starts, so that
+all of them start where ``start_position`` said at that one moment. When the connector's number
+of shards changes, the first shard of the new split to start re-splits it, in one transaction
+and only while no shard of the old split runs anywhere (their leases are free; else
+:class:`Resplitting`, tried again by the engine): every new shard starts at the lowest of the old
+cursors, skips what its old shard had delivered (:class:`Resplit`, kept in the cursor's state
+until it has passed the highest), and reads back from the earliest of the old broker marks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from psycopg import sql
+
+from core.envelope import BrokerMark, earliest
+from core.shards import Resplit, Shard, shard_named, split
+from core.store import AConn, Store
+
+log = logging.getLogger("weir.engine")
+
+
+class Resplitting(Exception):
+    """The connector's shards cannot be re-split now: a shard of its old split still runs."""
+
+
+class CursorGone(Exception):
+    """A shard's cursor was deleted under it: another instance re-split the connector."""
+
+
+class Cursor:
+    """Where a connector's shard is in one source's stream: every message of the shard up to
+    ``seq`` is delivered (or failed, or filtered out). ``state`` is what the broker held then
+    (see core/engine/sink.py), and what earlier splits of the connector had delivered."""
+
+    def __init__(self, seq: int, state: dict[str, Any] | None, new: bool = False) -> None:
+        self.seq = seq
+        self.state = state or {}
+        self.new = new  # made now, from the connector's start_position
+
+    @property
+    def mark(self) -> BrokerMark | None:
+        mark = self.state.get("mark")
+        return None if mark is None else {str(k): int(v) for k, v in mark.items()}
+
+    @property
+    def resplits(self) -> list[Resplit]:
+        return [Resplit.from_json(r) for r in self.state.get("resplits", ())]
+
+
+class Cursors:
+    """The cursors of one connector's shard in one source's stream."""
+
+    def __init__(self, store: Store, connector: str, shard: Shard, sync_id: str, stream: str):
+        self.store, self.connector, self.shard = store, connector, shard
+        self.sync_id, self.stream = sync_id, stream
+        self.key = shard.key(connector)
+        self.table = store.table("cursors")
+
+    async def load(self, conn: AConn, first_seq: Callable[[], Awaitable[int]]) -> Cursor:
+        """The shard's saved cursor; else those of every shard of the split, made from
+        ``first_seq()`` on the connector's first start or from the old split's (a re-split)."""
+        async with conn.transaction():
+            lock = f"weir:cursors:{self.connector}:{self.sync_id}"
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+            rows = await (
+                await conn.execute(
+                    sql.SQL(
+                        "SELECT connector, seq, broker_state FROM {} WHERE sync_id = %s"
+                        " AND (connector = %s OR left(connector, %s) = %s)"
+                    ).format(self.table),
+                    (self.sync_id, self.connector, len(self.connector) + 1, self.connector + "#"),
+                )
+            ).fetchall()
+            saved = {shard_named(k, self.connector): Cursor(int(s), st) for k, s, st in rows}
+            if self.shard in saved:
+                return saved[self.shard]
+            old = {s: c for s, c in saved.items() if s is not None}
+            if not old:
+                seq = await first_seq()
+                await self._make(conn, seq, {})
+                return Cursor(seq, None, new=True)
+            return await self._resplit(conn, old)
+
+    async def _resplit(self, conn: AConn, old: dict[Shard, Cursor]) -> Cursor:
+        of = {s.of for s in old}
+        was = max(of)
+        if len(of) > 1 or len(old) != was:
+            raise RuntimeError(f"connector {self.connector}: the store holds an incomplete split "
+                               f"({', '.join(s.key(self.connector) for s in old)})")  # fmt: skip
+        busy = []
+        for s in split(was):  # held by their leases' owners for as long as they run
+            lease = f"weir:lease:connector:{s.key(self.connector)}"
+            try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
+            row = await (await conn.execute(try_lock, (lease,))).fetchone()
+            if not row or not row[0]:
+                busy.append(str(s))
+        if busy:
+            raise Resplitting(
+                f"connector {self.connector}: cannot split into {self.shard.of} shards while "
+                f"{', '.join(busy)} of its {was} shards still run (a weir run with the old "
+                "config?); waiting for them to stop"
+            )
+        seqs = tuple(old[s].seq for s in split(was))
+        marks = [m for c in old.values() if (m := c.mark) is not None]
+        state: dict[str, Any] = {"mark": earliest(marks)} if marks else {}
+        resplits = {r.shards: r for c in old.values() for r in c.resplits}
+        if len(set(seqs)) > 1:
+            resplits[was] = Resplit(was, seqs)
+        if resplits:
+            state["resplits"] = [r.as_json() for r in resplits.values()]
+        await conn.execute(
+            sql.SQL("DELETE FROM {} WHERE sync_id = %s AND connector = ANY(%s)").format(self.table),
+            (self.sync_id, [s.key(self.connector) for s in old]),
+        )
+        await self._make(conn, min(seqs), state)
+        log.info("connector %s: split into %d shards (it had %d) from seq %d of source %s",
+                 self.connector, self.shard.of, was, min(seqs), self.sync_id)  # fmt: skip
+        return Cursor(min(seqs), state)
+
+    async def _make(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:
+        saved = orjson.dumps(state).decode() if state else None
+        rows = [(s.key(self.connector), self.sync_id, self.stream, seq, saved)
+                for s in split(self.shard.of)]  # fmt: skip
+        insert = sql.SQL(
+            "INSERT INTO {} (connector, sync_id, stream, seq, broker_state)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(self.table)
+        await conn.cursor().executemany(insert, rows)
+
+    async def save(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:
+        """Move the cursor; CursorGone when another instance re-split the connector."""
+        cur = await conn.execute(
+            sql.SQL(
+                "UPDATE {} SET seq = %s, broker_state = %s, updated_at = now() "
+                "WHERE connector = %s AND sync_id = %s"
+            ).format(self.table),
+            (seq, orjson.dumps(state).decode(), self.key, self.sync_id),
+        )
+        if cur.rowcount != 1:
+            raise CursorGone(f"connector {self.key}: its cursor of source {self.sync_id} is "
+                             "gone (another weir run split the connector anew?)")  # fmt: skip
