@@ -6,6 +6,13 @@ that connection does: when an instance dies (SIGKILL included), another takes it
 at its next poll. An instance that loses its lease connection stops all its work at once and
 competes again once it is back. Owners are also written, with a heartbeat, to the ``owners``
 table for ``weir status``.
+
+Instances share the works out: one that holds its share (its works divided by the live
+instances of its group, rounded up) leaves a free work to the others, and one that holds more
+gives one up every ``REBALANCE`` seconds, so that a new instance gets its share. A work that
+nobody else took for ``ORPHAN_POLLS`` polls is taken whatever the share (an instance whose
+config lacks it, a peer at its share), and kept. When an instance dies, its peers' share grows
+at once: the takeover is not delayed.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 
 import psycopg
@@ -24,13 +32,23 @@ from core.store.leases import Owners
 
 log = logging.getLogger("weir.leases")
 
+REBALANCE = 10.0  # seconds between two works given up by an instance over its share
+ORPHAN_POLLS = 3  # polls a free work is left to the others before it is taken regardless
+
 
 class Leases:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, works: int, group: str = "all") -> None:
+        """Leases on ``works`` works, shared out with the other instances of ``group``."""
         self.store = store
-        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.works = works
+        self.instance = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._conn: Conn | None = None  # holds the leases: they end with it
-        self._owners = Owners(store, self.instance)
+        self._owners = Owners(store, self.instance, group)
+        self.held: list[str] = []  # in the order taken
+        self._orphans: set[str] = set()  # taken past the share: kept
+        self._left: dict[str, int] = {}  # polls each free work was left to the others
+        self._share = works
+        self._rebalanced = time.monotonic()
 
     def alive(self) -> bool:
         """The lease connection is up (connecting when needed), and the heartbeat written.
@@ -40,6 +58,7 @@ class Leases:
             if self._conn is None or self._conn.closed:
                 self._conn = self._owners.connect()
             self._owners.heartbeat(self._conn)
+            self._share = -(-self.works // self._owners.peers(self._conn))
             return True
         except psycopg.Error as e:
             if self._conn is not None:  # it was up: every lease went with it
@@ -49,12 +68,42 @@ class Leases:
             return False
 
     def take(self, work: str) -> bool:
-        """Own ``work`` if no other instance does."""
+        """Own ``work`` if no other instance does, and this one is below its share (or nobody
+        else took it for a while)."""
         assert self._conn is not None, "take() before alive()"
+        if work in self.held:  # ours already (a work started again)
+            return True
+        orphan = False
+        if len(self.held) - len(self._orphans) >= self._share:
+            self._left[work] = self._left.get(work, 0) + 1
+            if self._left[work] <= ORPHAN_POLLS:
+                return False
+            orphan = True
         if not self._owners.take(self._conn, work):
             return False
+        self._left.pop(work, None)
+        self.held.append(work)
+        if orphan:
+            self._orphans.add(work)
         log.info("leases: %s is %s's now", work, self.instance)
         return True
+
+    def surplus(self) -> str | None:
+        """A work to give up, so that a peer gets its share (at most one per ``REBALANCE``)."""
+        now = time.monotonic()
+        if now - self._rebalanced < REBALANCE:
+            return None
+        self._rebalanced = now
+        shared = [w for w in self.held if w not in self._orphans]
+        return shared[-1] if len(shared) > self._share else None
+
+    def give_up(self, work: str) -> None:
+        """End the lease on ``work`` (stopped by the caller) for another instance to take."""
+        self.held.remove(work)
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._owners.give_up(self._conn, work)
+        log.info("leases: %s given up for another instance to take", work)
 
     def report(self, work: str, state: str, detail: str) -> None:
         """What ``weir status`` shows of ``work``: its state and why (a reason, an error),
@@ -67,6 +116,8 @@ class Leases:
     def close(self) -> None:
         """Give up every lease; on a clean stop, no longer shown as owner (work that failed
         stays, so that weir status says why)."""
+        self.held.clear()
+        self._orphans.clear()
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._owners.release(self._conn)

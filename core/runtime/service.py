@@ -106,7 +106,7 @@ def serve(
             log.error("api: cannot start: %s", e)
             return 1
     works, loop = _works(cfg, store, metrics, worker)
-    leases = Leases(store)
+    leases = Leases(store, len(works), "all" if worker is None else worker.name)
     scheduler = jobs.start(cfg, store) if worker is None or worker.jobs else None
     tune_gc()
     if worker is None:
@@ -137,6 +137,11 @@ def serve(
                     if (w.running or w.error is not None) and reported.get(name) != w.status():
                         reported[name] = w.status()
                         leases.report(name, *reported[name])
+                if (surplus := leases.surplus()) is not None:  # a peer gets its share
+                    works[surplus].stop()
+                    works[surplus].join(grace)
+                    leases.give_up(surplus)
+                    reported.pop(surplus, None)
             stop.wait(LEASE_POLL)
     finally:
         for w in works.values():

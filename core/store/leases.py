@@ -17,9 +17,12 @@ from core.store import SESSION, Conn, Store
 class Owners:
     """The leases of one instance (``instance`` names it in the owners table)."""
 
-    def __init__(self, store: Store, instance: str) -> None:
+    def __init__(self, store: Store, instance: str, group: str = "all") -> None:
+        """``group`` names the works the instance competes for (a worker's role and index,
+        or ``all``): instances of one group share them out."""
         self.store = store
         self.instance = instance
+        self.prefix = f"weir-leases:{group}:"
         t = store.table("owners")
         self._heartbeat = sql.SQL("UPDATE {} SET heartbeat = now() WHERE instance = %s").format(t)
         self._claim = sql.SQL(
@@ -33,17 +36,27 @@ class Owners:
         self._release = sql.SQL(
             "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
         ).format(t)
+        self._give_up = sql.SQL("DELETE FROM {} WHERE work = %s AND instance = %s").format(t)
 
     def connect(self) -> Conn:
         """A lease connection: the leases taken on it end with it."""
         return psycopg.connect(
             self.store.url, autocommit=True, connect_timeout=5, options=SESSION,
-            application_name=f"weir-leases:{self.instance}"[:63],
+            application_name=(self.prefix + self.instance)[:63],
         )  # fmt: skip
 
     def heartbeat(self, conn: Conn) -> None:
         """Mark the instance's works as owned now (every second)."""
         conn.execute(self._heartbeat, (self.instance,))
+
+    def peers(self, conn: Conn) -> int:
+        """How many instances of the group are alive (their lease connections), this one too."""
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND left(application_name, %s) = %s",
+            (len(self.prefix), self.prefix),
+        ).fetchone()
+        return max(1, int(row[0]) if row else 1)  # type: ignore[call-overload]
 
     def take(self, conn: Conn, work: str) -> bool:
         """Lock ``work`` on ``conn`` and record the instance as its owner, unless another
@@ -59,6 +72,11 @@ class Owners:
     def report(self, conn: Conn, work: str, state: str, detail: str) -> None:
         """Record ``work``'s state and why, while the instance owns it."""
         conn.execute(self._report, (state, detail, work, self.instance))
+
+    def give_up(self, conn: Conn, work: str) -> None:
+        """Let another instance have ``work`` (its lease ends; it is no longer shown as ours)."""
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"weir:lease:{work}",))
+        conn.execute(self._give_up, (work, self.instance))
 
     def release(self, conn: Conn) -> None:
         """No longer show the instance as owner, but of work that failed (it says why)."""
