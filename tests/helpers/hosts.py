@@ -109,8 +109,8 @@ class Hosts:
     def __enter__(self) -> Hosts:
         if os.geteuid() != 0:
             raise HostsError(
-                "test hosts need root: network namespaces and veths need CAP_NET_ADMIN "
-                "(run the tests as root)"
+                "test hosts need root: network namespaces and veths need CAP_NET_ADMIN in this "
+                "namespace (run the tests as root)"
             )
         remove_leftovers()
         try:
