@@ -44,14 +44,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _child_setup(uid: int | None, gid: int | None) -> Callable[[], None]:
-    """preexec_fn: drop root if asked, then ask the kernel to kill the child with its parent.
+Enter = Callable[[], None]  # run in a server's child before it drops root (join a netns, say)
+
+
+def _child_setup(uid: int | None, gid: int | None, enter: Enter | None = None) -> Enter:
+    """preexec_fn: ``enter`` if given, drop root if asked, then ask the kernel to kill the
+    child with its parent.
 
     The death signal is set after the uid change because changing credentials clears it.
     """
 
     def setup() -> None:
         os.setsid()
+        if enter is not None:
+            enter()
         if gid is not None:
             os.setgroups([])
             os.setgid(gid)
@@ -136,7 +142,9 @@ class EmbeddedPostgres:
     """A PostgreSQL cluster with ``wal_level=logical`` in a temp dir, listening on loopback.
 
     ``durable=False`` (the default) turns off fsync, which only matters if the machine itself
-    crashes: killing Weir or the server process loses nothing committed.
+    crashes: killing Weir or the server process loses nothing committed. ``host`` and ``enter``
+    put it elsewhere: it listens on ``host``, in the network namespace ``enter`` joins (a test
+    host, tests/helpers/hosts.py).
     """
 
     def __init__(
@@ -145,8 +153,12 @@ class EmbeddedPostgres:
         durable: bool = False,
         port: int | None = None,
         settings: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        enter: Enter | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.host = host
+        self.enter = enter
         self.durable = durable
         self.settings = settings or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -166,7 +178,7 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
     def start(self) -> EmbeddedPostgres:
         if not (self.data / "PG_VERSION").exists():
@@ -183,8 +195,11 @@ class EmbeddedPostgres:
                     "--locale=C",
                 ]
             )
+            if self.host != "127.0.0.1":  # initdb trusts loopback only: also the host's subnet
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write("host all all samenet trust\n")
         settings = {
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": self.host,
             "port": str(self.port),
             "unix_socket_directories": str(self.dir),
             "wal_level": "logical",
@@ -205,15 +220,15 @@ class EmbeddedPostgres:
                 args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_child_setup(self._uid, self._gid),
+                preexec_fn=_child_setup(self._uid, self._gid, self.enter),
             )
         self._wait_ready()
         return self
 
     def _run(self, args: list[str]) -> None:
         with open(self.logfile, "ab") as log:
-            rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT,
-                                 preexec_fn=_child_setup(self._uid, self._gid))  # fmt: skip
+            setup = _child_setup(self._uid, self._gid, self.enter)
+            rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=setup)
         if rc != 0:
             raise ServerStartError(f"{args[0]} exited {rc}:\n{_log_tail(self.logfile)}")
 
@@ -276,12 +291,17 @@ class _Server:
     """A server binary in a process of its own, on a loopback port, logging to a temp dir.
 
     ``stop()`` then ``start()`` restarts it on the same port (and with the same data dir).
+    ``host`` and ``enter``: as EmbeddedPostgres's.
     """
 
     name = "server"
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, *, host: str = "127.0.0.1", enter: Enter | None = None
+    ) -> None:
         self.port = port or free_port()
+        self.host = host
+        self.enter = enter
         self.dir = Path(tempfile.mkdtemp(prefix=f"weir-{self.name}-"))
         self.logfile = self.dir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -297,7 +317,7 @@ class _Server:
         with open(self.logfile, "ab") as log:
             self.proc = subprocess.Popen(  # in the checkout: `-m devkit...` finds devkit there
                 self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=CHECKOUT,
-                preexec_fn=_child_setup(None, None),
+                preexec_fn=_child_setup(None, None, self.enter),
             )  # fmt: skip
         deadline = time.monotonic() + 30
         while True:
@@ -307,7 +327,7 @@ class _Server:
                 )
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock,
+                socket.create_connection((self.host, self.port), timeout=1) as sock,
             ):
                 if self.ready(sock):
                     return self
@@ -342,16 +362,23 @@ class EmbeddedNats(_Server):
 
     name = "nats"
 
-    def __init__(self, *, port: int | None = None, args: list[str] | None = None) -> None:
-        super().__init__(port)
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        args: list[str] | None = None,
+        host: str = "127.0.0.1",
+        enter: Enter | None = None,
+    ) -> None:
+        super().__init__(port, host=host, enter=enter)
         self.extra_args = args or []  # e.g. ["--user", "u", "--pass", "p"]
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def args(self) -> list[str]:
-        return [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+        return [str(nats_server_binary()), "-a", self.host, "-p", str(self.port), "-js",
                 "-sd", str(self.dir / "store"), *self.extra_args]  # fmt: skip
 
     def ready(self, sock: socket.socket) -> bool:

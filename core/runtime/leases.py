@@ -9,10 +9,10 @@ table for ``weir status``.
 
 Instances share the works out: one that holds its share (its works divided by the live
 instances of its group, rounded up) leaves a free work to the others, and one that holds more
-gives one up every ``REBALANCE`` seconds, so that a new instance gets its share. A work that
-nobody else took for ``ORPHAN_POLLS`` polls is taken whatever the share (an instance whose
-config lacks it, a peer at its share), and kept. When an instance dies, its peers' share grows
-at once: the takeover is not delayed.
+gives those past it up (at most every ``REBALANCE`` seconds), so that a new instance gets its
+share. A work that nobody else took for ``ORPHAN_POLLS`` polls is taken whatever the share (an
+instance whose config lacks it, a peer at its share), and kept. When an instance dies, its
+peers' share grows at once: the takeover is not delayed.
 """
 
 from __future__ import annotations
@@ -88,14 +88,15 @@ class Leases:
         log.info("leases: %s is %s's now", work, self.instance)
         return True
 
-    def surplus(self) -> str | None:
-        """A work to give up, so that a peer gets its share (at most one per ``REBALANCE``)."""
+    def surplus(self) -> list[str]:
+        """The works to give up so that the peers get their share: those past it, the last
+        taken first, at most every ``REBALANCE`` seconds."""
         now = time.monotonic()
         if now - self._rebalanced < REBALANCE:
-            return None
+            return []
         self._rebalanced = now
         shared = [w for w in self.held if w not in self._orphans]
-        return shared[-1] if len(shared) > self._share else None
+        return shared[self._share :]
 
     def give_up(self, work: str) -> None:
         """End the lease on ``work`` (stopped by the caller) for another instance to take."""

@@ -137,11 +137,13 @@ def serve(
                     if (w.running or w.error is not None) and reported.get(name) != w.status():
                         reported[name] = w.status()
                         leases.report(name, *reported[name])
-                if (surplus := leases.surplus()) is not None:  # a peer gets its share
-                    works[surplus].stop()
-                    works[surplus].join(grace)
-                    leases.give_up(surplus)
-                    reported.pop(surplus, None)
+                surplus = leases.surplus()  # for the peers to take their share
+                for name in surplus:
+                    works[name].stop()
+                for name in surplus:
+                    works[name].join(grace)
+                    leases.give_up(name)
+                    reported.pop(name, None)
             stop.wait(LEASE_POLL)
     finally:
         for w in works.values():

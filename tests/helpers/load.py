@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +20,7 @@ from typing import Any
 import psycopg
 
 from devkit import procs
+from tests.helpers.brokers import Delivered, Harness
 from tests.helpers.capture import wait_for
 
 Op = tuple[str, str, Any]  # (action, record_id, v)
@@ -145,3 +147,50 @@ class WeirProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def check_delivered(
+    db_url: str, events: list[Delivered], records: list[Delivered], expected: list[Any]
+) -> None:
+    """What a connector pair delivered of the load (``expected``, in commit order): every change
+    once in the events, each record's messages in order in both streams, and the last record
+    message of each record is the table's row.
+    """
+    assert len({d.key for d in events}) == len(events), "a message reached the broker twice"
+    assert sorted(d.seq for d in events) == list(range(1, len(expected) + 1))
+    by_seq = sorted(events, key=lambda d: d.seq)
+    got = [(d.payload["action"], d.payload["metadata"]["record_id"],
+            d.payload["record"].get("v")) for d in by_seq]  # fmt: skip
+    assert got == expected
+    for stream in (events, records):
+        groups: dict[Any, list[int]] = defaultdict(list)
+        for d in stream:
+            groups[d.group].append(d.seq)
+        assert all(s == sorted(s) for s in groups.values()), "a record's messages out of order"
+    with psycopg.connect(db_url) as conn:
+        table = {r[0]: r[1] for r in conn.execute("SELECT id, v FROM load")}
+    latest = {}
+    for d in records:
+        latest[int(d.payload["record"]["id"])] = (d.payload["metadata"]["deleted"], d.payload)
+    live = {k: p["record"]["v"] for k, (deleted, p) in latest.items() if not deleted}
+    assert live == table
+
+
+def first_seen(got: list[Delivered]) -> list[Delivered]:
+    """Each message as a receiver that drops repeated idempotency keys keeps it."""
+    seen: set[str] = set()
+    out = []
+    for d in got:
+        if d.key not in seen:
+            seen.add(d.key)
+            out.append(d)
+    return out
+
+
+def crash_connectors(broker: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An events and a records connector whose broker cannot hide a resend."""
+    events = broker.connector("events", "events", batch={"max_messages": 100})
+    records = broker.connector("records", "records", batch={"max_messages": 100})
+    broker.prepare(events, dedupe=False)  # NATS: a 100 ms window; only the read-back can save us
+    broker.prepare(records, dedupe=False)
+    return events, records

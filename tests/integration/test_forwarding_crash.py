@@ -7,62 +7,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
 from devkit.embedded import EmbeddedNats
-from tests.helpers.brokers import Delivered, Harness, NatsHarness, wait_delivered
+from tests.helpers.brokers import Harness, NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
+from tests.helpers.load import (
+    WeirProcess,
+    check_delivered,
+    crash_connectors,
+    create_load_table,
+    first_seen,
+    load_with_interruptions,
+)
 from tests.helpers.weir import serving, weir_config
-
-
-def _check(
-    db_url: str, events: list[Delivered], records: list[Delivered], expected: list[Any]
-) -> None:
-    """Every change once, in per-record order; the last record message of each record is the
-    table's row.
-    """
-    assert len({d.key for d in events}) == len(events), "a message reached the broker twice"
-    assert sorted(d.seq for d in events) == list(range(1, len(expected) + 1))
-    by_seq = sorted(events, key=lambda d: d.seq)
-    got = [(d.payload["action"], d.payload["metadata"]["record_id"],
-            d.payload["record"].get("v")) for d in by_seq]  # fmt: skip
-    assert got == expected
-    for stream in (events, records):
-        groups: dict[Any, list[int]] = defaultdict(list)
-        for d in stream:
-            groups[d.group].append(d.seq)
-        assert all(s == sorted(s) for s in groups.values()), "a record's messages out of order"
-    with psycopg.connect(db_url) as conn:
-        table = {r[0]: r[1] for r in conn.execute("SELECT id, v FROM load")}
-    latest = {}
-    for d in records:
-        latest[int(d.payload["record"]["id"])] = (d.payload["metadata"]["deleted"], d.payload)
-    live = {k: p["record"]["v"] for k, (deleted, p) in latest.items() if not deleted}
-    assert live == table
-
-
-def first_seen(got: list[Delivered]) -> list[Delivered]:
-    seen: set[str] = set()
-    out = []
-    for d in got:
-        if d.key not in seen:
-            seen.add(d.key)
-            out.append(d)
-    return out
-
-
-def _connectors(broker: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
-    events = broker.connector("events", "events", batch={"max_messages": 100})
-    records = broker.connector("records", "records", batch={"max_messages": 100})
-    broker.prepare(events, dedupe=False)  # NATS: a 100 ms window; only the read-back can save us
-    broker.prepare(records, dedupe=False)
-    return events, records
 
 
 @pytest.mark.slow
@@ -70,7 +30,7 @@ def test_sigkill_under_load_consumers_see_every_change_once_in_order(
     tmp_path: Path, db_url: str, broker: Harness
 ) -> None:
     create_load_table(db_url)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     cfg = {"sources": [{"name": "app", "kind": "postgres", "url": db_url,
                         "tables": ["public.load"]}], "connectors": [events, records]}  # fmt: skip
     config = tmp_path / "weir.yaml"
@@ -86,7 +46,7 @@ def test_sigkill_under_load_consumers_see_every_change_once_in_order(
     got_events, got_records = broker.consume(events), broker.consume(records)
     if broker.replays:  # webhooks: what a receiver that drops repeated idempotency keys keeps
         got_events, got_records = first_seen(got_events), first_seen(got_records)
-    _check(db_url, got_events, got_records, expected)
+    check_delivered(db_url, got_events, got_records, expected)
     assert weir.log_text().count("weir: instance ") == 3  # killed twice while streaming
 
 
@@ -100,7 +60,7 @@ def test_a_second_instance_takes_over_when_the_owner_is_killed(
     """
     create_load_table(db_url)
     broker = NatsHarness(nats_server)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     cfg = {"sources": [{"name": "app", "kind": "postgres", "url": db_url,
                         "tables": ["public.load"]}], "connectors": [events, records]}  # fmt: skip
     config = tmp_path / "weir.yaml"
@@ -126,7 +86,7 @@ def test_a_second_instance_takes_over_when_the_owner_is_killed(
         wait_delivered(broker, records, 1)
         second.stop()
     assert count_events(db_url) == len(expected)
-    _check(db_url, broker.read(events), broker.read(records), expected)
+    check_delivered(db_url, broker.read(events), broker.read(records), expected)
     log = second.log_text()
     assert "connector:events is" in log and "connector:records is" in log
     assert taken_over[0] < 10, f"took {taken_over[0]:.1f}s"
@@ -137,7 +97,7 @@ def test_nats_down_for_10s_under_load_loses_nothing(db_url: str) -> None:
     create_load_table(db_url)
     with EmbeddedNats() as server:
         broker = NatsHarness(server)
-        events, records = _connectors(broker)
+        events, records = crash_connectors(broker)
 
         def outage() -> None:
             server.stop()
@@ -148,4 +108,4 @@ def test_nats_down_for_10s_under_load_loses_nothing(db_url: str) -> None:
             expected = load_with_interruptions(db_url, 12000, [500], outage)
             got = wait_delivered(broker, events, len(expected), settle=1.0)
             recs = broker.read(records)
-    _check(db_url, got, recs, expected)
+    check_delivered(db_url, got, recs, expected)

@@ -28,9 +28,15 @@ from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.conftest import fresh_database
 from tests.helpers.brokers import Harness, NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
+from tests.helpers.load import (
+    WeirProcess,
+    check_delivered,
+    crash_connectors,
+    create_load_table,
+    first_seen,
+    load_with_interruptions,
+)
 from tests.helpers.sql import execute
-from tests.integration.test_forwarding_crash import _check, _connectors, first_seen
 
 
 def _write(config: Path, db_url: str, connectors: list[dict[str, Any]], shards: int) -> Path:
@@ -50,7 +56,7 @@ def test_changing_the_number_of_shards_under_load_loses_and_doubles_nothing(
     that lag behind what the old shards had sent, and the broker's duplicate window is too
     short to hide a resend."""
     create_load_table(db_url)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     config = _write(tmp_path / "weir.yaml", db_url, [events, records], 2)
     counts = iter([2, 3, 1])
     shards = next(counts)
@@ -78,7 +84,7 @@ def test_changing_the_number_of_shards_under_load_loses_and_doubles_nothing(
     got_events, got_records = broker.consume(events), broker.consume(records)
     if broker.replays:  # webhooks: what a receiver that drops repeated idempotency keys keeps
         got_events, got_records = first_seen(got_events), first_seen(got_records)
-    _check(db_url, got_events, got_records, expected)
+    check_delivered(db_url, got_events, got_records, expected)
     log = weir.log_text()
     for stream in ("events", "records"):
         assert f"connector {stream}: split into 3 shards (it had 2)" in log
@@ -129,7 +135,7 @@ def test_shards_on_two_workers_survive_one_killed_alone(
     load is restarted and takes its shards back, connectors-0 goes on undisturbed."""
     create_load_table(db_url)
     broker = NatsHarness(nats_server)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     config = _write(tmp_path / "weir.yaml", db_url, [events, records], 2)
     with WeirProcess(config, tmp_path / "weir.log") as weir:
         wait_for(lambda: len(weir.workers()) == 3, what="three workers")
@@ -146,7 +152,7 @@ def test_shards_on_two_workers_survive_one_killed_alone(
         wait_delivered(broker, records, 1)
         assert weir.workers()["connectors-0"] == first["connectors-0"]
         weir.stop()
-    _check(db_url, broker.read(events), broker.read(records), expected)
+    check_delivered(db_url, broker.read(events), broker.read(records), expected)
     log = weir.log_text()
     # Shard k of the file's four runs in worker k mod 2: the events' and records' shard 1/2
     # in connectors-1, taken twice (first start and restart); shard 0/2 once.

@@ -23,8 +23,13 @@ from devkit.procs import alive
 from tests.helpers.api import TOKEN
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
-from tests.integration.test_forwarding_crash import _check, _connectors
+from tests.helpers.load import (
+    WeirProcess,
+    check_delivered,
+    crash_connectors,
+    create_load_table,
+    load_with_interruptions,
+)
 from tests.integration.test_operating import samples
 
 
@@ -46,7 +51,7 @@ def test_a_worker_killed_alone_is_restarted_and_nothing_is_lost_or_doubled(
     workers go on undisturbed."""
     create_load_table(db_url)
     broker = NatsHarness(nats_server)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     victims = iter(["connectors-0", "sources-0"])
     with WeirProcess(_config(tmp_path, db_url, [events, records]), tmp_path / "weir.log") as weir:
         wait_for(lambda: len(weir.workers()) == 3, what="three workers")
@@ -68,7 +73,7 @@ def test_a_worker_killed_alone_is_restarted_and_nothing_is_lost_or_doubled(
         assert weir.workers()["connectors-1"] == first["connectors-1"]  # never disturbed
         weir.stop()
     assert count_events(db_url) == len(expected)
-    _check(db_url, broker.read(events), broker.read(records), expected)
+    check_delivered(db_url, broker.read(events), broker.read(records), expected)
     log = weir.log_text()
     assert log.count("streaming from slot") == 2  # the sources worker's first and second
     assert log.count("leases: connector:events is") == 2  # connectors-0, first and restarted
@@ -85,7 +90,7 @@ def test_the_supervisor_killed_takes_its_workers_and_sigterm_drains_them_all(
     nothing lost or doubled, and SIGTERM drains every worker and exits 0."""
     create_load_table(db_url)
     broker = NatsHarness(nats_server)
-    events, records = _connectors(broker)
+    events, records = crash_connectors(broker)
     with WeirProcess(_config(tmp_path, db_url, [events, records]), tmp_path / "weir.log") as weir:
         wait_for(lambda: len(weir.workers()) == 3, what="three workers")
 
@@ -105,7 +110,7 @@ def test_the_supervisor_killed_takes_its_workers_and_sigterm_drains_them_all(
         weir.stop()
         assert not any(alive(p) for p in workers.values())
     assert count_events(db_url) == len(expected)
-    _check(db_url, broker.read(events), broker.read(records), expected)
+    check_delivered(db_url, broker.read(events), broker.read(records), expected)
     log = weir.log_text()
     for name, pid in workers.items():
         assert f"weir: worker {name} (pid {pid}) drained" in log
