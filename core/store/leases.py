@@ -8,6 +8,8 @@ Every method raises ``psycopg.Error`` when the connection fails.
 
 from __future__ import annotations
 
+import hashlib
+
 import psycopg
 from psycopg import sql
 
@@ -22,7 +24,8 @@ class Owners:
         or ``all``): instances of one group share them out."""
         self.store = store
         self.instance = instance
-        self.prefix = f"weir-leases:{group}:"
+        schema = hashlib.md5(store.schema.encode(), usedforsecurity=False).hexdigest()[:6]
+        self.prefix = f"weir-leases:{group}.{schema}:"  # another store's instances are no peers
         t = store.table("owners")
         self._heartbeat = sql.SQL("UPDATE {} SET heartbeat = now() WHERE instance = %s").format(t)
         self._claim = sql.SQL(

@@ -1,0 +1,108 @@
+"""How instances share works out (core/runtime/leases.py), with the store's side in memory:
+locks held by other instances, and the number of live instances of the group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from core.runtime import leases as leases_module
+from core.runtime.leases import ORPHAN_POLLS, REBALANCE, Leases
+
+
+class FakeStore:
+    schema = "weir"
+    url = "postgresql://unused"
+
+    def table(self, name: str) -> sql.Composable:
+        return sql.Identifier(self.schema, name)
+
+
+class FakeOwners:
+    """The advisory locks of every instance, and how many instances are alive."""
+
+    def __init__(self) -> None:
+        self.locked: dict[str, str] = {}  # work -> instance
+        self.live = 1
+
+    def connect(self) -> Any:
+        return self  # a connection that stays up
+
+    closed = False
+
+    def heartbeat(self, conn: Any) -> None:
+        pass
+
+    def peers(self, conn: Any) -> int:
+        return self.live
+
+    def take(self, conn: Any, work: str) -> bool:
+        return self.locked.setdefault(work, "me") == "me"
+
+    def give_up(self, conn: Any, work: str) -> None:
+        del self.locked[work]
+
+
+WORKS = ["source:a", "connector:x#0/2", "connector:x#1/2", "connector:y"]
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
+    return now
+
+
+def make(owners: FakeOwners) -> Leases:
+    leases = Leases(FakeStore(), len(WORKS))  # type: ignore[arg-type]
+    leases._owners = owners  # type: ignore[assignment]
+    return leases
+
+
+def poll(leases: Leases) -> list[str]:
+    """One poll of the lease loop: the works taken."""
+    assert leases.alive()
+    return [w for w in WORKS if w not in leases.held and leases.take(w)]
+
+
+def test_alone_an_instance_takes_every_work(clock: list[float]) -> None:
+    leases = make(FakeOwners())
+    assert poll(leases) == WORKS
+
+
+def test_with_a_peer_it_takes_its_share_and_an_orphan_after_a_while(clock: list[float]) -> None:
+    owners = FakeOwners()
+    owners.live = 2
+    owners.locked["connector:y"] = "peer"  # the peer holds one: two are left free
+    leases = make(owners)
+    assert poll(leases) == WORKS[:2]  # its share: ceil(4 / 2)
+    for _ in range(ORPHAN_POLLS - 1):
+        assert poll(leases) == []  # left to the peer
+    assert poll(leases) == ["connector:x#1/2"]  # nobody took it: taken regardless, and kept
+    clock[0] += REBALANCE
+    assert leases.surplus() == []
+
+
+def test_a_new_peer_gets_what_is_past_the_share_and_a_dead_ones_share_is_taken_at_once(
+    clock: list[float],
+) -> None:
+    owners = FakeOwners()
+    leases = make(owners)
+    assert poll(leases) == WORKS
+    owners.live = 2  # a new instance starts
+    assert leases.alive()
+    assert leases.surplus() == []  # not within REBALANCE of the start
+    clock[0] += REBALANCE
+    given = leases.surplus()
+    assert given == WORKS[2:]  # the last taken
+    for work in given:
+        leases.give_up(work)
+        owners.locked[work] = "peer"
+    clock[0] += REBALANCE
+    assert leases.surplus() == []
+    owners.live = 1  # the peer dies: its locks went with its connection
+    for work in given:
+        del owners.locked[work]
+    assert poll(leases) == WORKS[2:]  # no orphan wait
