@@ -101,15 +101,21 @@ async def make_stream(url: str, stream: str, subject: str) -> None:
     await nc.close()
 
 
-def cpu_by_process(pid: int) -> dict[str, float]:
-    """CPU seconds used so far by `weir run` at ``pid`` and by each of its workers, by name."""
-    return {procs.name(p): procs.cpu_seconds(p) for p in procs.tree(pid)}
+def cpu_by_process(pid: int, servers: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by `weir run` at ``pid`` and by each of its workers, by name,
+    and by each server (all of its processes) of ``servers``."""
+    used = {procs.name(p): procs.cpu_seconds(p) for p in procs.tree(pid)}
+    for name, server in servers.items():
+        used[name] = sum(map(procs.cpu_seconds, procs.tree(server)))
+    return used
 
 
 def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: Path,
               profile: bool) -> tuple[float, str | None, dict[str, float]]:  # fmt: skip
-    """The rate, the profile's summary and the CPU each weir process used over the window,
-    in µs per change."""
+    """The rate, the profile's summary and the CPU each weir process, Postgres and
+    nats-server used over the window, in µs per change."""
+    assert pg.proc is not None and ns.proc is not None
+    servers = {"postgres": pg.proc.pid, "nats-server": ns.proc.pid}
     url = new_db(pg, "thru")
     asyncio.run(make_stream(ns.url, "THRU", "sequin-events.thru.>"))
     weir = start_weir(url, ns.url, workdir, "thru")
@@ -120,13 +126,13 @@ def sustained(pg: EmbeddedPostgres, ns: EmbeddedNats, seconds: float, workdir: P
     try:
         time.sleep(5)  # warm-up: a backlog forms
         first = asyncio.run(stream_count(ns.url, "THRU"))
-        cpu = cpu_by_process(weir.pid)
+        cpu = cpu_by_process(weir.pid, servers)
         t0 = time.perf_counter()
         spy = py_spy(weir.pid, seconds, workdir / "profile.txt") if profile else None
         time.sleep(seconds)
         last = asyncio.run(stream_count(ns.url, "THRU"))
         rate = (last - first) / (time.perf_counter() - t0)
-        used = {k: v - cpu.get(k, 0.0) for k, v in cpu_by_process(weir.pid).items()}
+        used = {k: v - cpu.get(k, 0.0) for k, v in cpu_by_process(weir.pid, servers).items()}
         us = {k: round(1e6 * v / max(1, last - first), 1) for k, v in used.items()}
         if spy is not None:
             spy.wait(60)
@@ -193,9 +199,9 @@ def main() -> None:
         "ceiling_publish_async_per_s": round(raw),
         "e2e_changes_per_s": round(rate),
         "ratio_to_ceiling": round(rate / raw, 3),
-        "weir_cpu_us_per_change": cpu_us,  # by process: the supervisor and each worker
+        "cpu_us_per_change": cpu_us,  # the supervisor, each worker, postgres, nats-server
         "latency_at_5000_per_s_ms": {"p50": p(0.5), "p99": p(0.99), "samples": len(lat)},
-        "targets": {"e2e_changes_per_s": 30000, "ratio_to_ceiling": 0.6, "p99_ms": 100},
+        "targets": {"e2e_changes_per_s": 30000, "ratio_to_ceiling": 0.8, "p99_ms": 100},
         "profiled": args.profile,  # py-spy slows Weir: not a rate to quote
     }
     record(result)

@@ -86,7 +86,6 @@ def serve(
     part of the file runs here; a worker runs its role's part only (the API, or the sources and
     connectors it selects), and the scheduled jobs when it is the one given them.
     """
-    from core.api.app import ApiServer
     from core.runtime import jobs
     from core.runtime.leases import Leases
 
@@ -98,7 +97,11 @@ def serve(
     metrics = Metrics()
     metrics.watch_store(cfg, store)
     serves_api = cfg.api is not None and (worker is None or worker.role == "api")
-    api = ApiServer(cfg, store, metrics) if serves_api else None
+    api = None
+    if serves_api:  # FastAPI and uvicorn cost a process 11 MB: only the one serving loads them
+        from core.api.app import ApiServer
+
+        api = ApiServer(cfg, store, metrics)
     if api is not None:
         try:
             api.start()

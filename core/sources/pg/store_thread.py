@@ -25,7 +25,7 @@ class StoreThread:
     most ``DEPTH`` items wait, so memory stays bounded.
     """
 
-    DEPTH = 4
+    DEPTH = 2  # enough to overlap decoding with writing; each item may hold max_batch changes
 
     def __init__(
         self,
