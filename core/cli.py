@@ -40,7 +40,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         die_with_parent(args.parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         worker = worker_named(cfg, args.worker)
-        return serve(cfg, _stop_on_signals((signal.SIGTERM,)), grace, worker)
+        # SIGTERM may come twice, from the supervisor and to the process group (systemctl
+        # stop, a terminal's ^C): a worker drains on the first; only the supervisor's second
+        # signal exits at once (and takes the workers with it).
+        return serve(cfg, _stop_on_signals((signal.SIGTERM,), again_exits=False), grace, worker)
     if args.single_process:
         return serve(cfg, _stop_on_signals(), grace)
     return Supervisor(args.config, cfg, _stop_on_signals(), grace).run()
@@ -48,14 +51,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _stop_on_signals(
     signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+    again_exits: bool = True,
 ) -> threading.Event:
-    """An event these signals set, to drain and stop; a second signal exits at once."""
+    """An event these signals set, to drain and stop; a second signal exits at once (unless
+    ``again_exits`` is False: then it is ignored)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
-            log.warning("second signal: exiting at once")
-            os._exit(1)
+            if again_exits:
+                log.warning("second signal: exiting at once")
+                os._exit(1)
+            return
         log.info("signal %s: draining", signal.Signals(signum).name)
         stop.set()
 

@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
     """``pid`` runs (a zombie, dead and not yet reaped, does not)."""
     try:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
@@ -37,7 +37,7 @@ def rss_mb(pid: int) -> float:
     """The resident set of ``pid`` (VmRSS), in MB."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return 0.0
     return next((int(ln.split()[1]) / 1024 for ln in status.splitlines()
                  if ln.startswith("VmRSS:")), 0.0)  # fmt: skip
@@ -58,7 +58,7 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU time ``pid`` has used, in seconds."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return 0.0
     fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
     return (int(fields[11]) + int(fields[12])) / TICK
@@ -68,7 +68,7 @@ def name(pid: int) -> str:
     """What ``pid`` is: its ``--worker`` name for a worker of `weir run`, else its command."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return "?"
     if b"--worker" in argv:
         return argv[argv.index(b"--worker") + 1].decode()

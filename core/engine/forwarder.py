@@ -206,9 +206,12 @@ class _Session:
     async def _resume(self) -> None:
         """Load the cursors and read back what the broker took after their marks."""
         marks: list[BrokerMark] = []
+        unmarked: list[Lane] = []
         for lane in self.lanes:
             cur = await lane.reader.cursor(self.cfg.start_position)
             lane.fetched, lane.loaded = cur.seq, True
+            if cur.mark is None:
+                unmarked.append(lane)
             if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
                 self.fw.said = True
                 log.info("connector %s: going on from its saved position (seq %d of source %s); "
@@ -216,6 +219,9 @@ class _Session:
                          self.fw.name, cur.seq, lane.reader.sync_id)  # fmt: skip
             if cur.mark is not None:
                 marks.append(cur.mark)
+        for lane in unmarked:  # where the broker is before anything is sent: the read-back
+            lane.saved = lane.state(self.sink)  # after a crash before the first save starts here
+            await lane.reader.save(*lane.saved)
         if not marks:
             return
         since = earliest(marks)

@@ -99,10 +99,11 @@ class WeirProcess:
     def start(self) -> None:
         self.starts += 1
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = subprocess.Popen(  # a process group of its own, as under systemd
                 [sys.executable, "-m", "core.cli", "run", "--config", str(self.config)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def log_text(self) -> str:
@@ -128,10 +129,14 @@ class WeirProcess:
         assert self.proc is not None
         return {procs.name(pid): pid for pid in procs.children(self.proc.pid)}
 
-    def stop(self) -> None:
-        """SIGTERM: it must drain and exit 0."""
+    def stop(self, group: bool = False) -> None:
+        """SIGTERM (to its whole process group, as systemd and a terminal's ^C send it, when
+        ``group``): it must drain and exit 0."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        else:
+            self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(30) == 0, self.log_text()
 
     def __enter__(self) -> WeirProcess:

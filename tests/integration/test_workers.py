@@ -87,7 +87,7 @@ def test_the_supervisor_killed_takes_its_workers_and_sigterm_drains_them_all(
 ) -> None:
     """The supervisor SIGKILLed under load: its workers are gone within two seconds (no
     orphan holds a lease against the next instance), the restarted `weir run` goes on with
-    nothing lost or doubled, and SIGTERM drains every worker and exits 0."""
+    nothing lost or doubled, and SIGTERM to the process group drains every worker and exits 0."""
     create_load_table(db_url)
     broker = NatsHarness(nats_server)
     events, records = crash_connectors(broker)
@@ -107,13 +107,14 @@ def test_the_supervisor_killed_takes_its_workers_and_sigterm_drains_them_all(
         wait_delivered(broker, events, len(expected), settle=1.0)
         wait_delivered(broker, records, 1)
         workers = weir.workers()
-        weir.stop()
+        weir.stop(group=True)  # each worker gets SIGTERM twice: from the group and the supervisor
         assert not any(alive(p) for p in workers.values())
     assert count_events(db_url) == len(expected)
     check_delivered(db_url, broker.read(events), broker.read(records), expected)
     log = weir.log_text()
     for name, pid in workers.items():
         assert f"weir: worker {name} (pid {pid}) drained" in log
+    assert "second signal" not in log
     assert log.count("weir: instance ") == 2
 
 

@@ -9,10 +9,15 @@ Every run also checks each cursor save: it never passes a message the broker has
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections import Counter
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 
+from core.engine import forwarder
+from core.engine.forwarder import SAVE_EVERY, Forwarder
 from core.engine.sink import FatalError, RetryableError
 from tests.helpers.fake_sink import FakeBroker
 from tests.helpers.fake_store import Failed, FakeStore
@@ -129,9 +134,7 @@ def test_the_cursor_never_passes_a_message_in_flight() -> None:
 
     async def during() -> None:
         await until(lambda: broker.stored_keys() == [m.key for m in others])
-        saves = len(store.saves)
-        await until(lambda: len(store.saves) > saves)  # a save after the others' acks
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(3 * SAVE_EVERY)  # saves had their chance after the others' acks
         # Flush, then commit: 2-6 are acknowledged, but 1 is not, so the cursor stays before
         # it, with the broker's position from before 1 was sent.
         assert store.cursors[a1.sync_id] == (0, {"mark": {}})
@@ -192,3 +195,28 @@ def test_start_position_end_sends_only_what_comes_after_the_first_start() -> Non
     cfg = connector().model_copy(update={"start_position": "end"})
     run(store, broker, cfg=cfg, during=during)
     assert broker.stored_keys() == [store.rows[store.sync_ids[0]][2].key]
+
+
+def test_a_crash_before_the_first_periodic_save_resends_nothing() -> None:
+    """Every message reaches the broker before the first periodic cursor save, then a SIGKILL:
+    what the store holds then (the mark saved before anything was sent) makes the next
+    session read the messages back instead of sending them again."""
+    store, broker = FakeStore(), FakeBroker()
+    msgs = [store.append(f"r{i}") for i in range(5)]
+
+    async def until_the_crash() -> dict[str, Any]:
+        fw = Forwarder(connector(), store.sources, None, store, open_sink=broker.sink,
+                       open_reader=store.reader)  # fmt: skip
+        stop = asyncio.Event()
+        with patch.object(forwarder, "SAVE_EVERY", 3600.0):  # no periodic save in time
+            task = asyncio.create_task(fw.run(stop))
+            async with asyncio.timeout(10):
+                await until(lambda: len(broker.stored_keys()) == len(msgs))
+            left = copy.deepcopy(store.cursors)  # what a SIGKILL now leaves in the store
+            stop.set()
+            await task
+        return left
+
+    store.cursors = asyncio.run(until_the_crash())
+    run(store, broker, cfg=connector())
+    assert broker.stored_keys() == [m.key for m in msgs]
