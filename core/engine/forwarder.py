@@ -39,6 +39,7 @@ from core.metrics import Metrics
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
 from core.store import Store
+from core.store.cursors import Resplitting
 from core.store.reader import StreamReader
 from core.store.selection import selection
 
@@ -208,7 +209,16 @@ class _Session:
         marks: list[BrokerMark] = []
         unmarked: list[Lane] = []
         for lane in self.lanes:
-            cur = await lane.reader.cursor(self.cfg.start_position)
+            while True:
+                try:
+                    cur = await lane.reader.cursor(self.cfg.start_position)
+                    break
+                except Resplitting as e:  # an old split's shard still runs: it may stop soon
+                    self.fw.set_state("waiting", str(e))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), POLL)
+                    if self.stop.is_set():
+                        return
             lane.fetched, lane.loaded = cur.seq, True
             if cur.mark is None:
                 unmarked.append(lane)

@@ -12,6 +12,7 @@ until it has passed the highest), and reads back from the earliest of the old br
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -54,6 +55,13 @@ class Cursor:
         return [Resplit.from_json(r) for r in self.state.get("resplits", ())]
 
 
+FENCE_POLL = 0.2  # seconds between attempts to take a fence another session holds
+
+
+def fence_key(cursor_key: str, sync_id: str) -> str:
+    return f"weir:fence:{cursor_key}:{sync_id}"
+
+
 class Cursors:
     """The cursors of one connector's shard in one source's stream."""
 
@@ -62,6 +70,36 @@ class Cursors:
         self.sync_id, self.stream = sync_id, stream
         self.key = shard.key(connector)
         self.table = store.table("cursors")
+
+    async def fence(self, conn: AConn) -> None:
+        """Hold the shard's fence on ``conn`` for as long as it is open, once no other session
+        holds it: a session sends only while it holds the fence, so an owner that lost its
+        lease (its lease connection dropped, or it was frozen) but still sends keeps the next
+        owner waiting until its session ends, instead of both sending at once."""
+        key, said = fence_key(self.key, self.sync_id), False
+        take = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))"
+        while not (row := await (await conn.execute(take, (key,))).fetchone()) or not row[0]:
+            if not said:
+                said = True
+                holder = await (
+                    await conn.execute(
+                        "SELECT a.pid, a.application_name, a.client_addr FROM pg_locks l"
+                        " JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory'"
+                        " AND l.granted AND (l.classid::bigint << 32 | l.objid::bigint)"
+                        " = hashtextextended(%s, 0)",
+                        (key,),
+                    )
+                ).fetchone()
+                who = (
+                    "an unknown session"
+                    if holder is None
+                    else (
+                        f"store backend pid {holder[0]}, {holder[1]} from {holder[2] or 'a socket'}"
+                    )
+                )
+                log.info("connector %s: waiting for the session that still sends it to end (%s)",
+                         self.key, who)  # fmt: skip
+            await asyncio.sleep(FENCE_POLL)
 
     async def load(self, conn: AConn, first_seq: Callable[[], Awaitable[int]]) -> Cursor:
         """The shard's saved cursor; else those of every shard of the split, made from
@@ -95,17 +133,18 @@ class Cursors:
             raise RuntimeError(f"connector {self.connector}: the store holds an incomplete split "
                                f"({', '.join(s.key(self.connector) for s in old)})")  # fmt: skip
         busy = []
-        for s in split(was):  # held by their leases' owners for as long as they run
-            lease = f"weir:lease:connector:{s.key(self.connector)}"
-            try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
-            row = await (await conn.execute(try_lock, (lease,))).fetchone()
-            if not row or not row[0]:
-                busy.append(str(s))
+        try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
+        for s in split(was):  # held by its lease's owner and by its session, while they last
+            key = s.key(self.connector)
+            for lock in (f"weir:lease:connector:{key}", fence_key(key, self.sync_id)):
+                row = await (await conn.execute(try_lock, (lock,))).fetchone()
+                if not row or not row[0]:
+                    busy.append(str(s))
+                    break
         if busy:
             raise Resplitting(
-                f"connector {self.connector}: cannot split into {self.shard.of} shards while "
-                f"{', '.join(busy)} of its {was} shards still run (a weir run with the old "
-                "config?); waiting for them to stop"
+                f"cannot split into {self.shard.of} shards while {', '.join(busy)} of its {was} "
+                "shards still run (a weir run with the old config?): waiting for them to stop"
             )
         seqs = tuple(old[s].seq for s in split(was))
         marks = [m for c in old.values() if (m := c.mark) is not None]
@@ -120,8 +159,9 @@ class Cursors:
             (self.sync_id, [s.key(self.connector) for s in old]),
         )
         await self._make(conn, min(seqs), state)
-        log.info("connector %s: split into %d shards (it had %d) from seq %d of source %s",
-                 self.connector, self.shard.of, was, min(seqs), self.sync_id)  # fmt: skip
+        log.info("connector %s: %s (it had %d) from seq %d of source %s", self.connector,
+                 f"split into {self.shard.of} shards" if self.shard.of > 1 else "unsplit", was,
+                 min(seqs), self.sync_id)  # fmt: skip
         return Cursor(min(seqs), state)
 
     async def _make(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:

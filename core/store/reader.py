@@ -93,6 +93,7 @@ class StreamReader:
             self.store.url, autocommit=True, application_name=f"weir:{self.connector}",
             options=f"{SESSION} -c enable_bitmapscan=off",
         )  # fmt: skip
+        await self.cursors.fence(self._conn)
 
     async def close(self) -> None:
         if self._conn is not None:
