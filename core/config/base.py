@@ -196,10 +196,10 @@ class ConnectorBase(Model):
     shards: int = Field(
         1,
         ge=1,
-        le=256,
+        le=64,
         description="units of work the connector is split into, by a stable hash of the group "
         "key, so that it spreads over worker processes and instances (per-record order holds); "
-        "each reads ahead up to max_pending",
+        "each reads ahead up to max_pending and holds a store connection per source",
     )
 
     @model_validator(mode="after")
