@@ -97,7 +97,7 @@ class Forwarder:
         cfg = self.cfg
         where = selection(cfg.collections, cfg.actions, cfg.filters)
         return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id),
-                            src.provider, self.shard)  # fmt: skip
+                            src.provider, self.shard, fenced=True)  # fmt: skip
 
     def set_state(self, state: str, detail: str = "") -> None:
         if state != self.state:

@@ -59,9 +59,13 @@ class StreamReader:
         sync_id: str,
         provider: str,
         shard: Shard = UNSPLIT,
+        fenced: bool = False,
     ) -> None:
         """``name`` keys the failed list, and with ``shard`` the cursor; ``where`` is a
-        :func:`selection`."""
+        :func:`selection`. A ``fenced`` reader (a connector's) holds its shard's fence from
+        ``open`` to ``close`` (core/store/cursors.py); the Consume API, served by every
+        instance at once, reads unfenced."""
+        self.fenced = fenced
         self.store = store
         self.connector = name
         self.stream = stream
@@ -93,7 +97,8 @@ class StreamReader:
             self.store.url, autocommit=True, application_name=f"weir:{self.connector}",
             options=f"{SESSION} -c enable_bitmapscan=off",
         )  # fmt: skip
-        await self.cursors.fence(self._conn)
+        if self.fenced:
+            await self.cursors.fence(self._conn)
 
     async def close(self) -> None:
         if self._conn is not None:

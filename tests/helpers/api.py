@@ -32,11 +32,14 @@ def api_config(db_url: str, port: int, **extra: Any) -> WeirConfig:
 
 
 @contextmanager
-def api_serving(db_url: str, port: int | None = None, **extra: Any) -> Iterator[httpx.Client]:
-    """``weir run`` with the API; yields a client that sends the token."""
+def api_serving(
+    db_url: str, port: int | None = None, first: bool = True, **extra: Any
+) -> Iterator[httpx.Client]:
+    """``weir run`` with the API (beside another instance on the store unless ``first``);
+    yields a client that sends the token."""
     port = port or free_port()
     with (
-        serving(api_config(db_url, port, **extra)),
+        serving(api_config(db_url, port, **extra), first),
         httpx.Client(
             base_url=f"http://127.0.0.1:{port}",
             headers={"Authorization": f"Bearer {TOKEN}"},

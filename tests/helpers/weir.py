@@ -26,11 +26,13 @@ def weir_config(
 
 
 @contextmanager
-def serving(cfg: WeirConfig) -> Iterator[None]:
-    """``weir run`` in a thread; on exit it drains, and must exit 0. The slots are made first,
-    so every change from here on is captured whenever the capture thread gets going.
+def serving(cfg: WeirConfig, first: bool = True) -> Iterator[None]:
+    """``weir run`` in a thread; on exit it drains, and must exit 0. The slots are made first
+    (unless another instance is ``first``), so every change from here on is captured whenever
+    the capture thread gets going.
     """
-    prepare(cfg)
+    if first:
+        prepare(cfg)
     stop = threading.Event()
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(serve(cfg, stop)), daemon=True)

@@ -49,6 +49,25 @@ def test_concurrent_workers_never_share_a_visible_message(table: str) -> None:
         assert len(seen) == 400
 
 
+def test_two_instances_serve_one_consumer_each_message_once(table: str) -> None:
+    """The Consume API runs on every instance: two `weir run` serve the same consumer from one
+    store at once, and the workers of both get every message once between them."""
+    with (
+        api_serving(table, consumers=[W]) as a,
+        api_serving(table, first=False, consumers=[W]) as b,
+    ):
+        insert_t(table, range(300))
+        seen: list[Any] = []
+        clients = [a, b]
+        deadline = time.monotonic() + 60
+        while len(seen) < 300 and time.monotonic() < deadline:
+            client = clients[len(seen) % 2]
+            batch = receive(client, "w", 20)
+            assert settle(client, "w", batch) == len(batch)
+            seen.extend(m["record"]["id"] for m in batch)
+        assert len(seen) == len(set(seen)) == 300, "a message lost, or received twice"
+
+
 def test_nack_redelivers_at_once_and_stale_tokens_do_nothing(table: str) -> None:
     with api_serving(table, consumers=[W]) as client:
         insert_t(table, range(1))
