@@ -43,10 +43,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         # SIGTERM may come twice, from the supervisor and to the process group (systemctl
         # stop, a terminal's ^C): a worker drains on the first; only the supervisor's second
         # signal exits at once (and takes the workers with it).
-        return serve(cfg, _stop_on_signals((signal.SIGTERM,), again_exits=False), grace, worker)
+        stop = _stop_on_signals((signal.SIGTERM,), again_exits=False)
+        try:
+            return serve(cfg, stop, grace, worker)
+        except Exception as e:  # not a failure for good (exit 1): the supervisor restarts it
+            log.error("worker %s: %s; it is started again", worker.name, first_line(e))
+            return WORKER_CRASHED
     if args.single_process:
         return serve(cfg, _stop_on_signals(), grace)
     return Supervisor(args.config, cfg, _stop_on_signals(), grace).run()
+
+
+WORKER_CRASHED = 3  # a worker's exit status for an error serve did not handle
 
 
 def _stop_on_signals(

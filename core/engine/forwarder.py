@@ -39,7 +39,7 @@ from core.metrics import Metrics
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
 from core.store import Store
-from core.store.cursors import Resplitting
+from core.store.cursors import FenceLost, Resplitting
 from core.store.reader import StreamReader
 from core.store.selection import selection
 
@@ -49,6 +49,7 @@ PAGE = 2000  # rows per store read
 SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
 POLL = 1.0  # seconds between store polls when no notification arrives
 SAVE_EVERY = 0.1  # seconds between cursor saves
+FENCE_SAID = 1.0  # seconds a session waits for its fence before its state says so
 
 Source = PostgresSource | HttpSource
 
@@ -100,6 +101,7 @@ class Forwarder:
                             src.provider, self.shard, fenced=True)  # fmt: skip
 
     def set_state(self, state: str, detail: str = "") -> None:
+        detail = " ".join(detail.split())  # one line, whatever the error's text holds
         if state != self.state:
             self.state = state
             log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
@@ -172,7 +174,8 @@ class _Session:
         fw.set_state("connecting", f"last attempt: {last}" if last else "")
         await self.sink.connect()
         for lane in self.lanes:
-            await lane.reader.open()
+            if not await self._open(lane):
+                return
         await self._resume()
         fw.set_state("streaming")
         next_save = time.monotonic() + SAVE_EVERY
@@ -203,6 +206,23 @@ class _Session:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fw.kick.wait(), max(0.0, wake - time.monotonic()))
         await self._drain()
+
+    async def _open(self, lane: Lane) -> bool:
+        """Open a lane's reader, which may wait for its fence; False when asked to stop first."""
+        opening = asyncio.ensure_future(lane.reader.open())
+        stopping = asyncio.ensure_future(self.stop.wait())
+        either, first = {opening, stopping}, asyncio.FIRST_COMPLETED
+        if not (await asyncio.wait(either, timeout=FENCE_SAID, return_when=first))[0]:
+            self.fw.set_state("waiting", "for the session that still sends it to end")
+            await asyncio.wait(either, return_when=first)  # weir status says why meanwhile
+        stopping.cancel()
+        if not opening.done():
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+            return False
+        opening.result()  # its error, if it failed
+        return True
 
     async def _resume(self) -> None:
         """Load the cursors and read back what the broker took after their marks."""
@@ -278,6 +298,11 @@ class _Session:
             self.ready.appendleft((lane, msg))
 
     def _dispatch(self) -> None:
+        if self.ready and any(lane.reader.fence_lost() for lane in self.lanes):
+            # Its store session ended (a frozen process whose connections were cut resumes
+            # here): another owner may be sending now, so nothing more goes out.
+            raise FenceLost(f"connector {self.fw.name}: the store ended its session (and its "
+                            "fence); it sends again once it holds the fence anew")  # fmt: skip
         batch_cfg = self.cfg.batch
         suspects = self.fw.suspects
         while self.ready and len(self.in_flight) < self.cfg.max_in_flight and not self.probing:

@@ -45,6 +45,10 @@ class Reader(Protocol):
         """Called when a message goes to the failed list, before the cursor may pass it; a
         message failed again (after a restart) replaces its earlier entry."""
 
+    def fence_lost(self) -> bool:
+        """Called before each dispatch: True once the store ended the session that holds the
+        connector's fence (core/store/cursors.py), when nothing more may be sent."""
+
 
 class Commits(Protocol):
     """Commit notifications: ``subscribe`` is called once per source when a connector starts;

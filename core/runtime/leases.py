@@ -49,11 +49,15 @@ class Leases:
         self._left: dict[str, int] = {}  # polls each free work was left to the others
         self._share = works
         self._rebalanced = time.monotonic()
+        self._dropped = False  # the connection went outside alive()
 
     def alive(self) -> bool:
         """The lease connection is up (connecting when needed), and the heartbeat written.
         False means every lease is gone: the caller stops all its work.
         """
+        if self._dropped:  # the connection went during the last poll: its works stop now
+            self._dropped = False
+            return False
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._owners.connect()
@@ -62,15 +66,20 @@ class Leases:
             return True
         except psycopg.Error as e:
             if self._conn is not None:  # it was up: every lease went with it
-                log.error("leases: lost the store connection (%s); stopping all work",
-                          type(e).__name__)  # fmt: skip
+                self._lost(e)
             self.close()
             return False
+
+    def _lost(self, e: psycopg.Error) -> None:
+        log.warning("leases: lost the store connection (%s); stopping all work",
+                    type(e).__name__)  # fmt: skip
+        self.close()
 
     def take(self, work: str) -> bool:
         """Own ``work`` if no other instance does, and this one is below its share (or nobody
         else took it for a while)."""
-        assert self._conn is not None, "take() before alive()"
+        if self._conn is None:  # lost during this poll (alive() says so next)
+            return False
         if work in self.held:  # ours already (a work started again)
             return True
         orphan = False
@@ -79,7 +88,12 @@ class Leases:
             if self._left[work] <= ORPHAN_POLLS:
                 return False
             orphan = True
-        if not self._owners.take(self._conn, work):
+        try:
+            if not self._owners.take(self._conn, work):
+                return False
+        except psycopg.Error as e:  # every lease went with the connection
+            self._lost(e)
+            self._dropped = True
             return False
         self._left.pop(work, None)
         self.held.append(work)

@@ -31,6 +31,10 @@ class Resplitting(Exception):
     """The connector's shards cannot be re-split now: a shard of its old split still runs."""
 
 
+class FenceLost(Exception):
+    """The store ended the session that held a connector shard's fence."""
+
+
 class CursorGone(Exception):
     """A shard's cursor was deleted under it: another instance re-split the connector."""
 
@@ -90,13 +94,10 @@ class Cursors:
                         (key,),
                     )
                 ).fetchone()
-                who = (
-                    "an unknown session"
-                    if holder is None
-                    else (
-                        f"store backend pid {holder[0]}, {holder[1]} from {holder[2] or 'a socket'}"
-                    )
-                )
+                who = "an unknown session"
+                if holder is not None:
+                    pid, app, addr = holder
+                    who = f"store backend pid {pid}, {app} from {addr or 'a socket'}"
                 log.info("connector %s: waiting for the session that still sends it to end (%s)",
                          self.key, who)  # fmt: skip
             await asyncio.sleep(FENCE_POLL)
@@ -142,10 +143,12 @@ class Cursors:
                     busy.append(str(s))
                     break
         if busy:
-            raise Resplitting(
-                f"cannot split into {self.shard.of} shards while {', '.join(busy)} of its {was} "
-                "shards still run (a weir run with the old config?): waiting for them to stop"
-            )
+            into = f"split into {self.shard.of} shards" if self.shard.of > 1 else "unsplit"
+            runs = f"{', '.join(busy)} of its {was} shards still run"
+            if was == 1:
+                runs = "it still runs unsplit"
+            raise Resplitting(f"cannot {into} while {runs} (a weir run with the old config?): "
+                              "waiting for that to stop")  # fmt: skip
         seqs = tuple(old[s].seq for s in split(was))
         marks = [m for c in old.values() if (m := c.mark) is not None]
         state: dict[str, Any] = {"mark": earliest(marks)} if marks else {}

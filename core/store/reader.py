@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -103,6 +104,17 @@ class StreamReader:
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
+
+    def fence_lost(self) -> bool:
+        """The store ended this fenced reader's session, and its fence with it: between two
+        queries the connection is idle, so anything to read on it (the server's goodbye, or
+        the end of the stream) says so before the next query would."""
+        if not self.fenced or self._conn is None:
+            return False
+        if self._conn.closed:
+            return True
+        readable, _, _ = select.select([self._conn.fileno()], [], [], 0)
+        return bool(readable)
 
     async def head(self) -> int:
         """The last seq committed to the stream."""

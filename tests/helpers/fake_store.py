@@ -40,6 +40,7 @@ class FakeStore:
         self.saves: list[tuple[str, int, dict[str, Any]]] = []
         self.on_save: Callable[[str, int, dict[str, Any]], None] | None = None
         self.callbacks: dict[str, list[Callable[[], None]]] = {}
+        self.fence_lost = False  # the store ended the sessions holding the connector's fences
 
     def append(self, record_id: str, source: int = 0) -> Message:
         """Commit one change of record ``record_id`` to a source's stream (the first by
@@ -89,6 +90,10 @@ class FakeReader:
     async def close(self) -> None:
         """Called once, when the session ends."""
         self.opened = False
+
+    def fence_lost(self) -> bool:
+        """Before each dispatch: whether the test has cut the store's sessions."""
+        return self.store.fence_lost
 
     def _rows(self) -> list[Message]:
         if not self.opened:

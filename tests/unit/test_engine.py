@@ -220,3 +220,19 @@ def test_a_crash_before_the_first_periodic_save_resends_nothing() -> None:
     store.cursors = asyncio.run(until_the_crash())
     run(store, broker, cfg=connector())
     assert broker.stored_keys() == [m.key for m in msgs]
+
+
+def test_nothing_is_sent_once_the_store_ended_the_fenced_session() -> None:
+    """A process that resumes after the store cut its sessions (another owner may be sending)
+    dispatches nothing it read ahead; it sends once it has its fence again, each message once."""
+    store, broker = FakeStore(), FakeBroker()
+    store.fence_lost = True
+    msgs = [store.append(f"r{i}") for i in range(5)]
+
+    async def during() -> None:
+        await asyncio.sleep(0.3)
+        assert broker.stored_keys() == []
+        store.fence_lost = False
+
+    run(store, broker, cfg=connector(), during=during)
+    assert broker.stored_keys() == [m.key for m in msgs]

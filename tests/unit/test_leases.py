@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -39,7 +40,17 @@ class FakeOwners:
         return self.live
 
     def take(self, conn: Any, work: str) -> bool:
+        if self.gone:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
         return self.locked.setdefault(work, "me") == "me"
+
+    def release(self, conn: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    gone = False  # the lease connection was cut
 
     def give_up(self, conn: Any, work: str) -> None:
         del self.locked[work]
@@ -106,3 +117,18 @@ def test_a_new_peer_gets_what_is_past_the_share_and_a_dead_ones_share_is_taken_a
     for work in given:
         del owners.locked[work]
     assert poll(leases) == WORKS[2:]  # no orphan wait
+
+
+def test_a_lease_connection_cut_while_taking_stops_every_work_at_the_next_poll(
+    clock: list[float],
+) -> None:
+    owners = FakeOwners()
+    leases = make(owners)
+    assert leases.alive()
+    assert leases.take(WORKS[0])
+    owners.gone = True
+    assert not leases.take(WORKS[1])  # no traceback, and no lease
+    assert leases.held == []
+    assert not leases.alive()  # the caller stops what it ran under the lost leases
+    owners.gone = False
+    assert poll(leases) == WORKS  # a new connection, and the works again
