@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import nats
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devkit/ is not installed
@@ -65,3 +66,17 @@ def record(result: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     with (RESULTS / f"{result['bench']}.jsonl").open("a") as f:
         f.write(line + "\n")
+
+
+async def stream_count(url: str, stream: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        return int((await nc.jetstream().stream_info(stream)).state.messages)
+    finally:
+        await nc.close()
+
+
+async def make_stream(url: str, stream: str, subject: str) -> None:
+    nc = await nats.connect(url)
+    await nc.jetstream().add_stream(name=stream, subjects=[subject])
+    await nc.close()

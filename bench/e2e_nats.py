@@ -32,7 +32,7 @@ from pathlib import Path
 import nats
 import orjson
 import psycopg
-from common import RESULTS, new_db, py_spy, record, summarize
+from common import RESULTS, make_stream, new_db, py_spy, record, stream_count, summarize
 
 from devkit import procs
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
@@ -85,20 +85,6 @@ def writer(url: str, stop: threading.Event, rows_per_txn: int, every: float | No
             if every is not None:
                 tick += every
                 time.sleep(max(0.0, tick - time.perf_counter()))
-
-
-async def stream_count(url: str, stream: str) -> int:
-    nc = await nats.connect(url)
-    try:
-        return int((await nc.jetstream().stream_info(stream)).state.messages)
-    finally:
-        await nc.close()
-
-
-async def make_stream(url: str, stream: str, subject: str) -> None:
-    nc = await nats.connect(url)
-    await nc.jetstream().add_stream(name=stream, subjects=[subject])
-    await nc.close()
 
 
 def cpu_by_process(pid: int, servers: dict[str, int]) -> dict[str, float]:

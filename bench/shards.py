@@ -32,9 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nats
 import psycopg
-from common import new_db, record
+from common import make_stream, new_db, record, stream_count
 
 from devkit import procs
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
@@ -46,20 +45,6 @@ def weir(config: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[b
     log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen([sys.executable, "-m", "core.cli", "run", "--config", str(path)],
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-
-
-async def stream_count(url: str, stream: str) -> int:
-    nc = await nats.connect(url)
-    try:
-        return int((await nc.jetstream().stream_info(stream)).state.messages)
-    finally:
-        await nc.close()
-
-
-async def make_stream(url: str, stream: str, subject: str) -> None:
-    nc = await nats.connect(url)
-    await nc.jetstream().add_stream(name=stream, subjects=[subject])
-    await nc.close()
 
 
 def cpu(pids: dict[str, int]) -> dict[str, float]:

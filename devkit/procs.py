@@ -33,25 +33,25 @@ def alive(pid: int) -> bool:
         return False
 
 
-def rss_mb(pid: int) -> float:
-    """The resident set of ``pid`` (VmRSS), in MB."""
+def _kb_field(path: str, field: str) -> float:
+    """The ``field:`` line of a /proc file that counts kB, in MB (0 once the process is gone)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        text = Path(path).read_text()
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
-    return next((int(ln.split()[1]) / 1024 for ln in status.splitlines()
-                 if ln.startswith("VmRSS:")), 0.0)  # fmt: skip
+    return next((int(ln.split()[1]) / 1024 for ln in text.splitlines()
+                 if ln.startswith(field + ":")), 0.0)  # fmt: skip
+
+
+def rss_mb(pid: int) -> float:
+    """The resident set of ``pid`` (VmRSS), in MB."""
+    return _kb_field(f"/proc/{pid}/status", "VmRSS")
 
 
 def pss_mb(pid: int) -> float:
     """The proportional set of ``pid`` (Pss: its private pages, and its share of pages it
     shares with other processes, such as the interpreter's libraries), in MB."""
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return next((int(ln.split()[1]) / 1024 for ln in rollup.splitlines()
-                 if ln.startswith("Pss:")), 0.0)  # fmt: skip
+    return _kb_field(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def cpu_seconds(pid: int) -> float:

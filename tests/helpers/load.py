@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from devkit import procs
-from tests.helpers.brokers import Delivered, Harness
+from tests.helpers.brokers import Delivered, Harness, wait_delivered
 from tests.helpers.capture import wait_for
 
 Op = tuple[str, str, Any]  # (action, record_id, v)
@@ -199,3 +199,19 @@ def crash_connectors(broker: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
     broker.prepare(events, dedupe=False)  # NATS: a 100 ms window; only the read-back can save us
     broker.prepare(records, dedupe=False)
     return events, records
+
+
+def wait_all_delivered(broker: Harness, events: dict[str, Any], records: dict[str, Any],
+                       n: int) -> None:  # fmt: skip
+    """Until ``events``' destination holds ``n`` distinct messages (and a second more, so that
+    a duplicate would show) and ``records``' holds some."""
+    wait_for(lambda: len(first_seen(broker.read(events))) >= n, timeout=120,
+             what="every change delivered")  # fmt: skip
+    time.sleep(1.0)
+    wait_delivered(broker, records, 1)
+
+
+def consumed(broker: Harness, *connectors: dict[str, Any]) -> list[list[Delivered]]:
+    """What a subscriber of each connector keeps (a webhook receiver drops repeats)."""
+    got = [broker.consume(c) for c in connectors]
+    return [first_seen(g) for g in got] if broker.replays else got
