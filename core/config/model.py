@@ -3,10 +3,11 @@ connectors of the registry. Reading the file is core/config/load.py."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -14,6 +15,7 @@ from pydantic import (
     ByteSize,
     Field,
     SecretStr,
+    TypeAdapter,
     field_validator,
     model_validator,
 )
@@ -22,6 +24,8 @@ from core.config.base import ConnectorBase, Duration, Model, TableName, Text
 from core.ids import sync_id_for
 from core.registry import connector_specs
 from core.shards import Shard, split
+
+log = logging.getLogger("weir.config")
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -218,6 +222,9 @@ else:  # the union of the registry's config models, told apart by ``type:``
     ]
 
 
+CONNECTOR: TypeAdapter[Connector] = TypeAdapter(Connector)  # a connector as YAML gives it
+
+
 class WorkersConfig(Model):
     """The worker processes ``weir run`` supervises (core/runtime/supervisor.py): each runs
     the works of one role that its index selects, under the same leases as instances do."""
@@ -285,6 +292,25 @@ class WeirConfig(Model):
         if unknown:
             raise UnknownSourceError(f"no source named {', '.join(unknown)}")
         return [s for s in self.sources if names is None or s.name in names]
+
+    def with_stored(self, stored: list[dict[str, Any]]) -> WeirConfig:
+        """This config with the connectors made over the API (core/store/connectors.py) after
+        the file's. One that no longer fits the file (the file now declares its name, or no
+        longer a source it reads) is left out, with a warning."""
+        extra = []
+        names = {c.name for c in self.connectors}
+        for raw in stored:
+            try:
+                c = CONNECTOR.validate_python(raw)
+                if c.name in names:
+                    raise ValueError("the config file declares a connector of that name")
+                self.sources_of(c)
+            except ValueError as e:  # ValidationError included
+                log.warning("connector %s made over the API is left out: %s",
+                            raw.get("name"), " ".join(str(e).split()))  # fmt: skip
+                continue
+            extra.append(c)
+        return self.model_copy(update={"connectors": [*self.connectors, *extra]})
 
     def connector_shards(self) -> list[tuple[Connector, Shard]]:
         """Every connector's units of work, in the file's order: its shards (core/shards.py)."""

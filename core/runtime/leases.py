@@ -51,6 +51,7 @@ class Leases:
         self._rebalanced = time.monotonic()
         self._dropped = False  # the connection went outside alive()
         self._paused_now: set[str] = set()  # connectors paused, as read at the last poll
+        self.connectors_version = ""  # of the connectors made over the API, likewise
 
     def alive(self) -> bool:
         """The lease connection is up (connecting when needed), and the heartbeat written.
@@ -63,7 +64,7 @@ class Leases:
             if self._conn is None or self._conn.closed:
                 self._conn = self._owners.connect()
             self._owners.heartbeat(self._conn)
-            self._paused_now = self._owners.paused(self._conn)
+            self._paused_now, self.connectors_version = self._owners.operated(self._conn)
             self._share = -(-self.works // self._owners.peers(self._conn))
             return True
         except psycopg.Error as e:

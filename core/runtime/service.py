@@ -12,8 +12,9 @@ a thread per source         capture (sources/pg/capture.py): blocking psycopg on
   + its store thread        the batches' store writes and commits, in order
                             (sources/pg/store_thread.py), overlapping the next batch's decoding
 a thread per source         its backfills (sources/backfill.py), when capture asks for them
-one asyncio loop thread     every connector (engine/forwarder.py) and the Notifier that
-                            LISTENs for the store's commits (store/reader.py)
+one asyncio loop thread     every connector (engine/forwarder.py; the file's and the API-made,
+                            runtime/connectors.py) and the Notifier that LISTENs for the
+                            store's commits (store/reader.py)
 the API thread              uvicorn on its own asyncio loop (api/app.py): Consume API with its
                             own Notifier and its queue sweeper, HTTP ingest, health, metrics
 a scheduler thread          retention and slot-lag jobs (runtime/jobs.py)
@@ -22,31 +23,25 @@ a scheduler thread          retention and slot-lag jobs (runtime/jobs.py)
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import gc
 import logging
 import threading
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
-from core.config.model import Connector, PostgresSource, WeirConfig
-from core.engine.forwarder import Forwarder
+from core.config.model import PostgresSource, WeirConfig
 from core.failures import Unreachable, reach_postgres
 from core.metrics import Metrics
 from core.redact import remember, secrets_of
-from core.shards import Shard
+from core.runtime.connectors import ConnectorWorks
 from core.store import Store, open_store
-from core.store.reader import Notifier
 
 if TYPE_CHECKING:
     from core.runtime.supervisor import Worker
 
 log = logging.getLogger("weir")
 GC_YOUNG = 50_000  # new objects between collections of the youngest generation
-T = TypeVar("T")
 
 
 def prepare(cfg: WeirConfig) -> Store:
@@ -108,7 +103,8 @@ def serve(
         except BaseException as e:
             log.error("api: cannot start: %s", e)
             return 1
-    works, loop = _works(cfg, store, metrics, worker)
+    works = _source_works(cfg, store, metrics, worker)
+    connectors = ConnectorWorks(cfg, store, metrics, worker)
     leases = Leases(store, len(works), "all" if worker is None else worker.name)
     scheduler = jobs.start(cfg, store) if worker is None or worker.jobs else None
     tune_gc()
@@ -118,8 +114,7 @@ def serve(
             leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
         )  # fmt: skip
     else:
-        log.info("weir: worker %s is instance %s: %s", worker.name, leases.instance,
-                 ", ".join(works) or "the API")  # fmt: skip
+        log.info("weir: worker %s is instance %s", worker.name, leases.instance)
     failed = False
     reported: dict[str, tuple[str, str]] = {}  # what weir status was last told, by work
     try:
@@ -131,6 +126,7 @@ def serve(
                     w.join(LOST_GRACE)
                 reported.clear()
             else:
+                connectors.update(works, leases, grace)  # the API-made ones may have changed
                 for name, w in works.items():
                     if w.error is not None:
                         failed = True
@@ -161,8 +157,7 @@ def serve(
         for w in works.values():
             w.join(grace)
         leases.close()
-        if loop is not None:
-            loop.close()
+        connectors.close()
         if scheduler is not None:
             scheduler.shutdown(wait=False)
         if api is not None:
@@ -171,29 +166,18 @@ def serve(
     return 1 if failed else 0
 
 
-def _works(
+def _source_works(
     cfg: WeirConfig, store: Store, metrics: Metrics, worker: Worker | None
-) -> tuple[dict[str, _Work], _ConnectorLoop | None]:
-    """The works this process may run under their leases, by lease name, and the loop its
-    connectors run in (none when it runs no connector)."""
+) -> dict[str, _Work]:
+    """The sources' works this process may run under their leases, by lease name (its
+    connectors' are core/runtime/connectors.py's)."""
     works: dict[str, _Work] = {}
     pg = [s for s in cfg.sources if isinstance(s, PostgresSource)]
     for k, src in enumerate(pg):
         if worker is None or worker.runs("sources", k):
             works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
             works[f"backfill:{src.name}"] = _BackfillWork(src, store)
-    mine = [
-        (c, shard)
-        for k, (c, shard) in enumerate(cfg.connector_shards())
-        if worker is None or worker.runs("connectors", k)
-    ]
-    if not mine:
-        return works, None
-    loop = _ConnectorLoop(store)
-    for c, shard in mine:
-        works[f"connector:{shard.key(c.name)}"] = _ConnectorWork(c, shard, cfg, store, metrics,
-                                                                 loop)  # fmt: skip
-    return works, loop
+    return works
 
 
 def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
@@ -332,59 +316,3 @@ class _BackfillWork(_ThreadWork):
                             str(e).strip(), RETRY_BACKFILL)  # fmt: skip
                 wait = RETRY_BACKFILL
             stop.wait(wait)
-
-
-class _ConnectorLoop:
-    """The event loop every connector of this instance runs in, in a thread of its own."""
-
-    def __init__(self, store: Store) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.notifier = Notifier(store)
-        self._thread = threading.Thread(target=self.loop.run_forever, name="connectors",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
-        self.call(self.notifier.start())
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        self.call(self.notifier.stop()).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-
-class _ConnectorWork:
-    def __init__(self, c: Connector, shard: Shard, cfg: WeirConfig, store: Store,
-                 metrics: Metrics, loop: _ConnectorLoop) -> None:  # fmt: skip
-        self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics,
-                                   shard=shard)  # fmt: skip
-        self.loop = loop
-        self._halt = asyncio.Event()  # binds to the loop when first awaited
-        self._run: concurrent.futures.Future[None] | None = None
-        self.error: BaseException | None = None  # the engine retries every failure itself
-
-    @property
-    def running(self) -> bool:
-        return self._run is not None and not self._run.done()
-
-    def status(self) -> tuple[str, str]:
-        return self.forwarder.state, self.forwarder.detail
-
-    def start(self) -> None:
-        self._halt = asyncio.Event()  # made here, so that a stop() right after start() counts
-        self._run = self.loop.call(self.forwarder.run(self._halt))
-
-    def stop(self) -> None:
-        self.loop.loop.call_soon_threadsafe(self._halt.set)
-
-    def join(self, timeout: float) -> None:
-        if self._run is None:
-            return
-        try:
-            self._run.result(timeout)
-        except concurrent.futures.TimeoutError:
-            log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
-            self._run.cancel()
-        except Exception as e:
-            log.error("connector %s: %s", self.forwarder.name, e)

@@ -85,7 +85,10 @@ def plan(cfg: WeirConfig) -> list[Worker]:
         "sources": min(
             cfg.workers.sources, sum(isinstance(s, PostgresSource) for s in cfg.sources)
         ),
-        "connectors": min(cfg.workers.connectors, len(cfg.connector_shards())),
+        # With the API, connectors may be made over it: the processes are there for them.
+        "connectors": cfg.workers.connectors
+        if cfg.api is not None
+        else min(cfg.workers.connectors, len(cfg.connector_shards())),
         "api": 0 if cfg.api is None else 1,
     }
     roles = [(role, i, n) for role, n in counts.items() for i in range(n)]

@@ -338,13 +338,21 @@ ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
     ),
     (
         11,
-        "paused connectors, retries asked of failed lists",
+        "paused and API-made connectors, retries asked of failed lists",
         """
 -- Connectors an operator paused (weir connector pause, the management API): no instance runs
 -- them until resumed; their cursors stay where they were.
 CREATE TABLE {s}.connector_controls (
     name       text PRIMARY KEY,
     paused     boolean NOT NULL DEFAULT false,
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Connectors made over the management API (a connector's config as YAML gives it, as JSON):
+-- run by every instance beside the file's, picked up within seconds.
+CREATE TABLE {s}.api_connectors (
+    name       text PRIMARY KEY,
+    config     jsonb NOT NULL,
     changed_at timestamptz NOT NULL DEFAULT now()
 );
 

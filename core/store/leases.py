@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from core.store import SESSION, Conn, Store
+from core.store.connectors import VERSION
 
 
 class Owners:
@@ -40,9 +41,11 @@ class Owners:
             "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
         ).format(t)
         self._give_up = sql.SQL("DELETE FROM {} WHERE work = %s AND instance = %s").format(t)
-        self._paused = sql.SQL("SELECT name FROM {} WHERE paused").format(
-            store.table("connector_controls")
-        )
+        self._operated = sql.SQL(
+            "SELECT (SELECT coalesce(array_agg(name), '{{}}') FROM {} WHERE paused), ("
+            + VERSION
+            + ")"
+        ).format(store.table("connector_controls"), store.table("api_connectors"))
 
     def connect(self) -> Conn:
         """A lease connection: the leases taken on it end with it."""
@@ -84,9 +87,11 @@ class Owners:
         conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"weir:lease:{work}",))
         conn.execute(self._give_up, (work, self.instance))
 
-    def paused(self, conn: Conn) -> set[str]:
-        """The connectors an operator paused (core/store/operate.py): no instance runs them."""
-        return {str(r[0]) for r in conn.execute(self._paused).fetchall()}
+    def operated(self, conn: Conn) -> tuple[set[str], str]:
+        """What operators changed: the connectors paused (core/store/operate.py), which no
+        instance runs, and the version of the connectors made over the API."""
+        row = conn.execute(self._operated).fetchone()
+        return (set(row[0]), str(row[1])) if row else (set(), "")  # type: ignore[call-overload]
 
     def release(self, conn: Conn) -> None:
         """No longer show the instance as owner, but of work that failed (it says why)."""

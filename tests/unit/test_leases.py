@@ -41,8 +41,8 @@ class FakeOwners:
 
     paused_connectors: set[str] = set()
 
-    def paused(self, conn: Any) -> set[str]:
-        return self.paused_connectors
+    def operated(self, conn: Any) -> tuple[set[str], str]:
+        return self.paused_connectors, "0/"
 
     def take(self, conn: Any, work: str) -> bool:
         if self.gone:
