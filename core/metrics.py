@@ -87,12 +87,15 @@ class StoreCollector(Collector):
             failed.add_metric([c.name, c.source], c.failed)
         yield from (lag, age, failed)
         pending = GaugeMetricFamily(
-            "weir_consumer_pending", "Queued and visible", labels=["consumer"]
+            "weir_consumer_pending",
+            "Queued and not outstanding (new or nacked)",
+            labels=["consumer"],
         )
-        acks = GaugeMetricFamily("weir_consumer_ack_pending", "Delivered and not acknowledged",
+        acks = GaugeMetricFamily("weir_consumer_ack_pending",
+                                 "Outstanding: delivered, neither acked nor nacked (expired too)",
                                  labels=["consumer"])  # fmt: skip
-        for name, (visible, outstanding) in queues.items():
-            pending.add_metric([name], visible)
+        for name, (waiting, outstanding) in queues.items():
+            pending.add_metric([name], waiting)
             acks.add_metric([name], outstanding)
         yield from (pending, acks)
 

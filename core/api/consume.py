@@ -6,8 +6,9 @@ workers receive, ack and nack rows of it. Payloads stay in the streams and are j
 a row is delivered. All state is in Postgres, so several workers, several Weir processes and
 restarts share one view (the SQL is core/store/consumers.py; this module decides when):
 
-- a delivered row is invisible until ``not_visible_until`` (the visibility timeout); nack
-  makes it visible at once, ack deletes it;
+- a delivered row is invisible until ``not_visible_until`` (the visibility timeout) and
+  outstanding until acked (deleted) or nacked (visible at once); ``max_ack_pending`` caps the
+  outstanding rows, also those whose visibility ran out (they are delivered again freely);
 - only the lowest row of a group is deliverable, so a group's next message waits until the one
   before it is acknowledged;
 - receives of one consumer are serialised by an advisory lock, which makes ``max_ack_pending``
@@ -15,7 +16,8 @@ restarts share one view (the SQL is core/store/consumers.py; this module decides
   (``consumer_receive``, core/store/functions.py), so the lock is held only while the server
   works; ack and nack do not take it;
 - a records-stream row whose version was superseded before delivery is dropped when it comes
-  up: the newer version is queued behind it, and the records stream only serves the latest.
+  up, with the other superseded rows of its group, and the receive tried again: the newer
+  version is queued behind it, and the records stream only serves the latest.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ log = logging.getLogger("weir.consume")
 
 POLL = 1.0  # seconds between fills when no commit notification arrives
 WAKE = 0.25  # seconds between receive attempts while a receive long-polls
+BATCH = 10  # messages a receive asks for when it names no batch size
 MAX_BATCH = 1000
 MAX_WAIT_MS = 60_000
 INFO_TTL = 1.0  # seconds an info count is reused
@@ -280,8 +283,8 @@ class Consumers:
         return count
 
     async def info(self, name: str) -> dict[str, int]:
-        """``num_pending`` (queued, visible) and ``num_ack_pending`` (delivered, not acked),
-        counted at most once a second.
+        """``num_pending`` (waiting) and ``num_ack_pending`` (outstanding), counted at most
+        once a second.
         """
         live = await self.get(name)
         at, counts = live.info

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import Response
 
-from core.api.consume import MAX_BATCH, MAX_WAIT_MS, Consumers
+from core.api.consume import BATCH, MAX_BATCH, MAX_WAIT_MS, Consumers
 from core.api.models import (
     AckIds,
     AckTokens,
@@ -28,12 +28,36 @@ from core.api.models import (
     StreamResponse,
 )
 from core.config.model import ConsumerConfig
-from core.errors import NotFound
+from core.errors import Invalid, NotFound
 from core.store.consumers import Delivery
 
 _dumps = orjson.dumps
-BatchSize = Annotated[int, Query(ge=1, le=MAX_BATCH)]
 WaitFor = Annotated[int, Query(ge=0, le=MAX_WAIT_MS, description="long-poll this many ms")]
+
+
+def batch_size_of(batch_size: int | None, max_batch_size: int | None) -> int:
+    """The batch size a receive asks for, by either name (``max_batch_size`` is Sequin's
+    current one); :class:`Invalid` when both are given and differ."""
+    if batch_size is not None and max_batch_size is not None and batch_size != max_batch_size:
+        raise Invalid(
+            f"batch_size ({batch_size}) and max_batch_size ({max_batch_size}) differ;"
+            " give one of them"
+        )
+    return batch_size or max_batch_size or BATCH
+
+
+def _batch_query(
+    batch_size: Annotated[
+        int | None, Query(ge=1, le=MAX_BATCH, description=f"messages at most (default {BATCH})")
+    ] = None,
+    max_batch_size: Annotated[
+        int | None, Query(ge=1, le=MAX_BATCH, description="Sequin's current name for batch_size")
+    ] = None,
+) -> int:
+    return batch_size_of(batch_size, max_batch_size)
+
+
+BatchSize = Annotated[int, Depends(_batch_query)]
 
 
 def _json(body: bytes) -> Response:
@@ -128,7 +152,7 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     # -- consume: /v1 ---------------------------------------------------------------------
 
     @api.get("/v1/http-consumers/{name}/next", responses={200: {"model": NextResponse}})
-    async def next_(name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0) -> Response:
+    async def next_(name: Name, batch_size: BatchSize, wait_for: WaitFor = 0) -> Response:
         body = await items(name, batch_size, wait_for, _next_item)
         info = await consumers.info(name)
         return _json(body + b',"info":' + _dumps(info) + b"}")
@@ -136,17 +160,13 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     # -- consume: http_pull_consumers -----------------------------------------------------
 
     @api.get("/api/http_pull_consumers/{name}/receive", responses={200: {"model": PullResponse}})
-    async def receive_pull(
-        name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0
-    ) -> Response:
+    async def receive_pull(name: Name, batch_size: BatchSize, wait_for: WaitFor = 0) -> Response:
         return _json(await items(name, batch_size, wait_for, _pull_item) + b"}")
 
     # -- consume: sequin_streams ----------------------------------------------------------
 
     @api.get("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
-    async def receive_stream(
-        name: Name, batch_size: BatchSize = 10, wait_for: WaitFor = 0
-    ) -> Response:
+    async def receive_stream(name: Name, batch_size: BatchSize, wait_for: WaitFor = 0) -> Response:
         return _json(await items(name, batch_size, wait_for, _stream_item) + b"}")
 
     @api.post("/api/sequin_streams/{name}/receive", responses={200: {"model": StreamResponse}})
@@ -154,6 +174,7 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
         name: Name, body: Annotated[StreamReceive | None, Body()] = None
     ) -> Response:
         body = body or StreamReceive()
-        return _json(await items(name, body.batch_size, body.wait_for, _stream_item) + b"}")
+        n = batch_size_of(body.batch_size, body.max_batch_size)
+        return _json(await items(name, n, body.wait_for, _stream_item) + b"}")
 
     _settle_routes(api, consumers)

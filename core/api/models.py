@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.api.consume import MAX_BATCH, MAX_WAIT_MS
+from core.api.consume import BATCH, MAX_BATCH, MAX_WAIT_MS
 from core.config.model import ConsumerConfig
 from core.sources.http import IngestRecord
 
@@ -24,8 +24,11 @@ class Out(BaseModel):
 
 
 class Info(Out):
-    num_pending: int = Field(description="queued and visible")
-    num_ack_pending: int = Field(description="delivered and not yet acknowledged")
+    num_pending: int = Field(description="queued and not outstanding: new or nacked")
+    num_ack_pending: int = Field(
+        description="outstanding: delivered and neither acked nor nacked, also when its"
+        " visibility timeout ran out (max_ack_pending caps these)"
+    )
 
 
 class ConsumerOut(ConsumerConfig):
@@ -79,7 +82,12 @@ class AckIds(BaseModel):
 
 class StreamReceive(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    batch_size: int = Field(10, ge=1, le=MAX_BATCH)
+    batch_size: int | None = Field(
+        None, ge=1, le=MAX_BATCH, description=f"messages at most (default {BATCH})"
+    )
+    max_batch_size: int | None = Field(
+        None, ge=1, le=MAX_BATCH, description="Sequin's current name for batch_size"
+    )
     wait_for: int = Field(0, ge=0, le=MAX_WAIT_MS)
 
 

@@ -36,11 +36,13 @@ _ROWS = (
     " LATERAL (SELECT ctid FROM {m} WHERE consumer = %s AND id = t.id"
     " AND (t.n IS NULL OR deliver_count = t.n) LIMIT 1) q))"
 )
-# A queue's (visible, delivered and not acked) rows, over ``consumer_messages m``.
+# A queue's (waiting, outstanding) rows, over ``consumer_messages m``. Outstanding: delivered
+# and neither acked nor nacked, also when its visibility ran out (what max_ack_pending caps);
+# waiting: the others, never delivered or nacked.
 QUEUE_COUNTS = (
-    "count(m.id) FILTER (WHERE m.not_visible_until <= now()),"
-    " count(m.id) FILTER (WHERE m.not_visible_until > now())"
+    "count(m.id) FILTER (WHERE NOT m.outstanding), count(m.id) FILTER (WHERE m.outstanding)"
 )
+ROUNDS = 4  # receives in one call, while rows whose stream message is gone were buried
 
 
 CONSUMER_PREFIX = "consumer:"
@@ -135,9 +137,10 @@ class Queues:
         self._dead = {s: self._with_messages(s, dead) for s in ("events", "records")}
         self._delete = sql.SQL("DELETE FROM {m} WHERE " + _ROWS).format(m=self._m)
         self._nack = sql.SQL(
-            "UPDATE {m} SET not_visible_until = now() WHERE " + _ROWS
-            + " AND not_visible_until > now()"
+            "UPDATE {m} SET not_visible_until = now(), outstanding = false WHERE " + _ROWS
+            + " AND outstanding"
         ).format(m=self._m)  # fmt: skip
+        self._gone = {s: self._purge(s) for s in ("events", "records")}
         self._counts = sql.SQL(
             "SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s"
         ).format(self._m)
@@ -155,6 +158,20 @@ class Queues:
             " LEFT JOIN LATERAL (" + (EVENTS_SELECT if stream == "events" else RECORDS_SELECT)
             + " WHERE sync_id = q.sync_id AND seq = q.seq LIMIT 1) m ON true ORDER BY q.id"
         ).format(rows=rows, table=self.store.table(stream))  # fmt: skip
+
+    def _purge(self, stream: str) -> sql.Composed:
+        """Delete queue rows (by id, of a consumer) whose message could not be built, with the
+        rows behind each in its group that are not outstanding and whose stream message is
+        gone: a record updated many times before delivery leaves one superseded row per
+        version, and all go at once, so that a receive finds the latest next. Each group is
+        walked by its index (params: ids, consumer, consumer)."""
+        return sql.SQL(
+            "DELETE FROM {m} WHERE ctid = ANY(ARRAY(SELECT o.ctid FROM unnest(%s::int8[]) g(id),"
+            " LATERAL (SELECT group_key FROM {m} WHERE consumer = %s AND id = g.id) k,"
+            " LATERAL (SELECT ctid FROM {m} o WHERE o.consumer = %s AND o.group_key = k.group_key"
+            "  AND o.id >= g.id AND (o.id = g.id OR NOT o.outstanding AND NOT EXISTS"
+            "  (SELECT 1 FROM {stream} s WHERE s.sync_id = o.sync_id AND s.seq = o.seq))) o))"
+        ).format(m=self._m, stream=self.store.table(stream))
 
     # -- declarations -----------------------------------------------------------------------
 
@@ -220,20 +237,30 @@ class Queues:
     async def receive(
         self, cfg: ConsumerConfig, readers: dict[str, StreamReader], n: int
     ) -> tuple[list[Delivery], list[Delivery]]:
-        """One receive (``consumer_receive``) of up to ``n`` messages: (those delivered, those
-        moved to the failed list instead, having used up ``max_deliver``)."""
-        params = (cfg.name, n, cfg.max_ack_pending, cfg.ack_wait_ms, cfg.max_deliver)
+        """Up to ``n`` messages by ``consumer_receive``: (those delivered, those moved to the
+        failed list instead, having used up ``max_deliver``).
+
+        Rows buried on the way (moved to the failed list, or their stream message gone: a
+        superseded version, a pruned event) may hold back the next row of their group, which
+        is deliverable now: while some were buried and fewer than ``n`` came, it receives
+        again (``ROUNDS`` in all), so that a message ready is not left to a later call.
+        """
+        out: list[Delivery] = []
+        dead: list[Delivery] = []
         async with self.pool.connection() as conn:
-            rows, built = await self._queued(conn, readers, self._receive[cfg.stream], params)
-            if not rows:
-                return [], []
-            dead = await self._bury(conn, cfg, rows, built)
-        out = []
-        for row_id, _, _, count, is_dead in rows:
-            got = built.get(row_id)
-            if got is not None and not is_dead:
-                got.deliveries = count + 1
-                out.append(got)
+            for _ in range(ROUNDS):
+                params = (cfg.name, n - len(out), cfg.max_ack_pending, cfg.ack_wait_ms,
+                          cfg.max_deliver)  # fmt: skip
+                rows, built = await self._queued(conn, readers, self._receive[cfg.stream], params)
+                buried = await self._bury(conn, cfg, rows, built)
+                dead += buried
+                for row_id, _, _, count, is_dead in rows:
+                    got = built.get(row_id)
+                    if got is not None and not is_dead:
+                        got.deliveries = count + 1
+                        out.append(got)
+                if len(out) >= n or (not buried and len(rows) == len(built)):
+                    break
         return out, dead
 
     async def sweep(
@@ -287,19 +314,22 @@ class Queues:
                             f"not acknowledged after {d.deliveries} deliveries (max_deliver)")
                            for d in dead]  # fmt: skip
                 await failed_list.put(self.store, conn, consumer_key(cfg.name), cfg.stream, entries)
-            ids = gone + [d.row_id for d in dead]
-            await conn.execute(self._delete, (ids, [None] * len(ids), cfg.name))
+                ids = [d.row_id for d in dead]
+                await conn.execute(self._delete, (ids, [None] * len(ids), cfg.name))
+            if gone:
+                await conn.execute(self._gone[cfg.stream], (gone, cfg.name, cfg.name))
         return dead
 
     async def settle(self, name: str, ids: list[int], deliveries: list[int], ack: bool) -> int:
-        """Ack (delete) or nack (make visible now) the rows of these deliveries; returns how
-        many matched (a row delivered again since matches no earlier delivery)."""
+        """Ack (delete) or nack (make visible now, no longer outstanding) the rows of these
+        deliveries; returns how many matched (a row delivered again since matches no earlier
+        delivery, a nacked one no second nack)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._delete if ack else self._nack, (ids, deliveries, name))
         return int(cur.rowcount)
 
     async def counts(self, name: str) -> tuple[int, int]:
-        """(rows queued and visible, rows delivered and not acked) of a consumer's queue."""
+        """(rows waiting, rows outstanding) of a consumer's queue (``QUEUE_COUNTS``)."""
         async with self.pool.connection() as conn:
             row = await (await conn.execute(self._counts, (name,))).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)

@@ -22,14 +22,18 @@ $$;
 """,
     # One receive of the Consume API (core/store/consumers.py, DESIGN.md section 8): picks up
     # to p_n deliverable rows of a consumer's queue and makes them invisible for p_wait_ms.
-    # Deliverable: the lowest row of its group, visible, and new ones only while fewer than
-    # p_max_pending are outstanding. Receives of a consumer are serialised by an advisory lock;
-    # being one statement, the lock is held only for the server's own work. Rows delivered
-    # p_max_deliver times come back with dead = true and unchanged, for the caller to move to
-    # the failed list. The plans stay bounded when the queue's statistics are stale (a new or
-    # fast-changing queue): the chosen rows are updated through their ctid (a join on id could
-    # read the whole queue), and no bitmap scans (the in-flight count's bitmap scan walked
-    # every dead index entry of the last ack_wait_ms on every call; index scans mark them dead).
+    # Deliverable: the lowest row of its group and visible. p_max_pending is a hard cap on the
+    # outstanding rows (delivered, neither acked nor nacked, expired or not: the column
+    # outstanding): an expired outstanding row is delivered again freely, being counted
+    # already; a new or nacked row only within the room the cap leaves. Receives of a consumer
+    # are serialised by an advisory lock; being one statement, the lock is held only for the
+    # server's own work. Rows delivered p_max_deliver times come back with dead = true and
+    # unchanged, for the caller to move to the failed list (they take no room). The plans stay
+    # bounded when the queue's statistics are stale (a new or fast-changing queue): the
+    # outstanding rows are counted by their partial index, the chosen rows are updated through
+    # their ctid (a join on id could read the whole queue), and no bitmap scans (the in-flight
+    # count's bitmap scan walked every dead index entry of the last ack_wait_ms on every call;
+    # index scans mark them dead).
     "consumer_receive": """
 CREATE OR REPLACE FUNCTION {s}.consumer_receive(p_consumer text, p_n integer, p_max_pending integer,
                                                 p_wait_ms integer, p_max_deliver integer)
@@ -42,27 +46,29 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('weir:consume:' || p_consumer, 0));
     SELECT p_max_pending - count(*) INTO room FROM (
         SELECT 1 FROM {s}.consumer_messages c
-        WHERE c.consumer = p_consumer AND c.not_visible_until > now() LIMIT p_max_pending) q;
+        WHERE c.consumer = p_consumer AND c.outstanding LIMIT p_max_pending) q;
     RETURN QUERY
     WITH cand AS (
-        SELECT m.ctid AS tid, m.id, m.sync_id, m.seq, m.deliver_count,
+        SELECT m.ctid AS tid, m.id, m.sync_id, m.seq, m.deliver_count, m.outstanding,
                (p_max_deliver > 0 AND m.deliver_count >= p_max_deliver) AS dead
         FROM {s}.consumer_messages m
         WHERE m.consumer = p_consumer AND m.not_visible_until <= now()
-          AND (m.deliver_count > 0 OR room > 0)
+          AND (room > 0 OR m.outstanding
+               OR (p_max_deliver > 0 AND m.deliver_count >= p_max_deliver))
           AND NOT EXISTS (SELECT 1 FROM {s}.consumer_messages o WHERE o.consumer = p_consumer
                           AND o.group_key = m.group_key AND o.id < m.id)
         ORDER BY m.id LIMIT p_n
     ), chosen AS (
         SELECT cand.* FROM (
             SELECT cand.*, row_number() OVER (
-                PARTITION BY cand.deliver_count = 0 AND NOT cand.dead ORDER BY cand.id) AS r
+                PARTITION BY NOT cand.outstanding AND NOT cand.dead ORDER BY cand.id) AS r
             FROM cand) cand
-        WHERE cand.dead OR cand.deliver_count > 0 OR cand.r <= room
+        WHERE cand.dead OR cand.outstanding OR cand.r <= room
     ), upd AS (
         UPDATE {s}.consumer_messages m
         SET deliver_count = m.deliver_count + 1,
-            not_visible_until = now() + make_interval(secs => p_wait_ms / 1000.0)
+            not_visible_until = now() + make_interval(secs => p_wait_ms / 1000.0),
+            outstanding = true
         WHERE m.ctid = ANY(ARRAY(SELECT chosen.tid FROM chosen WHERE NOT chosen.dead))
     )
     SELECT chosen.id, chosen.sync_id, chosen.seq, chosen.deliver_count, chosen.dead

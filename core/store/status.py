@@ -157,7 +157,8 @@ def backfills(store: Store) -> list[BackfillStatus]:
 
 
 def consumer_queues(store: Store) -> dict[str, tuple[int, int]]:
-    """Per HTTP pull consumer: (visible messages in its queue, delivered and not acked)."""
+    """Per HTTP pull consumer: (messages waiting in its queue, outstanding: delivered and
+    neither acked nor nacked)."""
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(
             sql.SQL(

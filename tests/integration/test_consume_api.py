@@ -133,11 +133,73 @@ def test_max_ack_pending_serves_only_redeliveries(table: str) -> None:
         first = receive_n(client, 3)
         assert receive(client, "w", 10) == []
         assert settle(client, "w", first[:1], "nack") == 1
-        got = receive(client, "w", 10)  # the redelivery, and one new message up to the limit
-        assert len(got) == 2 and got[0]["record"]["id"] == first[0]["record"]["id"]
+        got = receive(client, "w", 10)  # the nacked one takes the room its nack made
+        assert [m["record"]["id"] for m in got] == [first[0]["record"]["id"]]
         assert receive(client, "w", 10) == []
-        assert settle(client, "w", first[1:] + got) == 4
-        assert len(receive(client, "w", 10)) == 2
+        assert settle(client, "w", first[1:] + got) == 3
+        assert len(receive(client, "w", 10)) == 3
+
+
+def test_max_ack_pending_counts_expired_deliveries(table: str) -> None:
+    """Outstanding means delivered and neither acked nor nacked, also once the visibility ran
+    out: expired deliveries come back, but no new message beside them past the cap."""
+    with api_serving(table, consumers=[{**W, "max_ack_pending": 2, "ack_wait_ms": 1200}]) as client:
+        insert_t(table, range(4))
+        wait_queued(client, "w", 4)
+        a, b = receive_n(client, 2)
+        time.sleep(1.3)  # both expire (and the info count is a second old)
+        assert info(client)["num_ack_pending"] == 2
+        again = receive(client, "w", 10)  # only the 2 redeliveries
+        assert ids(again) == ids([a, b])
+        assert settle(client, "w", again[:1]) == 1
+        c = receive(client, "w", 10)  # the ack made room for 1 new message
+        assert len(c) == 1 and ids(c) != ids([a])
+        assert settle(client, "w", again[1:], "nack") == 1
+        back = receive(client, "w", 10)  # the nacked one, and nothing beside it
+        assert ids(back) == ids([b])
+        time.sleep(1.1)
+        assert info(client)["num_ack_pending"] == 2
+
+
+def test_a_superseded_version_does_not_hide_the_latest(table: str) -> None:
+    """A record updated twice before any receive leaves two superseded queue rows ahead of
+    its latest version: one receive buries them and returns the latest."""
+    with api_serving(table, consumers=[{"name": "r", "stream": "records"}]) as client:
+        insert_t(table, range(1))
+        for n, body in enumerate(("y", "z"), 2):
+            wait_queued(client, "r", n - 1)
+            with psycopg.connect(table, autocommit=True) as conn:
+                conn.execute("UPDATE t SET body = %s WHERE id = 0", (body,))
+        wait_queued(client, "r", 3)
+        got = receive(client, "r", 10, wait_for=0)
+        assert [m["record"]["data"]["body"] for m in got] == ["z"]
+        assert settle(client, "r", got) == 1
+        assert receive(client, "r", 10) == []
+
+
+def test_max_batch_size_names_the_batch_size(table: str) -> None:
+    with api_serving(table, consumers=[W]) as client:
+        insert_t(table, range(30))
+        wait_queued(client, "w", 30)
+        for path in ("/v1/http-consumers/w/next", "/api/http_pull_consumers/w/receive",
+                     "/api/sequin_streams/w/receive"):  # fmt: skip
+            r = client.get(path, params={"max_batch_size": 2})
+            assert r.status_code == 200, r.text
+            assert len(r.json()["data"]) == 2
+            r = client.get(path, params={"max_batch_size": 1, "batch_size": 1})
+            assert len(r.json()["data"]) == 1
+            r = client.get(path, params={"max_batch_size": 3, "batch_size": 2})
+            assert r.status_code == 400 and "max_batch_size" in r.json()["detail"], r.text
+        post = "/api/sequin_streams/w/receive"
+        assert len(client.post(post, json={"max_batch_size": 3}).json()["data"]) == 3
+        r = client.post(post, json={"max_batch_size": 3, "batch_size": 2})
+        assert r.status_code == 400 and "max_batch_size" in r.json()["detail"], r.text
+        assert len(client.post(post, json={}).json()["data"]) == 10  # the default
+        schema = client.get("/openapi.json").json()
+        for path in ("/v1/http-consumers/{name}/next", "/api/sequin_streams/{name}/receive"):
+            names = {p["name"] for p in schema["paths"][path]["get"]["parameters"]}
+            assert {"batch_size", "max_batch_size"} <= names
+        assert "max_batch_size" in schema["components"]["schemas"]["StreamReceive"]["properties"]
 
 
 def test_max_deliver_moves_a_message_to_the_failed_list(table: str) -> None:
@@ -298,6 +360,14 @@ def test_http_ingest_keeps_the_newest_version(table: str) -> None:
         latest = receive_all(client, "r", 1)
         assert latest[0]["record"]["deleted"] is True
         assert latest[0]["record"]["resource_id"] == "sub_1"
+
+
+def ids(batch: list[Any]) -> list[str]:
+    return [m["record"]["id"] for m in batch]
+
+
+def info(client: httpx.Client) -> dict[str, int]:
+    return dict(client.get("/v1/http-consumers/w").json()["info"])
 
 
 def changes(batch: list[Any]) -> list[tuple[str, str]]:
