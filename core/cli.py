@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 from types import FrameType
 
+from core.cli_operate import add_commands as add_operate_commands
 from core.commands import load_or_exit, postgres_source_or_exit, source_problems, table_arg
 from core.config.settings import WeirSettings
 from core.failures import bound_postgres_connects, reach_postgres
@@ -260,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
     p.set_defaults(func=cmd_status)
+
+    add_operate_commands(sub)
 
     p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")

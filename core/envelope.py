@@ -200,7 +200,8 @@ class Message:
     ``group`` is the group key (unit of order, :func:`group_key`), ``key`` the idempotency key,
     ``payload`` the JSON a subscriber receives. ``action`` is the event's action (``None`` on the
     records stream). ``committed`` is the upstream commit time (epoch seconds), for latency
-    metrics.
+    metrics. ``replay`` marks one sent again from the failed list: it settles its entry there,
+    not the cursor.
     """
 
     sync_id: str
@@ -213,6 +214,7 @@ class Message:
     payload: bytes
     committed: float = 0.0
     attempts: int = 0
+    replay: bool = False  # sent again from the failed list (an operator's retry)
 
 
 def earliest(marks: Sequence[BrokerMark]) -> BrokerMark:

@@ -3,6 +3,8 @@ and the server that runs it.
 
 - core/api/consume_routes.py: management of HTTP pull consumers, the Consume API in its three
   route families (engine: core/api/consume.py);
+- core/api/manage_routes.py: sources, connectors, failed lists: what an operator reads and does
+  (engine: core/api/manage.py), which the console shows too;
 - core/api/ingest_routes.py: HTTP ingest for ``kind: http`` sources;
 - core/api/probes.py: ``/health``, ``/ready`` and ``/metrics``;
 - core/api/console/: the web console at ``/console``, behind a login with the same tokens;
@@ -29,9 +31,10 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
 
-from core.api import consume, consume_routes, ingest_routes, probes, refusals
+from core.api import consume, consume_routes, ingest_routes, manage_routes, probes, refusals
 from core.api.console import routes as console
 from core.api.consume import Consumers
+from core.api.manage import Operations
 from core.api.models import Refused
 from core.config.model import WeirConfig
 from core.metrics import Metrics
@@ -44,9 +47,15 @@ Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_
 
 
 def build_app(
-    consumers: Consumers, ingest: Ingest, metrics: Metrics, tokens: list[bytes], max_body: int
+    consumers: Consumers,
+    ops: Operations,
+    ingest: Ingest,
+    metrics: Metrics,
+    tokens: list[bytes],
+    max_body: int,
 ) -> FastAPI:
-    """The API over a started consume engine and ingest; called once by :class:`ApiServer`."""
+    """The API over a started consume engine, management and ingest; called once by
+    :class:`ApiServer`."""
 
     async def authorized(creds: Bearer) -> None:  # async: no hop to a thread pool
         given = creds.credentials.encode() if creds else b""
@@ -61,7 +70,8 @@ def build_app(
     app = FastAPI(
         title="Weir API",
         version="1",
-        description="Consume API, HTTP pull consumer management, HTTP ingest, metrics.",
+        description="Consume API, HTTP pull consumers, management (sources, connectors, failed"
+        " lists), HTTP ingest, metrics.",
         openapi_url=None,  # served below, behind the token
         docs_url=None,
         redoc_url=None,
@@ -77,7 +87,9 @@ def build_app(
         return app.openapi()
 
     refusals.install(app, max_body)
+    app.state.ops = ops  # the console reads and acts through it too
     consume_routes.add_routes(api, consumers)
+    manage_routes.add_routes(api, ops)
     ingest_routes.add_routes(api, ingest)
     probes.add_routes(app, api, consumers.cfg, consumers.store.url, metrics)
     app.include_router(api)
@@ -126,16 +138,18 @@ class ApiServer:
         )
         await pool.open(wait=True, timeout=30)
         consumers = Consumers(self.cfg, self.store, pool)
+        ops = Operations(self.cfg, self.store, pool, consumers)
         ingest = Ingest(self.cfg, self.store, self.metrics)
         sweeper = AsyncIOScheduler()
         try:
             await consumers.start()
+            await ops.start()
             sweeper.add_job(consumers.sweep, "interval", seconds=consume.SWEEP_EVERY,
                             max_instances=1, coalesce=True)  # fmt: skip
             sweeper.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]
             max_body = self.cfg.api.max_body_bytes
-            app = build_app(consumers, ingest, self.metrics, tokens, max_body)
+            app = build_app(consumers, ops, ingest, self.metrics, tokens, max_body)
             config = uvicorn.Config(
                 app, host=self.host, port=self.port, log_level="warning", access_log=False,
                 lifespan="off", timeout_graceful_shutdown=5,
@@ -153,6 +167,7 @@ class ApiServer:
         finally:
             if sweeper.running:
                 sweeper.shutdown(wait=False)
+            await ops.stop()
             await consumers.stop()
             ingest.close()
             await pool.close()

@@ -292,11 +292,6 @@ class Consumers:
         live.info = (time.monotonic(), counts)
         return counts
 
-    async def failed(self, name: str, limit: int) -> list[dict[str, Any]]:
-        """The oldest ``limit`` entries of the consumer's failed list."""
-        await self.get(name)
-        return await self.queues.failed(name, limit)
-
 
 def _failed(live: _Live, dead: list[Delivery]) -> None:
     for d in dead:

@@ -20,7 +20,6 @@ from core.api.models import (
     ConsumerList,
     ConsumerOut,
     Deleted,
-    FailedList,
     Name,
     NextResponse,
     PullResponse,
@@ -125,10 +124,6 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     async def delete_consumer(name: Name) -> dict[str, Any]:
         await consumers.delete(name)
         return {"success": True}
-
-    @api.get("/v1/http-consumers/{name}/failed", response_model=FailedList)
-    async def failed(name: Name, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-        return {"data": await consumers.failed(name, limit)}
 
     # -- consume: /v1 ---------------------------------------------------------------------
 

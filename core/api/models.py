@@ -92,10 +92,6 @@ class Deleted(Out):
     success: bool
 
 
-class FailedList(Out):
-    data: list[dict[str, Any]]
-
-
 class IngestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     records: list[IngestRecord] = Field(min_length=1, max_length=10_000)

@@ -8,6 +8,8 @@ Rules it keeps, for every sink alike:
   the failed list), and with it is saved where the broker was (``Sink.mark``), so that after
   a restart the messages the broker took since are read back and not sent again;
 - a failing message blocks only its group; after ``max_attempts`` it goes to the failed list;
+  one an operator asks to retry comes back through its group (behind what the group has out)
+  and leaves the list once the broker took it;
 - a message can never hold the connector in a reconnect loop: the messages of a batch whose
   connection was lost (or whose acks never came) are suspects, sent alone once it is back; a
   suspect that loses the connection alone ``max_attempts`` times (3 by default) is charged
@@ -48,6 +50,7 @@ log = logging.getLogger("weir.engine")
 PAGE = 2000  # rows per store read
 SPAN = 200_000  # seqs scanned per store read, so that narrow filters stay cheap
 POLL = 1.0  # seconds between store polls when no notification arrives
+REPLAYS = 500  # failed messages asked to be retried, taken per source and poll
 SAVE_EVERY = 0.1  # seconds between cursor saves
 FENCE_SAID = 1.0  # seconds a session waits for its fence before its state says so
 
@@ -146,6 +149,7 @@ class _Session:
         self.tick = itertools.count()
         self.in_flight: set[asyncio.Task[None]] = set()
         self.done: deque[tuple[list[tuple[Lane, Message]], BaseException | None]] = deque()
+        self.replaying: set[str] = set()  # keys of retried failed messages out in this session
         self.pending = 0  # messages read and not yet settled
         self.sent = 0  # messages in flight
         self.delivered = 0
@@ -188,6 +192,7 @@ class _Session:
                 next_poll = now + POLL
                 for lane in self.lanes:
                     lane.hungry = True
+                    await self._replay(lane)
             if fw.notified:  # a source committed: its lane may have more
                 fw.notified = False
                 for lane in self.lanes:
@@ -288,7 +293,23 @@ class _Session:
             if (older := admit(msg.group, (lane, msg))) is not None:
                 self._settled(*older)  # a newer version of the record replaced it
 
+    async def _replay(self, lane: Lane) -> None:
+        """Admit the lane's failed messages an operator asked to retry: each goes through its
+        group like a message just read, so it never goes out beside another of its group."""
+        msgs, replaced = await lane.reader.retries(REPLAYS)
+        lane.resolved += replaced  # a newer version of the record was sent after it
+        for msg in msgs:
+            if msg.key not in self.replaying:
+                self.replaying.add(msg.key)
+                if (older := self.groups.admit(msg.group, (lane, msg))) is not None:
+                    self._settled(*older)
+
     def _settled(self, lane: Lane, msg: Message) -> None:
+        """``msg`` is done with: the broker took it, or a newer version replaced it."""
+        if msg.replay:  # its entry leaves the failed list at the next save; the cursor is past
+            self.replaying.discard(msg.key)
+            lane.resolved.append(msg.seq)
+            return
         lane.settle(msg.seq)
         self.pending -= 1
 
@@ -393,10 +414,13 @@ class _Session:
         fatal = isinstance(err, FatalError)
         if fatal or (retry.max_attempts is not None and msg.attempts >= retry.max_attempts):
             reason = f"{type(err).__name__}: {err}"
-            await lane.reader.fail(msg, reason)
+            await lane.reader.fail(msg, reason)  # a retried one's entry: its new error
             log.warning("connector %s: seq %d (%s) moved to the failed list after %d attempts: %s",
                         self.fw.name, msg.seq, msg.key, msg.attempts, reason)  # fmt: skip
-            self._settled(lane, msg)
+            if msg.replay:
+                self.replaying.discard(msg.key)
+            else:
+                self._settled(lane, msg)
             self.groups.release(msg.group)
             self.count_failed()
             return False
@@ -407,6 +431,9 @@ class _Session:
 
     async def _save(self) -> None:
         for lane in self.lanes:
+            if lane.resolved:
+                await lane.reader.resolve(lane.resolved)
+                lane.resolved = []
             if not lane.loaded:
                 continue
             state = lane.state(self.sink)

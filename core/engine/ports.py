@@ -45,6 +45,15 @@ class Reader(Protocol):
         """Called when a message goes to the failed list, before the cursor may pass it; a
         message failed again (after a restart) replaces its earlier entry."""
 
+    async def retries(self, limit: int) -> tuple[list[Message], list[int]]:
+        """Called every poll: failed messages (of the connector's shard) an operator asked to
+        send again, marked ``replay`` (at most ``limit``), and the seqs of those a newer version
+        of their record replaced."""
+
+    async def resolve(self, seqs: list[int]) -> None:
+        """Called at a save: take these seqs' entries off the failed list (sent again, or
+        replaced)."""
+
     def fence_lost(self) -> bool:
         """Called before each dispatch: True once the store ended the session that holds the
         connector's fence (core/store/cursors.py), when nothing more may be sent."""

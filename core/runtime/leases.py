@@ -50,6 +50,7 @@ class Leases:
         self._share = works
         self._rebalanced = time.monotonic()
         self._dropped = False  # the connection went outside alive()
+        self._paused_now: set[str] = set()  # connectors paused, as read at the last poll
 
     def alive(self) -> bool:
         """The lease connection is up (connecting when needed), and the heartbeat written.
@@ -62,6 +63,7 @@ class Leases:
             if self._conn is None or self._conn.closed:
                 self._conn = self._owners.connect()
             self._owners.heartbeat(self._conn)
+            self._paused_now = self._owners.paused(self._conn)
             self._share = -(-self.works // self._owners.peers(self._conn))
             return True
         except psycopg.Error as e:
@@ -119,6 +121,11 @@ class Leases:
             with contextlib.suppress(psycopg.Error):
                 self._owners.give_up(self._conn, work)
         log.info("leases: %s given up for another instance to take", work)
+
+    def paused(self, work: str) -> bool:
+        """``work`` is a shard of a connector an operator paused (as of this poll)."""
+        kind, _, name = work.partition(":")
+        return kind == "connector" and name.split("#", 1)[0] in self._paused_now
 
     def report(self, work: str, state: str, detail: str) -> None:
         """What ``weir status`` shows of ``work``: its state and why (a reason, an error),

@@ -135,6 +135,13 @@ def serve(
                     if w.error is not None:
                         failed = True
                         stop.set()
+                    elif leases.paused(name):  # drained and given up; nobody runs it
+                        if w.running:
+                            w.stop()
+                            w.join(grace)
+                            leases.give_up(name)
+                            reported.pop(name, None)
+                        continue
                     elif not w.running and leases.take(name):
                         w.start()
                     if (w.running or w.error is not None) and reported.get(name) != w.status():

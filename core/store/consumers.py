@@ -303,8 +303,3 @@ class Queues:
         async with self.pool.connection() as conn:
             row = await (await conn.execute(self._counts, (name,))).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
-
-    async def failed(self, name: str, limit: int) -> list[dict[str, Any]]:
-        """The oldest ``limit`` messages of a consumer's failed list."""
-        async with self.pool.connection() as conn:
-            return await failed_list.read(self.store, conn, consumer_key(name), limit)

@@ -5,9 +5,6 @@ by connector name; a consumer's by :func:`core.store.consumers.consumer_key`).
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from psycopg import sql
 
 from core.envelope import Message
@@ -19,11 +16,16 @@ _PUT = (
     "INSERT INTO {} (connector, sync_id, stream, seq, group_key, idempotency_key, attempts,"
     " error, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (connector, sync_id, seq) DO UPDATE SET attempts = excluded.attempts,"
-    " error = excluded.error, failed_at = now()"
+    " error = excluded.error, failed_at = now(), retry_requested_at = NULL"
 )
-_READ = (
-    "SELECT seq, idempotency_key, attempts, error, payload, failed_at FROM {}"
-    " WHERE connector = %s ORDER BY failed_at, seq LIMIT %s"
+# The entries of a connector's list (of one source) that an operator asked to retry, oldest
+# first, each with whether its stream message is still there (a records-stream version is
+# not, once a newer one replaced it).
+_RETRIES = (
+    "SELECT f.seq, f.group_key, f.idempotency_key, f.payload,"
+    " EXISTS (SELECT 1 FROM {stream} m WHERE m.sync_id = f.sync_id AND m.seq = f.seq)"
+    " FROM {failed} f WHERE f.connector = %s AND f.sync_id = %s"
+    " AND f.retry_requested_at IS NOT NULL ORDER BY f.seq LIMIT %s"
 )
 
 
@@ -45,12 +47,20 @@ async def put(
         )  # fmt: skip
 
 
-async def read(store: Store, conn: AConn, connector: str, limit: int) -> list[dict[str, Any]]:
-    """The oldest ``limit`` entries of ``connector``'s failed list, as the API shows them."""
-    q = sql.SQL(_READ).format(store.table("failed_messages"))
-    cur = await conn.execute(q, (connector, limit))
-    return [
-        {"seq": r[0], "idempotency_key": r[1], "deliveries": r[2], "error": r[3],
-         "message": orjson.loads(r[4]), "failed_at": r[5].isoformat()}
-        for r in await cur.fetchall()
-    ]  # fmt: skip
+async def retries(
+    store: Store, conn: AConn, connector: str, stream: str, sync_id: str, limit: int
+) -> list[tuple[int, str, str, bytes, bool]]:
+    """Up to ``limit`` entries of ``connector``'s list from source ``sync_id`` that are to be
+    sent again: (seq, group key, idempotency key, payload, still in the stream)."""
+    q = sql.SQL(_RETRIES).format(stream=store.table(stream), failed=store.table("failed_messages"))
+    rows = await (await conn.execute(q, (connector, sync_id, limit))).fetchall()
+    return [(int(r[0]), r[1], r[2], r[3].encode(), bool(r[4])) for r in rows]
+
+
+async def resolve(store: Store, conn: AConn, connector: str, sync_id: str, seqs: list[int]) -> None:
+    """Take entries off ``connector``'s list: sent again and taken by the broker, or replaced
+    by a newer version of their record."""
+    q = sql.SQL("DELETE FROM {} WHERE connector = %s AND sync_id = %s AND seq = ANY(%s)").format(
+        store.table("failed_messages")
+    )
+    await conn.execute(q, (connector, sync_id, seqs))

@@ -336,4 +336,23 @@ ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
     ADD PRIMARY KEY (sync_id, commit_lsn, commit_idx, collection_id, record_id);
 """,
     ),
+    (
+        11,
+        "paused connectors, retries asked of failed lists",
+        """
+-- Connectors an operator paused (weir connector pause, the management API): no instance runs
+-- them until resumed; their cursors stay where they were.
+CREATE TABLE {s}.connector_controls (
+    name       text PRIMARY KEY,
+    paused     boolean NOT NULL DEFAULT false,
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A failed message an operator asked to retry: its connector sends it again (in order for its
+-- group) and takes it off the list once the broker has it; failing again clears the request.
+ALTER TABLE {s}.failed_messages ADD COLUMN retry_requested_at timestamptz;
+CREATE INDEX failed_messages_retry ON {s}.failed_messages (connector, sync_id)
+    WHERE retry_requested_at IS NOT NULL;
+""",
+    ),
 ]

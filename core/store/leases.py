@@ -40,6 +40,9 @@ class Owners:
             "DELETE FROM {} WHERE instance = %s AND state IS DISTINCT FROM 'failed'"
         ).format(t)
         self._give_up = sql.SQL("DELETE FROM {} WHERE work = %s AND instance = %s").format(t)
+        self._paused = sql.SQL("SELECT name FROM {} WHERE paused").format(
+            store.table("connector_controls")
+        )
 
     def connect(self) -> Conn:
         """A lease connection: the leases taken on it end with it."""
@@ -80,6 +83,10 @@ class Owners:
         """Let another instance have ``work`` (its lease ends; it is no longer shown as ours)."""
         conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"weir:lease:{work}",))
         conn.execute(self._give_up, (work, self.instance))
+
+    def paused(self, conn: Conn) -> set[str]:
+        """The connectors an operator paused (core/store/operate.py): no instance runs them."""
+        return {str(r[0]) for r in conn.execute(self._paused).fetchall()}
 
     def release(self, conn: Conn) -> None:
         """No longer show the instance as owner, but of work that failed (it says why)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 
@@ -27,7 +28,7 @@ from core.envelope import (
     record_payload,
     record_token,
 )
-from core.shards import UNSPLIT, Resplit, Shard
+from core.shards import UNSPLIT, Resplit, Shard, shard_of
 from core.store import SESSION, AConn, Store
 from core.store import failed as failed_list
 from core.store.cursors import Cursor, Cursors
@@ -184,6 +185,30 @@ class StreamReader:
         """Put a message on the connector's failed list with the broker's last error."""
         await failed_list.put(self.store, self.conn, self.connector, self.stream,
                               [(msg, msg.attempts, error)])  # fmt: skip
+
+    async def retries(self, limit: int) -> tuple[list[Message], list[int]]:
+        """Failed messages of this source an operator asked to send again, of this shard: (the
+        messages, marked ``replay``; the seqs a newer version of their record replaced, which
+        the caller resolves)."""
+        out, replaced = [], []
+        for seq, group, key, payload, current in await failed_list.retries(
+            self.store, self.conn, self.connector, self.stream, self.sync_id, limit
+        ):
+            meta = orjson.loads(payload)
+            m = meta["metadata"]
+            if self.shard.of > 1 and shard_of(m["collection_id"], m["record_id"],
+                                              self.shard.of) != self.shard.index:  # fmt: skip
+                continue
+            if not current:
+                replaced.append(seq)
+                continue
+            out.append(Message(self.sync_id, self.provider, seq, m["collection_id"],
+                               meta.get("action"), group, key, payload, replay=True))  # fmt: skip
+        return out, replaced
+
+    async def resolve(self, seqs: list[int]) -> None:
+        """Take failed messages of this source off the list (sent again, or replaced)."""
+        await failed_list.resolve(self.store, self.conn, self.connector, self.sync_id, seqs)
 
     async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
         """Messages with ``after < seq <= upto`` that the connector selects, in seq order."""

@@ -37,6 +37,7 @@ class FakeStore:
         self.cursors: dict[str, tuple[int, dict[str, Any] | None]] = {}
         self.starts: dict[str, int] = {}  # where each cursor was made (start_position)
         self.failed: dict[tuple[str, int], Failed] = {}
+        self.retry: set[tuple[str, int]] = set()  # failed entries an operator asked to retry
         self.saves: list[tuple[str, int, dict[str, Any]]] = []
         self.on_save: Callable[[str, int, dict[str, Any]], None] | None = None
         self.callbacks: dict[str, list[Callable[[], None]]] = {}
@@ -137,3 +138,21 @@ class FakeReader:
         """Called when a message goes to the failed list; a second failure replaces the first."""
         self._rows()
         self.store.failed[(self.sync_id, msg.seq)] = Failed(msg.key, msg.attempts, error)
+        self.store.retry.discard((self.sync_id, msg.seq))
+
+    async def retries(self, limit: int) -> tuple[list[Message], list[int]]:
+        """Every poll: copies of the failed messages asked to be retried, marked replay."""
+        rows = self._rows()
+        asked = sorted(seq for sid, seq in self.store.retry if sid == self.sync_id)[:limit]
+        out = []
+        for seq in asked:
+            m = rows[seq - 1]
+            out.append(Message(m.sync_id, m.provider, m.seq, m.collection_id, m.action, m.group,
+                               m.key, m.payload, replay=True))  # fmt: skip
+        return out, []
+
+    async def resolve(self, seqs: list[int]) -> None:
+        """At a save: these entries leave the failed list."""
+        for seq in seqs:
+            self.store.failed.pop((self.sync_id, seq), None)
+            self.store.retry.discard((self.sync_id, seq))

@@ -152,9 +152,10 @@ def test_max_deliver_moves_a_message_to_the_failed_list(table: str) -> None:
         assert settle(client, "w", second, "nack") == 1
         assert receive(client, "w") == []  # a third delivery would pass max_deliver
         failed = client.get("/v1/http-consumers/w/failed").json()["data"]
-        assert [(f["idempotency_key"], f["deliveries"]) for f in failed] == [(doomed, 2)]
+        assert [(f["idempotency_key"], f["attempts"]) for f in failed] == [(doomed, 2)]
         assert "max_deliver" in failed[0]["error"]
-        assert failed[0]["message"]["metadata"]["idempotency_key"] == doomed
+        one = client.get(f"/v1/http-consumers/w/failed/{failed[0]['id']}").json()
+        assert one["message"]["metadata"]["idempotency_key"] == doomed
 
 
 def test_a_sweep_fails_messages_past_max_deliver_without_a_receive(

@@ -126,6 +126,44 @@ def test_a_message_failing_max_attempts_times_goes_to_the_failed_list() -> None:
     assert store.cursor() == 2
 
 
+def test_a_retried_failed_message_goes_out_behind_its_group_and_leaves_the_list() -> None:
+    store, broker = FakeStore(), FakeBroker()
+    a1, a2 = store.append("a"), store.append("a")
+    broker.fail(a1.key, FatalError("refused"), times=1)
+    held = broker.hold(a2.key)
+
+    async def during() -> None:
+        await until(lambda: (a1.sync_id, 1) in store.failed)  # a2 is out, unanswered
+        store.retry.add((a1.sync_id, 1))  # an operator's retry
+        await asyncio.sleep(0.05)
+        assert written(broker)[a1.key] == 1  # not beside a2, which its group has out
+        held.set()
+        await until(lambda: store.failed == {})
+
+    with patch.object(forwarder, "POLL", 0.01):
+        run(store, broker, cfg=connector(), during=during)
+    assert broker.stored_keys() == [a2.key, a1.key]  # the group's order: a1 after what was out
+    assert written(broker)[a1.key] == 2
+    assert store.cursor() == 2  # the cursor never went back
+
+
+def test_a_retried_message_failing_again_stays_on_the_list_with_its_new_error() -> None:
+    store, broker = FakeStore(), FakeBroker()
+    a1 = store.append("a")
+    broker.fail(a1.key, FatalError("refused"), times=2)
+
+    async def during() -> None:
+        await until(lambda: (a1.sync_id, 1) in store.failed)
+        store.retry.add((a1.sync_id, 1))
+        await until(lambda: written(broker)[a1.key] == 2 and not store.retry)
+        await asyncio.sleep(0.05)
+
+    with patch.object(forwarder, "POLL", 0.01):
+        run(store, broker, cfg=connector(), during=during)
+    assert store.failed == {(a1.sync_id, 1): Failed(a1.key, 1, "FatalError: refused")}
+    assert written(broker)[a1.key] == 2  # asked once, sent once more
+
+
 def test_the_cursor_never_passes_a_message_in_flight() -> None:
     store, broker = FakeStore(), FakeBroker()
     a1 = store.append("a")

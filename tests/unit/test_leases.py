@@ -39,6 +39,11 @@ class FakeOwners:
     def peers(self, conn: Any) -> int:
         return self.live
 
+    paused_connectors: set[str] = set()
+
+    def paused(self, conn: Any) -> set[str]:
+        return self.paused_connectors
+
     def take(self, conn: Any, work: str) -> bool:
         if self.gone:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
@@ -132,3 +137,14 @@ def test_a_lease_connection_cut_while_taking_stops_every_work_at_the_next_poll(
     assert not leases.alive()  # the caller stops what it ran under the lost leases
     owners.gone = False
     assert poll(leases) == WORKS  # a new connection, and the works again
+
+
+def test_every_shard_of_a_paused_connector_is_paused_and_nothing_else() -> None:
+    owners = FakeOwners()
+    owners.paused_connectors = {"x"}
+    leases = make(owners)
+    assert leases.alive()
+    assert [w for w in WORKS if leases.paused(w)] == ["connector:x#0/2", "connector:x#1/2"]
+    owners.paused_connectors = set()  # resumed: seen at the next poll
+    assert leases.alive()
+    assert not any(leases.paused(w) for w in WORKS)

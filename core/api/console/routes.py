@@ -19,6 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from core.api.console import present
 from core.api.console.sessions import Session, Sessions, csrf_ok
+from core.api.manage import Operations
 
 COOKIE = "weir_console"
 LOGIN = "/console/login"
@@ -68,11 +69,12 @@ async def acted(request: Request, s: Live) -> dict[str, list[str]]:
 Form = Annotated[dict[str, list[str]], Depends(acted)]
 
 
-def ops(request: Request) -> Any:
-    return request.app.state.ops
+def ops(request: Request) -> Operations:
+    found: Operations = request.app.state.ops  # build_app puts it there
+    return found
 
 
-Ops = Annotated[Any, Depends(ops)]
+Ops = Annotated[Operations, Depends(ops)]
 
 
 def add_routes(app: FastAPI, tokens: list[bytes]) -> None:
@@ -119,14 +121,11 @@ def add_routes(app: FastAPI, tokens: list[bytes]) -> None:
 
     @app.get("/console/connectors/{name}", include_in_schema=False)
     async def connector(name: str, s: Live, o: Ops) -> Response:
-        found = [c for c in await o.connectors() if c["name"] == name]
-        if not found:
-            raise HTTPException(404, f"no connector {name}")
-        return page("connector.html", s, c=found[0])
+        return page("connector.html", s, c=await o.connector(name))
 
     @app.get("/console/connectors/{name}/history.json", include_in_schema=False)
     async def history(name: str, _: Live, o: Ops) -> Response:
-        return JSONResponse(await o.history(name), headers=HEADERS)
+        return JSONResponse(o.history(name), headers=HEADERS)
 
     @app.get("/console/failed/{list_name}", include_in_schema=False)
     async def failed(list_name: str, s: Live, o: Ops, after: str | None = None) -> Response:
@@ -138,7 +137,7 @@ def add_routes(app: FastAPI, tokens: list[bytes]) -> None:
     async def pause_resume(name: str, verb: str, s: Live, o: Ops, form: Form) -> Response:
         if verb not in ("pause", "resume"):
             raise HTTPException(404, "no such action")
-        await (o.pause(name) if verb == "pause" else o.resume(name))
+        await o.pause(name, verb == "pause")
         s.flash = f"{name}: {verb}d."
         return back(form)
 

@@ -1,0 +1,193 @@
+"""The management routes (DESIGN.md section 15), over core/api/manage.py: sources, connectors
+and their shards (state, lag, rate; pause and resume), a connector's last hour, and the failed
+lists of connectors and of HTTP pull consumers (page, show, retry, discard). Added to the
+API's token-guarded router by ``build_app`` (core/api/app.py); ``weir failed`` and
+``weir connector`` do the same from the command line (core/cli_operate.py).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.api.manage import Operations
+from core.api.models import Name, Out
+from core.errors import NotFound
+from core.store.consumers import consumer_key
+from core.store.operate import PAGE_MAX
+
+EntryId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}:\d+$", description="SOURCE:SEQ")]
+
+
+class SourceOut(Out):
+    name: str
+    kind: str
+    state: str = Field(description="streaming, connecting, reconnecting, failed, not running…")
+    detail: str = Field(description="why: the reason it reconnects, the error it failed with")
+    owner: str | None = Field(description="the instance capturing it")
+    last_lsn: str
+    slot_lag_bytes: int | None = Field(description="WAL the replication slot holds back")
+
+
+class ShardOut(Out):
+    key: str = Field(description="NAME, or NAME#i/N for a shard of a split connector")
+    state: str = Field(description="streaming, retrying, waiting, paused, not running…")
+    detail: str
+    owner: str | None = Field(description="the instance running it")
+    lag_messages: int = Field(description="messages stored and not yet past its cursor")
+    lag_seconds: float = Field(description="age of the oldest message not yet past its cursor")
+    rate: float | None = Field(description="messages/s past its cursor, over the last sample")
+
+
+class ConnectorOut(Out):
+    name: str
+    type: str
+    stream: str
+    origin: str = Field(description="config: declared in the YAML file (read-only here)")
+    paused: bool
+    failed: int = Field(description="messages on its failed list")
+    shards: list[ShardOut]
+
+
+class ConsumerStateOut(Out):
+    name: str
+    stream: str
+    origin: str
+    pending: int
+    ack_pending: int
+    failed: int
+
+
+class Sample(Out):
+    t: float = Field(description="epoch seconds")
+    rate: float = Field(description="messages/s since the sample before")
+    lag_messages: int
+    lag_seconds: float
+
+
+class FailedEntry(Out):
+    id: str = Field(description="SOURCE:SEQ")
+    source: str
+    seq: int
+    idempotency_key: str
+    attempts: int = Field(description="attempts (a consumer's: deliveries) before it failed")
+    error: str = Field(description="the last error")
+    failed_at: str
+    retry_requested: bool = Field(description="asked to be retried, not yet sent")
+
+
+class FailedEntryFull(FailedEntry):
+    message: Any = Field(description="the message as it is sent")
+
+
+class FailedPage(Out):
+    data: list[FailedEntry]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class Choice(BaseModel):
+    """Which entries of a failed list: ``ids``, or ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[str] | None = Field(None, max_length=PAGE_MAX)
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> Choice:
+        if (self.ids is None) == (not self.all):
+            raise ValueError('give either "ids": [...] or "all": true')
+        return self
+
+    def chosen(self) -> list[str] | None:
+        return None if self.all else self.ids
+
+
+class Count(Out):
+    count: int = Field(description="entries it applied to")
+
+
+def add_routes(api: APIRouter, ops: Operations) -> None:
+    @api.get("/v1/sources", response_model=list[SourceOut], tags=["manage"])
+    async def sources() -> Any:
+        """Every source: state, slot lag, last LSN, owner."""
+        return await ops.sources()
+
+    @api.get("/v1/connectors", response_model=list[ConnectorOut], tags=["manage"])
+    async def connectors() -> Any:
+        """Every connector with its shards: state and why, lag, rate, owner."""
+        return await ops.connectors()
+
+    @api.get("/v1/connectors/{name}", response_model=ConnectorOut, tags=["manage"])
+    async def connector(name: Name) -> Any:
+        return await ops.connector(name)
+
+    @api.post("/v1/connectors/{name}/pause", response_model=ConnectorOut, tags=["manage"])
+    async def pause(name: Name) -> Any:
+        """Stop it on every instance (drained); its cursors stay. Kept across restarts."""
+        return await ops.pause(name, True)
+
+    @api.post("/v1/connectors/{name}/resume", response_model=ConnectorOut, tags=["manage"])
+    async def resume(name: Name) -> Any:
+        """Run it again from where its cursors stand."""
+        return await ops.pause(name, False)
+
+    @api.get("/v1/connectors/{name}/history", response_model=list[Sample], tags=["manage"])
+    async def history(name: Name) -> Any:
+        """Throughput and lag over the last hour, a sample every few seconds."""
+        return ops.history(name)
+
+    @api.get("/v1/consumers", response_model=list[ConsumerStateOut], tags=["manage"])
+    async def consumers() -> Any:
+        """Every HTTP pull consumer: its queue and failed list."""
+        return await ops.consumers()
+
+    for prefix, key in (("/v1/connectors", str), ("/v1/http-consumers", consumer_key)):
+        _failed_routes(api, ops, prefix, key)
+
+
+def _failed_routes(api: APIRouter, ops: Operations, prefix: str, key: Any) -> None:
+    """The failed-list routes under ``prefix``/{name}; ``key`` names the list of ``name``."""
+    tags: list[str | Enum] = ["failed lists"]
+
+    @api.get(f"{prefix}/{{name}}/failed", response_model=FailedPage, tags=tags)
+    async def page(
+        name: Name,
+        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 50,
+        after: Annotated[str | None, Query(description="the `next` of the page before")] = None,
+    ) -> Any:
+        """A page of the failed list, in stream order (by source, then seq)."""
+        return await ops.failed(key(name), limit, after)
+
+    @api.get(f"{prefix}/{{name}}/failed/{{entry}}", response_model=FailedEntryFull, tags=tags)
+    async def show(name: Name, entry: EntryId) -> Any:
+        """One failed message with its payload and last error."""
+        return await ops.failed_one(key(name), entry)
+
+    @api.post(f"{prefix}/{{name}}/failed/{{entry}}/retry", response_model=Count, tags=tags)
+    async def retry_one(name: Name, entry: EntryId) -> Any:
+        """Send it again, in order for its group; it leaves the list once delivered."""
+        return {"count": await _one(await ops.retry(key(name), [entry]), entry)}
+
+    @api.delete(f"{prefix}/{{name}}/failed/{{entry}}", response_model=Count, tags=tags)
+    async def discard_one(name: Name, entry: EntryId) -> Any:
+        """Delete it from the list for good."""
+        return {"count": await _one(await ops.discard(key(name), [entry]), entry)}
+
+    @api.post(f"{prefix}/{{name}}/failed/retry", response_model=Count, tags=tags)
+    async def retry(name: Name, choice: Choice) -> Any:
+        """Send the chosen entries (or all) again."""
+        return {"count": await ops.retry(key(name), choice.chosen())}
+
+    @api.post(f"{prefix}/{{name}}/failed/discard", response_model=Count, tags=tags)
+    async def discard(name: Name, choice: Choice) -> Any:
+        """Delete the chosen entries (or all) for good."""
+        return {"count": await ops.discard(key(name), choice.chosen())}
+
+
+async def _one(count: int, entry: str) -> int:
+    if count == 0:
+        raise NotFound(f"no failed message {entry} (retried or discarded already?)")
+    return count

@@ -1,0 +1,197 @@
+"""The management API and its CLI twins through real HTTP and real processes (DESIGN.md
+section 15): failed lists that can be paged, shown, retried (in order for each record) and
+discarded (for good, across a restart); connectors paused with their cursor held and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from tests.helpers.api import api_serving
+from tests.helpers.brokers import WebhookHarness
+from tests.helpers.capture import wait_for
+from tests.helpers.receiver import Receiver
+from tests.helpers.weir import cursor_of, insert_t
+
+
+def hooks_refusing(receiver: Receiver) -> tuple[WebhookHarness, dict[str, Any]]:
+    """A webhook connector ``hooks`` whose receiver refuses everything until told otherwise;
+    one attempt each, so every change lands on the failed list."""
+    harness = WebhookHarness(receiver)
+    c = harness.connector("hooks", "events", retry={"initial": "10ms", "max_attempts": 1})
+    harness.prepare(c)
+    harness.hook(c).fail_next = 10**6
+    return harness, c
+
+
+def weir_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "core.cli", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def write_config(tmp_path: Path, table: str, connectors: list[dict[str, Any]]) -> Path:
+    config = tmp_path / "weir.yaml"
+    source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+    config.write_text(json.dumps({"sources": [source], "connectors": connectors}))
+    return config
+
+
+def failed_ids(client: httpx.Client, name: str = "hooks") -> list[str]:
+    r = client.get(f"/v1/connectors/{name}/failed", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return [e["id"] for e in r.json()["data"]]
+
+
+def test_retry_all_sends_each_record_in_order_and_empties_the_list(
+    table: str, webhook_receiver: Receiver
+) -> None:
+    harness, c = hooks_refusing(webhook_receiver)
+    with api_serving(table, connectors=[c]) as client:
+        insert_t(table, range(2))  # seq 1: record 0, seq 2: record 1
+        with psycopg.connect(table, autocommit=True) as conn:
+            for body in ("y", "z"):  # seqs 3 and 4: record 0 again
+                conn.execute("UPDATE t SET body = %s WHERE id = 0", (body,))
+        wait_for(lambda: len(failed_ids(client)) == 4, what="four changes on the failed list")
+        assert failed_ids(client) == ["app:1", "app:2", "app:3", "app:4"]
+        cursor = cursor_of(table, "hooks")[0]
+        harness.hook(c).fail_next = 0  # the receiver is fixed
+        r = client.post("/v1/connectors/hooks/failed/retry", json={"all": True})
+        assert r.json() == {"count": 4}
+        wait_for(lambda: failed_ids(client) == [], what="the retried messages delivered")
+        got = [m.seq for m in harness.read(c)]
+        record_0 = [s for s in got if s != 2]
+        assert record_0 == [1, 3, 4]  # record 0's changes in their order
+        assert sorted(got) == [1, 2, 3, 4]  # each once
+        assert cursor_of(table, "hooks")[0] == cursor  # the cursor never went back
+        body = client.get("/v1/connectors/hooks").json()
+        assert body["failed"] == 0 and body["shards"][0]["state"] == "streaming"
+
+
+def test_a_failed_page_show_and_the_paging(table: str, webhook_receiver: Receiver) -> None:
+    _, c = hooks_refusing(webhook_receiver)
+    with api_serving(table, connectors=[c]) as client:
+        insert_t(table, range(5))
+        wait_for(lambda: len(failed_ids(client)) == 5, what="five on the failed list")
+        pages, after = [], None
+        while True:
+            params = {"limit": 2} | ({"after": after} if after else {})
+            body = client.get("/v1/connectors/hooks/failed", params=params).json()
+            pages.append([e["seq"] for e in body["data"]])
+            after = body["next"]
+            if after is None:
+                break
+        assert pages == [[1, 2], [3, 4], [5]]
+        one = client.get("/v1/connectors/hooks/failed/app:3").json()
+        assert one["attempts"] == 1 and "HTTP 500" in one["error"]
+        assert one["message"]["metadata"]["seq"] == 3
+        assert one["message"]["record"]["id"] == 2
+        assert client.get("/v1/connectors/hooks/failed/app:99").status_code == 404
+        assert client.get("/v1/connectors/nope/failed").status_code == 404
+        r = client.post("/v1/connectors/hooks/failed/retry", json={"ids": [], "all": True})
+        assert r.status_code == 422  # one or the other
+        r = client.post("/v1/connectors/hooks/failed/retry", json={"ids": ["3"]})
+        assert r.status_code == 400 and "SOURCE:SEQ" in r.json()["detail"]
+        assert httpx.get(f"{client.base_url}/v1/connectors/hooks/failed").status_code == 401
+
+
+def test_discard_is_final_across_a_restart_and_the_cli_does_the_same(
+    tmp_path: Path, table: str, webhook_receiver: Receiver
+) -> None:
+    harness, c = hooks_refusing(webhook_receiver)
+    config = write_config(tmp_path, table, [c])
+    with api_serving(table, connectors=[c]) as client:
+        insert_t(table, range(4))
+        wait_for(lambda: len(failed_ids(client)) == 4, what="four on the failed list")
+        assert client.delete("/v1/connectors/hooks/failed/app:1").json() == {"count": 1}
+        assert client.delete("/v1/connectors/hooks/failed/app:1").status_code == 404
+    out = weir_cli(config, "failed", "discard", "hooks", "app:2")
+    assert out.returncode == 0 and "1 failed messages discarded" in out.stdout, out.stderr
+    listed = weir_cli(config, "failed", "list", "hooks")
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["app:3", "app:4"]
+    shown = weir_cli(config, "failed", "show", "hooks", "app:4")
+    assert json.loads(shown.stdout)["message"]["metadata"]["seq"] == 4
+    assert weir_cli(config, "failed", "retry", "hooks").returncode == 2  # ids or --all
+    assert weir_cli(config, "failed", "list", "nope").returncode == 2
+    harness.hook(c).fail_next = 0
+    out = weir_cli(config, "failed", "retry", "hooks", "app:3")
+    assert "1 failed messages sent again" in out.stdout, out.stderr
+    with api_serving(table, first=False, connectors=[c]) as client:  # a restart
+        wait_for(lambda: failed_ids(client) == ["app:4"], what="app:3 retried after the restart")
+        assert [m.seq for m in harness.read(c)] == [3]  # never 1 or 2
+        assert client.post("/v1/connectors/hooks/failed/app:1/retry").status_code == 404
+
+
+def test_pause_holds_the_cursor_and_resume_goes_on(
+    tmp_path: Path, table: str, webhook_receiver: Receiver
+) -> None:
+    harness = WebhookHarness(webhook_receiver)
+    c = harness.connector("hooks", "events")
+    harness.prepare(c)
+    config = write_config(tmp_path, table, [c])
+    with api_serving(table, connectors=[c]) as client:
+        insert_t(table, range(3))
+        wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="three delivered")
+        r = client.post("/v1/connectors/hooks/pause")
+        assert r.status_code == 200 and r.json()["paused"] is True
+
+        def shard() -> dict[str, Any]:
+            return client.get("/v1/connectors/hooks").json()["shards"][0]  # type: ignore[no-any-return]
+
+        wait_for(lambda: shard()["owner"] is None, what="the connector stopped")
+        insert_t(table, range(3, 10))
+        wait_for(lambda: shard()["lag_messages"] == 7, what="the lag to show the new rows")
+        time.sleep(1.5)  # a lease poll or two: nobody runs it
+        assert cursor_of(table, "hooks")[0] == 3
+        assert shard()["state"] == "paused"
+        assert len(harness.read(c)) == 3
+    with api_serving(table, first=False, connectors=[c]) as client:  # a pause outlives a restart
+        time.sleep(1.5)
+        assert cursor_of(table, "hooks")[0] == 3
+        out = weir_cli(config, "connector", "resume", "hooks")
+        assert out.returncode == 0 and "resumed" in out.stdout, out.stderr
+        wait_for(lambda: cursor_of(table, "hooks")[0] == 10, what="the rest delivered")
+        assert sorted(m.seq for m in harness.read(c)) == list(range(1, 11))
+        assert client.get("/v1/connectors/hooks").json()["paused"] is False
+    assert weir_cli(config, "connector", "pause", "nope").returncode == 2
+
+
+def test_sources_connectors_and_consumers_are_listed(table: str) -> None:
+    consumer = {"name": "w", "stream": "events", "max_deliver": 1, "ack_wait_ms": 200}
+    with api_serving(table, consumers=[consumer]) as client:
+        insert_t(table, range(2))
+        wait_for(lambda: client.get("/v1/sources").json()[0]["state"] == "streaming",
+                 what="app streaming")  # fmt: skip
+        app = client.get("/v1/sources").json()[0]
+        assert (app["name"], app["kind"], app["events_seq"]) == ("app", "postgres", 2)
+        assert app["slot_lag_bytes"] is not None and "/" in app["last_lsn"]
+        assert client.get("/v1/connectors").json() == []
+
+        def nacked_twice() -> bool:  # delivered once (max_deliver 1), then failed
+            got = client.get("/v1/http-consumers/w/next", params={"batch_size": 10}).json()
+            return not got["data"] and client.get("/v1/consumers").json()[0]["failed"] == 2
+
+        wait_for(nacked_twice, what="both messages on the consumer's failed list")
+        ids = [e["id"] for e in client.get("/v1/http-consumers/w/failed").json()["data"]]
+        assert ids == ["app:1", "app:2"]
+        r = client.post("/v1/http-consumers/w/failed/app:1/retry")
+        assert r.json() == {"count": 1}
+        got = client.get("/v1/http-consumers/w/next").json()["data"]
+        assert [m["record"]["seq"] for m in got] == [1]  # back in the queue
+        assert client.post("/v1/http-consumers/w/failed/discard", json={"all": True}).json() == {
+            "count": 1
+        }
+        assert client.get("/v1/consumers").json()[0]["failed"] == 0
+        assert client.get("/v1/http-consumers/nope/failed").status_code == 404
+        paths = client.get("/openapi.json").json()["paths"]
+        for route in ("/v1/sources", "/v1/connectors/{name}/pause",
+                      "/v1/connectors/{name}/failed/{entry}/retry",
+                      "/v1/http-consumers/{name}/failed/discard"):  # fmt: skip
+            assert route in paths
