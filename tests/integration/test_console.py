@@ -34,16 +34,17 @@ def console(
         yield api, c, harness
 
 
-def logged_in(api: httpx.Client) -> tuple[httpx.Client, str]:
+@contextmanager
+def logged_in(api: httpx.Client) -> Iterator[tuple[httpx.Client, str]]:
     """A cookie-holding client logged in through the form, and its session's CSRF token."""
-    client = httpx.Client(base_url=api.base_url, timeout=30)
-    r = client.post("/console/login", data={"token": TOKEN})
-    assert r.status_code == 303 and r.headers["location"] == "/console"
-    page = client.get("/console")
-    assert page.status_code == 200, page.text
-    found = CSRF.search(page.text)
-    assert found
-    return client, found.group(1)
+    with httpx.Client(base_url=api.base_url, timeout=30) as client:
+        r = client.post("/console/login", data={"token": TOKEN})
+        assert r.status_code == 303 and r.headers["location"] == "/console"
+        page = client.get("/console")
+        assert page.status_code == 200, page.text
+        found = CSRF.search(page.text)
+        assert found
+        yield client, found.group(1)
 
 
 def paused(api: httpx.Client) -> bool:
@@ -113,21 +114,19 @@ def test_the_session_cookie_is_httponly_strict_and_only_for_the_console(
 def test_an_action_without_the_sessions_csrf_token_is_refused_and_changes_nothing(
     table: str, webhook_receiver: Receiver
 ) -> None:
-    with console(table, webhook_receiver) as (api, _, _):
-        client, csrf = logged_in(api)
-        with client:
-            for form in ({}, {"csrf": ""}, {"csrf": csrf[:-1] + "x"}, {"token": TOKEN}):
-                r = client.post("/console/connectors/hooks/pause", data=form)
-                assert r.status_code == 403, form
-            r = client.post("/console/failed/hooks/discard", data={"all": "1"})
-            assert r.status_code == 403
-            r = client.post("/console/logout", data={"csrf": "wrong"})
-            assert r.status_code == 403
-            assert not paused(api)
-            assert client.get("/console").status_code == 200  # still logged in
-            r = client.post("/console/connectors/hooks/pause", data={"csrf": csrf})
-            assert r.status_code == 303
-            assert paused(api)
+    with console(table, webhook_receiver) as (api, _, _), logged_in(api) as (client, csrf):
+        for form in ({}, {"csrf": ""}, {"csrf": csrf[:-1] + "x"}, {"token": TOKEN}):
+            r = client.post("/console/connectors/hooks/pause", data=form)
+            assert r.status_code == 403, form
+        r = client.post("/console/failed/hooks/discard", data={"all": "1"})
+        assert r.status_code == 403
+        r = client.post("/console/logout", data={"csrf": "wrong"})
+        assert r.status_code == 403
+        assert not paused(api)
+        assert client.get("/console").status_code == 200  # still logged in
+        r = client.post("/console/connectors/hooks/pause", data={"csrf": csrf})
+        assert r.status_code == 303
+        assert paused(api)
 
 
 def test_log_in_and_watch_a_paused_connectors_lag_grow_and_drain(
