@@ -24,7 +24,7 @@ class Lane:
         self.outstanding: deque[int] = deque()  # seqs read and not yet settled, ascending
         self.settled: set[int] = set()  # settled seqs still behind an outstanding one
         self.marks: deque[tuple[BrokerMark, int]] = deque()  # (mark at dispatch, max seq)
-        self.resolved: list[int] = []  # seqs of retried failed messages done with, to take off
+        self.resolved: list[tuple[int, str]] = []  # (seq, key): retried ones done, to take off
         self.skip: set[str] = set()  # keys the broker already holds (read back on start)
         # The mark the read-back started from, and the head then: the skipped messages were
         # stored after that mark, so it is the one saved until the cursor passed them all.

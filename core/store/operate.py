@@ -8,7 +8,7 @@ pull consumer's (core/store/consumers.py ``consumer_key``). An entry is named
 
 A retry of a connector's entry only marks it (``retry_requested_at``): the connector's running
 session sends it again through its group's lane and takes it off the list once the broker has
-it (core/engine/forwarder.py), so the order of its group holds. A consumer's entry goes back
+it (core/engine/session.py), so the order of its group holds. A consumer's entry goes back
 into the consumer's queue at once, behind what its group has queued.
 """
 

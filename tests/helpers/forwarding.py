@@ -11,7 +11,7 @@ from typing import Any
 from unittest.mock import patch
 
 from core.config.base import BatchPolicy, ConnectorBase, RetryPolicy
-from core.engine import forwarder
+from core.engine import session
 from core.engine.forwarder import Forwarder
 from tests.helpers.fake_sink import FakeBroker
 from tests.helpers.fake_store import FakeStore
@@ -66,7 +66,7 @@ async def forward(
     every 2 ms instead of every 100 ms, so that a test waits less."""
     fw = Forwarder(cfg, store.sources, None, store, open_sink=broker.sink, open_reader=store.reader)
     stop = asyncio.Event()
-    with patch.object(forwarder, "SAVE_EVERY", 0.002):
+    with patch.object(session, "SAVE_EVERY", 0.002):
         task = asyncio.create_task(fw.run(stop))
         try:
             async with asyncio.timeout(timeout):

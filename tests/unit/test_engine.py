@@ -16,8 +16,9 @@ from unittest.mock import patch
 
 import pytest
 
-from core.engine import forwarder
-from core.engine.forwarder import SAVE_EVERY, Forwarder
+from core.engine import session
+from core.engine.forwarder import Forwarder
+from core.engine.session import SAVE_EVERY
 from core.engine.sink import FatalError, RetryableError
 from tests.helpers.fake_sink import FakeBroker
 from tests.helpers.fake_store import Failed, FakeStore
@@ -140,7 +141,7 @@ def test_a_retried_failed_message_goes_out_behind_its_group_and_leaves_the_list(
         held.set()
         await until(lambda: store.failed == {})
 
-    with patch.object(forwarder, "POLL", 0.01):
+    with patch.object(session, "POLL", 0.01):
         run(store, broker, cfg=connector(), during=during)
     assert broker.stored_keys() == [a2.key, a1.key]  # the group's order: a1 after what was out
     assert written(broker)[a1.key] == 2
@@ -158,7 +159,7 @@ def test_a_retried_message_failing_again_stays_on_the_list_with_its_new_error() 
         await until(lambda: written(broker)[a1.key] == 2 and not store.retry)
         await asyncio.sleep(0.05)
 
-    with patch.object(forwarder, "POLL", 0.01):
+    with patch.object(session, "POLL", 0.01):
         run(store, broker, cfg=connector(), during=during)
     assert store.failed == {(a1.sync_id, 1): Failed(a1.key, 1, "FatalError: refused")}
     assert written(broker)[a1.key] == 2  # asked once, sent once more
@@ -246,7 +247,7 @@ def test_a_crash_before_the_first_periodic_save_resends_nothing() -> None:
         fw = Forwarder(connector(), store.sources, None, store, open_sink=broker.sink,
                        open_reader=store.reader)  # fmt: skip
         stop = asyncio.Event()
-        with patch.object(forwarder, "SAVE_EVERY", 3600.0):  # no periodic save in time
+        with patch.object(session, "SAVE_EVERY", 3600.0):  # no periodic save in time
             task = asyncio.create_task(fw.run(stop))
             async with asyncio.timeout(10):
                 await until(lambda: len(broker.stored_keys()) == len(msgs))
