@@ -148,8 +148,9 @@ def test_log_in_and_watch_a_paused_connectors_lag_grow_and_drain(
         row.locator("a").first.click()  # to the connector's page, and pause it there
         page.click("button:text('Pause')")
         expect(page.locator("h1 [data-field=state]")).to_have_text("paused")
-        insert_t(table, range(5, 30))
         page.click("header nav a")
+        expect(row.locator("td.owner")).to_have_text("\u2013")  # drained, and run by nobody
+        insert_t(table, range(5, 30))
         expect(lag).to_have_attribute("data-value", "25", timeout=30_000)  # the page refreshes
         expect(row.locator("[data-field=state]")).to_have_text("paused")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 UNKNOWN = "\u2013"  # an en dash
@@ -77,5 +78,20 @@ def totals(c: dict[str, Any]) -> dict[str, float]:
     }
 
 
-FILTERS = {"count": count, "rate": rate, "seconds": seconds, "size": size, "tone": tone,
-           "connector_state": connector_state, "totals": totals}  # fmt: skip
+def when(at: str | datetime | None) -> str:
+    """A time to the second, ``2026-11-24 16:38:45 UTC`` (the store's are UTC)."""
+    if at is None:
+        return UNKNOWN
+    t = datetime.fromisoformat(at) if isinstance(at, str) else at
+    utc = t.utcoffset() is not None and not t.utcoffset()
+    return t.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if utc else "")
+
+
+def shard(key: str) -> str:
+    """A shard by its place in the split (``1/2``); the connector's name when it is unsplit."""
+    return key.partition("#")[2] or key
+
+
+FILTERS = {
+    f.__name__: f for f in (count, rate, seconds, size, tone, connector_state, totals, shard, when)
+}

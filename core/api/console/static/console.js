@@ -42,7 +42,12 @@ function short(n) {
   return n >= 10 || n === 0 ? n.toFixed(0) : n.toFixed(1);
 }
 
-// One series over the last hour: a filled line, its latest value and its peak.
+function ago(seconds) {
+  return seconds >= 90 ? `−${Math.round(seconds / 60)} min` : `−${Math.round(seconds)} s`;
+}
+
+// One series over the last hour (or since the first sample, when the API has run less long):
+// a filled line, its latest value and its peak.
 function draw(svg, samples, field, label) {
   const w = svg.clientWidth || 320, h = svg.clientHeight || 90;
   const pad = { l: 4, r: 4, t: 16, b: 14 };
@@ -50,13 +55,14 @@ function draw(svg, samples, field, label) {
   svg.replaceChildren();
   const now = Date.now() / 1000;
   const pts = samples.filter((s) => s.t >= now - HOUR);
+  const span = Math.max(60, Math.min(HOUR, pts.length ? now - pts[0].t : HOUR));
   const peak = Math.max(1, ...pts.map((s) => s[field] || 0));
-  const x = (t) => pad.l + ((t - (now - HOUR)) / HOUR) * (w - pad.l - pad.r);
+  const x = (t) => pad.l + ((t - (now - span)) / span) * (w - pad.l - pad.r);
   const y = (v) => h - pad.b - (v / peak) * (h - pad.t - pad.b);
   for (const f of [0, 0.5, 1]) {
     el("line", { x1: pad.l, x2: w - pad.r, y1: y(f * peak), y2: y(f * peak), class: "grid" }, svg);
   }
-  for (const [t, text, anchor] of [[now - HOUR, "−60 min", "start"], [now - HOUR / 2, "−30 min", "middle"], [now, "now", "end"]]) {
+  for (const [t, text, anchor] of [[now - span, ago(span), "start"], [now - span / 2, ago(span / 2), "middle"], [now, "now", "end"]]) {
     el("text", { x: x(t), y: h - 2, "text-anchor": anchor, class: "axis" }, svg).textContent = text;
   }
   const last = pts.length ? pts[pts.length - 1][field] || 0 : 0;
