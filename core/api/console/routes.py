@@ -8,6 +8,7 @@ session id is ever put in a URL, and every answer forbids framing, caching and i
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
@@ -43,13 +44,11 @@ class LoginNeeded(Exception):
     """No live session: a page goes to the login form, a JSON route answers 401."""
 
 
-def sessions_of(request: Request) -> Sessions:
-    found: Sessions = request.app.state.console_sessions
-    return found
-
-
-def session(request: Request) -> Session:
-    found = sessions_of(request).get(request.cookies.get(COOKIE))
+async def session(request: Request) -> Session:
+    """The request's live session. Async, as every dependency here: the sessions are only ever
+    touched from the API's event loop, never from a thread pool."""
+    sessions: Sessions = request.app.state.console_sessions
+    found = sessions.get(request.cookies.get(COOKIE))
     if found is None:
         raise LoginNeeded
     return found
@@ -69,7 +68,7 @@ async def acted(request: Request, s: Live) -> dict[str, list[str]]:
 Form = Annotated[dict[str, list[str]], Depends(acted)]
 
 
-def ops(request: Request) -> Operations:
+async def ops(request: Request) -> Operations:
     found: Operations = request.app.state.ops  # build_app puts it there
     return found
 
@@ -116,8 +115,11 @@ def add_routes(app: FastAPI, tokens: list[bytes]) -> None:
 
     @app.get("/console", include_in_schema=False)
     async def overview(s: Live, o: Ops) -> Response:
-        return page("overview.html", s, sources=await o.sources(),
-                    connectors=await o.connectors(), consumers=await o.consumers())  # fmt: skip
+        sources, connectors, consumers = await asyncio.gather(
+            o.sources(), o.connectors(), o.consumers()
+        )
+        return page("overview.html", s, sources=sources, connectors=connectors,
+                    consumers=consumers)  # fmt: skip
 
     @app.get("/console/connectors/{name}", include_in_schema=False)
     async def connector(name: str, s: Live, o: Ops) -> Response:
