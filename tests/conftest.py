@@ -9,7 +9,9 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
+from playwright.sync_api import BrowserContext
 
+from devkit.browser import chromium
 from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
 from tests.helpers.brokers import HARNESSES, Harness
 from tests.helpers.receiver import Receiver
@@ -88,3 +90,11 @@ def table(db_url: str) -> str:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text NOT NULL)")
     return db_url
+
+
+@pytest.fixture
+def browser() -> Iterator[BrowserContext]:
+    """Headless Chromium with a fresh profile (devkit/browser.py); one that cannot start fails
+    the test."""
+    with chromium() as context:
+        yield context

@@ -7,6 +7,7 @@ and the server that runs it.
   (engine: core/api/manage.py), which the console shows too;
 - core/api/ingest_routes.py: HTTP ingest for ``kind: http`` sources;
 - core/api/probes.py: ``/health``, ``/ready`` and ``/metrics``;
+- core/api/console/: the web console at ``/console``, behind a login with the same tokens;
 - core/api/models.py: the shapes of requests and answers; core/api/refusals.py: error bodies
   and the HTTP status of each refusal (core/errors.py).
 
@@ -31,6 +32,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
 
 from core.api import consume, consume_routes, ingest_routes, manage_routes, probes, refusals
+from core.api.console import routes as console
 from core.api.consume import Consumers
 from core.api.manage import Operations
 from core.api.models import Refused
@@ -91,6 +93,7 @@ def build_app(
     ingest_routes.add_routes(api, ingest)
     probes.add_routes(app, api, consumers.cfg, consumers.store.url, metrics)
     app.include_router(api)
+    console.add_routes(app, tokens)
     return app
 
 
