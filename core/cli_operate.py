@@ -20,6 +20,7 @@ from core.commands import load_or_exit
 from core.config.model import WeirConfig
 from core.failures import reach_postgres
 from core.store import SESSION, AConn, Store
+from core.store.connectors import with_api_connectors
 from core.store.consumers import CONSUMER_PREFIX
 from core.store.operate import Operations
 
@@ -40,13 +41,17 @@ def _on_store(cfg: WeirConfig, act: Callable[[Operations, AConn], Awaitable[T]])
 
 
 def _list_or_exit(cfg: WeirConfig, name: str) -> str:
-    """``name`` when it names a connector of the file or a consumer (checked by the store:
-    consumers may be made over the API); exit 2 otherwise."""
-    if name.startswith(CONSUMER_PREFIX) or name in {c.name for c in cfg.connectors}:
+    """``name`` when it names a connector (of the file or made over the API) or a consumer
+    (checked by the store: consumers may be made over the API); exit 2 otherwise."""
+    if name.startswith(CONSUMER_PREFIX):
+        return name
+    reach_postgres(cfg.store_url, "the store")
+    cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
+    if name in {c.name for c in cfg.connectors}:
         return name
     known = ", ".join(c.name for c in cfg.connectors) or "none"
-    print(f"weir: no connector named {name!r} in the config (it has: {known}; an HTTP pull "
-          "consumer's list is consumer:NAME)", file=sys.stderr)  # fmt: skip
+    print(f"weir: no connector named {name!r} (there are: {known}; an HTTP pull consumer's "
+          "list is consumer:NAME)", file=sys.stderr)  # fmt: skip
     raise SystemExit(2)
 
 
@@ -96,8 +101,10 @@ def _print_entries(name: str, data: list[dict[str, Any]], next_: str | None) -> 
 def cmd_connector(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.config)
     name = args.name
-    if name not in {c.name for c in cfg.connectors}:
-        _list_or_exit(cfg, name)  # exits 2 saying what the file has
+    if name.startswith(CONSUMER_PREFIX):
+        print("weir connector: an HTTP pull consumer cannot be paused", file=sys.stderr)
+        return 2
+    _list_or_exit(cfg, name)  # exits 2 saying what there is
     paused = args.connector_command == "pause"
     _on_store(cfg, lambda o, c: o.set_paused(c, name, paused))
     if paused:

@@ -18,14 +18,16 @@ import time
 from collections import deque
 from typing import Any
 
+import orjson
 from psycopg_pool import AsyncConnectionPool
 
 from core import status
 from core.api.consume import Consumers
-from core.config.model import WeirConfig
-from core.errors import NotFound
+from core.config.model import Connector, UnknownSourceError, WeirConfig
+from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
 from core.store import Store
+from core.store import connectors as api_connectors
 from core.store import status as stored
 from core.store.consumers import CONSUMER_PREFIX, consumer_key
 from core.store.operate import Operations as StoreOperations
@@ -140,13 +142,14 @@ class Operations:
             asyncio.to_thread(stored.cursors, self.store),
             asyncio.to_thread(stored.works, self.store),
         )
+        cfg, made = await self._effective()
         async with self.pool.connection() as conn:
             paused = await self.ops.paused(conn)
         by_key: dict[str, list[stored.CursorStatus]] = {}
         for cur in cursors:
             by_key.setdefault(cur.name, []).append(cur)
         out: dict[str, dict[str, Any]] = {}
-        for c, shard in self.cfg.connector_shards():
+        for c, shard in cfg.connector_shards():
             key = shard.key(c.name)
             mine = by_key.get(key, [])
             w = works.get(f"connector:{key}", stored.WorkState("not running", "", None))
@@ -154,7 +157,8 @@ class Operations:
             if c.name in paused:
                 state, detail = "paused", f"since {paused[c.name]}"
             entry = out.setdefault(c.name, {
-                "name": c.name, "type": c.type, "stream": c.stream, "origin": "config",
+                "name": c.name, "type": c.type, "stream": c.stream,
+                "origin": "api" if c.name in made else "config",
                 "paused": c.name in paused, "failed": mine[0].failed if mine else 0, "shards": [],
             })  # fmt: skip
             entry["shards"].append({
@@ -170,7 +174,7 @@ class Operations:
         for c in await self.connectors():
             if c["name"] == name:
                 return c
-        raise NotFound(f"no connector named {name!r} in the config")
+        raise NotFound(f"no connector named {name!r}")
 
     async def consumers(self) -> list[dict[str, Any]]:
         listing = await self.engine.listing()
@@ -183,25 +187,79 @@ class Operations:
                 for c, origin in listing]  # fmt: skip
 
     def history(self, name: str) -> list[dict[str, Any]]:
-        self._connector_named(name)
+        """The connector's samples of the last hour ([] for a name without any)."""
         return self._history.series(name)
 
     # -- actions --------------------------------------------------------------------------
 
-    def _connector_named(self, name: str) -> None:
-        if name not in {c.name for c in self.cfg.connectors}:
-            raise NotFound(f"no connector named {name!r} in the config")
+    async def _effective(self) -> tuple[WeirConfig, set[str]]:
+        """The config with the API-made connectors, and their names."""
+        async with self.pool.connection() as conn:
+            stored = await api_connectors.aload(self.store, conn)
+        cfg = self.cfg.with_stored(stored)
+        return cfg, {c.name for c in cfg.connectors[len(self.cfg.connectors) :]}
+
+    async def _connector_named(self, name: str) -> Connector:
+        cfg, _ = await self._effective()
+        for c in cfg.connectors:
+            if c.name == name:
+                return c
+        raise NotFound(f"no connector named {name!r}")
+
+    # -- connectors made over the API -----------------------------------------------------
+
+    async def put(self, name: str | None, c: Connector, raw: dict[str, Any]) -> dict[str, Any]:
+        """Store a connector made (``name`` None) or changed over the API; ``raw`` is the
+        body as sent (its secrets kept: the validated model masks them)."""
+        if name is not None and c.name != name:
+            raise InvalidField(f"the name cannot change (it is {name!r})", loc=("body", "name"))
+        if c.name in {f.name for f in self.cfg.connectors}:
+            raise Conflict(f"connector {c.name!r} is declared in the config file; change it there")
+        try:
+            self.cfg.sources_of(c)
+        except UnknownSourceError as e:
+            raise InvalidField(str(e), loc=("body", "sources")) from None
+        if name is not None:
+            was = await self._connector_named(name)  # NotFound
+            if (was.type, was.stream) != (c.type, c.stream):
+                raise Conflict(
+                    f"connector {name!r}: its type and stream cannot change (its cursors and "
+                    "broker marks are theirs); delete it and make another"
+                )
+        async with self.pool.connection() as conn:
+            done = await api_connectors.put(self.store, conn, c.name, orjson.dumps(raw).decode(),
+                                            new=name is None)  # fmt: skip
+        if not done:
+            raise Conflict(f"a connector named {c.name!r} exists")
+        log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
+        return self.described(c)
+
+    async def delete(self, name: str) -> None:
+        if name in {f.name for f in self.cfg.connectors}:
+            raise Conflict(f"connector {name!r} is declared in the config file; remove it there")
+        async with self.pool.connection() as conn:
+            if not await api_connectors.delete(self.store, conn, name):
+                raise NotFound(f"no connector named {name!r} made over the API")
+        log.info("connector %s: deleted over the API", name)
+
+    async def config_of(self, name: str) -> dict[str, Any]:
+        return self.described(await self._connector_named(name))
+
+    def described(self, c: Connector) -> dict[str, Any]:
+        """A connector's config as the API shows it: secrets masked, and where it is from."""
+        origin = "config" if c.name in {f.name for f in self.cfg.connectors} else "api"
+        return {"origin": origin, "config": c.model_dump(mode="json")}
 
     async def _list_named(self, name: str) -> str:
         """The failed list ``name`` names (a connector, or ``consumer:NAME``)."""
         if name.startswith(CONSUMER_PREFIX):
             await self.engine.get(name.removeprefix(CONSUMER_PREFIX))  # NotFound
         else:
-            self._connector_named(name)
+            await self._connector_named(name)
         return name
 
     async def pause(self, name: str, paused: bool) -> dict[str, Any]:
-        self._connector_named(name)
+        await self._connector_named(name)
         async with self.pool.connection() as conn:
             await self.ops.set_paused(conn, name, paused)
         log.info("connector %s: %s by an operator", name, "paused" if paused else "resumed")

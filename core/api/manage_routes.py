@@ -10,11 +10,12 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.api.manage import Operations
-from core.api.models import Name, Out
+from core.api.models import Deleted, Name, Out
+from core.config.model import Connector
 from core.errors import NotFound
 from core.store.consumers import consumer_key
 from core.store.operate import PAGE_MAX
@@ -59,6 +60,11 @@ class ConsumerStateOut(Out):
     pending: int
     ack_pending: int
     failed: int
+
+
+class ConnectorConfigOut(Out):
+    origin: str = Field(description="config: the YAML file's (read-only here); api")
+    config: dict[str, Any] = Field(description="as the YAML file gives it; secrets masked")
 
 
 class Sample(Out):
@@ -137,7 +143,32 @@ def add_routes(api: APIRouter, ops: Operations) -> None:
     @api.get("/v1/connectors/{name}/history", response_model=list[Sample], tags=["manage"])
     async def history(name: Name) -> Any:
         """Throughput and lag over the last hour, a sample every few seconds."""
+        await ops.connector(name)  # 404 for an unknown one
         return ops.history(name)
+
+    @api.post("/v1/connectors", status_code=201, response_model=ConnectorConfigOut,
+              tags=["manage"])  # fmt: skip
+    async def create(connector: Annotated[Connector, Body()], request: Request) -> Any:
+        """Make a connector (a `connectors:` entry of the YAML file, as JSON): every instance
+        runs it within seconds, from its `start_position`."""
+        return await ops.put(None, connector, await request.json())
+
+    @api.get("/v1/connectors/{name}/config", response_model=ConnectorConfigOut, tags=["manage"])
+    async def config(name: Name) -> Any:
+        """A connector's config, secrets masked."""
+        return await ops.config_of(name)
+
+    @api.put("/v1/connectors/{name}", response_model=ConnectorConfigOut, tags=["manage"])
+    async def change(name: Name, connector: Annotated[Connector, Body()], request: Request) -> Any:
+        """Change a connector made over the API (not its type or stream): its shards start
+        again with the new config from their cursors."""
+        return await ops.put(name, connector, await request.json())
+
+    @api.delete("/v1/connectors/{name}", response_model=Deleted, tags=["manage"])
+    async def delete(name: Name) -> Any:
+        """Delete a connector made over the API, with its cursors and failed list."""
+        await ops.delete(name)
+        return {"success": True}
 
     @api.get("/v1/consumers", response_model=list[ConsumerStateOut], tags=["manage"])
     async def consumers() -> Any:

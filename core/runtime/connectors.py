@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from core.config.model import Connector, WeirConfig
 from core.engine.forwarder import Forwarder
 from core.metrics import Metrics
+from core.redact import remember, secrets_of
 from core.shards import Shard
 from core.store import Store
 from core.store import connectors as api_connectors
@@ -52,8 +53,8 @@ class ConnectorWorks:
         self.version = leases.connectors_version
         cfg = self.file
         if self.worker is None or self.worker.role == "connectors":
-            with self.store.connect(autocommit=True) as conn:
-                cfg = cfg.with_stored(api_connectors.load(self.store, conn))
+            cfg = api_connectors.with_api_connectors(cfg, self.store)
+            remember(secrets_of(cfg))  # never logged, as the file's
         wanted = {
             f"connector:{shard.key(c.name)}": (c, shard)
             for k, (c, shard) in enumerate(cfg.connector_shards())

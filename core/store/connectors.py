@@ -10,16 +10,19 @@ from typing import Any
 
 from psycopg import sql
 
-from core.store import AConn, Conn, Store
+from core.config.model import WeirConfig
+from core.store import AConn, Store
 
 # What changes when a connector is made, changed or deleted.
 VERSION = "SELECT count(*)::text || '/' || coalesce(max(changed_at)::text, '') FROM {}"
 
 
-def load(store: Store, conn: Conn) -> list[dict[str, Any]]:
-    """Every API-made connector's config, by name."""
+def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
+    """``cfg`` with the connectors made over the API after the file's (the commands' view)."""
     q = sql.SQL("SELECT config FROM {} ORDER BY name").format(store.table("api_connectors"))
-    return [dict(r[0]) for r in conn.execute(q).fetchall()]  # type: ignore[call-overload]
+    with store.connect(autocommit=True) as conn:
+        rows: list[Any] = conn.execute(q).fetchall()
+    return cfg.with_stored([dict(r[0]) for r in rows])
 
 
 async def aload(store: Store, conn: AConn) -> list[dict[str, Any]]:

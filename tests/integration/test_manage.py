@@ -195,3 +195,52 @@ def test_sources_connectors_and_consumers_are_listed(table: str) -> None:
                       "/v1/connectors/{name}/failed/{entry}/retry",
                       "/v1/http-consumers/{name}/failed/discard"):  # fmt: skip
             assert route in paths
+
+
+def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
+    tmp_path: Path, table: str, webhook_receiver: Receiver
+) -> None:
+    harness = WebhookHarness(webhook_receiver)
+    declared = harness.connector("declared", "events")
+    harness.prepare(declared)
+    made = harness.connector("made", "events", start_position="beginning")
+    harness.prepare(made)
+    config = write_config(tmp_path, table, [declared])
+    with api_serving(table, connectors=[declared]) as client:
+        insert_t(table, range(3))
+        r = client.post("/v1/connectors", json=made)
+        assert r.status_code == 201, r.text
+        assert r.json()["origin"] == "api"
+        assert r.json()["config"]["webhook"]["secret"] == "**********"  # never shown
+        wait_for(lambda: cursor_of(table, "made")[0] == 3, what="the new connector delivering")
+        assert sorted(m.seq for m in harness.read(made)) == [1, 2, 3]
+        names = {c["name"]: c["origin"] for c in client.get("/v1/connectors").json()}
+        assert names == {"declared": "config", "made": "api"}
+        # The same models as YAML: a 422 names the field.
+        bad = client.post("/v1/connectors", json={**made, "name": "x", "max_in_flight": 0})
+        assert bad.status_code == 422 and "max_in_flight" in str(bad.json()["detail"])
+        bad = client.post("/v1/connectors", json={**made, "name": "y", "sources": ["nope"]})
+        assert bad.status_code == 422 and "nope" in str(bad.json()["detail"])
+        assert client.post("/v1/connectors", json=made).status_code == 409  # exists
+        assert client.post("/v1/connectors", json=declared).status_code == 409  # the file's
+        assert client.delete("/v1/connectors/declared").status_code == 409  # read-only
+        # A change of collections takes effect from the cursor on.
+        changed = {**made, "collections": ["public:nothing"]}
+        assert client.put("/v1/connectors/made", json=changed).status_code == 200
+        assert client.put("/v1/connectors/made", json={**changed, "stream": "records"}
+                          ).status_code == 409  # fmt: skip
+        wait_for(lambda: client.get("/v1/connectors/made/config").json()["config"]["collections"]
+                 == ["public:nothing"], what="the change stored")  # fmt: skip
+        time.sleep(2.5)  # a lease poll or two: the shard restarted with its new config
+        insert_t(table, range(3, 5))
+        wait_for(lambda: cursor_of(table, "made")[0] == 5, what="the cursor past the new rows")
+        assert sorted(m.seq for m in harness.read(made)) == [1, 2, 3]  # filtered from seq 4
+        # The CLI sees API-made connectors too.
+        assert weir_cli(config, "failed", "list", "made").returncode == 0
+        assert client.delete("/v1/connectors/made").status_code == 200
+        assert client.get("/v1/connectors/made").status_code == 404
+        wait_for(lambda: "made" not in client.get("/v1/connectors").text, what="it is gone")
+        time.sleep(2.5)
+        insert_t(table, range(5, 7))
+        wait_for(lambda: cursor_of(table, "declared")[0] == 7, what="declared goes on")
+        assert len(harness.read(made)) == 3  # nothing more once deleted
