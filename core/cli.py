@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
 from types import FrameType
 
 from core.cli_operate import add_commands as add_operate_commands
@@ -135,89 +134,15 @@ def cmd_setup(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Sources (slot lag, last LSN), connectors (cursor lag, rate, failed), consumer queues
     and table backfills (rows read of the table's rows): two readings of the store
-    ``--interval`` seconds apart, the rate from the cursors' moves between them.
+    ``--interval`` seconds apart, the rate from the cursors' moves between them; with
+    ``--watch`` a reading every interval until ^C (core/status_view.py draws them).
     """
-    import time
-
-    from core import status
-    from core.ids import lsn_to_str
+    from core.status_view import show
     from core.store import Store
-    from core.store import status as stored
-    from core.store.consumers import CONSUMER_PREFIX, consumer_key
 
     cfg = load_or_exit(args.config)
     reach_postgres(cfg.store_url, "the store")
-    store = Store(cfg.store_url, cfg.store.schema_)
-    before = {(c.name, c.source): c.seq for c in stored.cursors(store)}
-    time.sleep(args.interval)
-    sources = status.sources(cfg, store)
-    cursors = stored.cursors(store)
-    queues = stored.consumer_queues(store)
-    backfills = stored.backfills(store)
-    works = stored.works(store)
-    idle = stored.WorkState("not running", "", None)
-    rows = [("SOURCE", "KIND", "STATE", "EVENTS SEQ", "RECORDS SEQ", "LAST LSN", "SLOT LAG",
-             "OWNER", "NOTE")]  # fmt: skip
-    for s in sources:
-        lag = "-" if s.slot_bytes is None else _bytes(s.slot_bytes)
-        lsn = lsn_to_str(s.commit_lsn) if s.kind == "postgres" else str(s.commit_lsn)
-        w = works.get(f"source:{s.name}", idle) if s.kind == "postgres" else None
-        slot_note = "" if s.slot_active in (None, True) else "slot not being read"
-        failed = f"{s.failed} changes on weir.source_failures" if s.failed else ""
-        note = (w.detail if w else "") or s.error or failed or slot_note
-        rows.append((s.name, s.kind, w.state if w else "-", str(s.events_seq),
-                     str(s.records_seq), lsn, lag, s.owner or "-", note))  # fmt: skip
-    _table(rows)
-    print()
-    # Every connector (shard) of the file, also one that never got as far as its first cursor.
-    shown = {c.name for c in cursors} | {consumer_key(q) for q in queues}
-    configured = {shard.key(c.name): c for c, shard in cfg.connector_shards()}
-    cursors += [stored.CursorStatus(key, "-", c.stream, 0, 0, 0.0, 0, None)
-                for key, c in configured.items() if key not in shown]  # fmt: skip
-    table = [("CONNECTOR", "STATE", "SOURCE", "STREAM", "LAG", "LAG AGE", "RATE/S", "FAILED",
-              "OWNER", "NOTE")]  # fmt: skip
-    for c in cursors:
-        moved = c.seq - before.get((c.name, c.source), c.seq)
-        rate = f"{max(moved, 0) / args.interval:.0f}"
-        consumer = c.name.startswith(CONSUMER_PREFIX)
-        w = works.get(f"connector:{c.name}") if not consumer else None
-        w = w or (idle if c.name in configured else None)
-        table.append((c.name, w.state if w else "-", c.source, c.stream, str(c.lag_messages),
-                      f"{c.lag_seconds:.1f}s", rate, str(c.failed), c.owner or "-",
-                      w.detail if w else ""))  # fmt: skip
-    _table(table)
-    if queues:
-        print()
-        _table([("CONSUMER", "PENDING", "ACK PENDING")]
-               + [(n, str(p), str(a)) for n, (p, a) in queues.items()])  # fmt: skip
-    if backfills:
-        print()
-        fills = [("BACKFILL", "SOURCE", "READ", "OF", "DONE", "WRITTEN", "STATE")]
-        for b in backfills:
-            done = f"{min(b.rows_read * 100 // b.rows_total, 99)}%" if b.rows_total else "-"
-            state = "finished" if b.finished else f"last page {b.idle_seconds:.0f}s ago"
-            if b.requested is not None:  # capture asked for it (again): not started yet
-                state, done = f"waiting: {b.requested}", "-"
-            fills.append((b.table, b.source, f"{b.rows_read:,}", f"{b.rows_total:,}",
-                         "100%" if b.finished and not b.requested else done,
-                         f"{b.rows_written:,}", state))  # fmt: skip
-        _table(fills)
-    return 0
-
-
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    return show(cfg, Store(cfg.store_url, cfg.store.schema_), args.interval, args.watch)
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -260,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="sources, connectors and consumers: lag, rate, failures")
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
+    p.add_argument(
+        "--watch", action="store_true", help="a reading every interval until ^C (in place)"
+    )
     p.set_defaults(func=cmd_status)
 
     add_operate_commands(sub)

@@ -1,17 +1,35 @@
-"""Progress of long work (seed, backfill): a bar redrawn in place on a terminal, otherwise a
-line every ``every`` seconds through the log (systemd, containers, CI)."""
+"""Progress of long work (seed, backfill): a ``rich`` bar with the rate and the time left, redrawn
+in place on a terminal (stderr), otherwise a line every ``every`` seconds through the log
+(systemd, containers, CI). While a bar is drawn, log lines print above it (core/redact.py's
+handler writes to the ``sys.stderr`` the bar redirects). One bar at a time in a process: work
+that starts while another's bar is drawn (``weir run``'s backfills of two sources) reports
+through the log.
+"""
 
 from __future__ import annotations
 
 import logging
-import sys
+import threading
 import time
+from datetime import timedelta
+from types import TracebackType
 from typing import TextIO
+
+from rich import progress as bars
+from rich.console import Console
+from rich.text import Text
 
 log = logging.getLogger("weir.progress")
 
+_terminal = threading.Lock()  # held while a bar is drawn
+
 
 class Progress:
+    """``update(done)`` as the work goes, ``finish(summary)`` when it is done; used as a context
+    manager, a bar is taken off when the work stops unfinished. A ``total`` of 0 is unknown: a
+    count and a rate, no bar. The rate is rich's: of the updates of the last 30 seconds after
+    the first (a backfill that resumes at a row counts from there)."""
+
     def __init__(
         self, label: str, total: int, *, unit: str = "rows", every: float = 10.0,
         out: TextIO | None = None,
@@ -20,42 +38,73 @@ class Progress:
         self.total = total
         self.unit = unit
         self.every = every
-        self.out = out if out is not None else sys.stderr
-        self.tty = self.out.isatty()
-        self.started = time.monotonic()
-        self._shown = 0.0
         self.done = 0
+        console = Console(file=out) if out is not None else Console(stderr=True)
+        self._drawn = console.is_terminal and _terminal.acquire(blocking=False)
+        self._shown = float("-inf")  # the first update logs where the work starts
+        self._bars = bars.Progress(*self._columns(), console=console, disable=not self._drawn,
+                                   refresh_per_second=5)  # fmt: skip
+        self._task = self._bars.add_task(label, total=total or None)
+        self._bars.start()
 
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        parts = [self.label]
-        if self.total:
-            pct = min(100.0, 100.0 * self.done / self.total)
-            if self.tty:
-                filled = int(pct / 4)
-                parts.append("[" + "#" * filled + "-" * (25 - filled) + "]")
-            parts.append(f"{pct:3.0f}%  {self.done:,}/{self.total:,} {self.unit}")
-            if rate > 0 and self.done < self.total:
-                parts.append(f"eta {(self.total - self.done) / rate:,.0f}s")
-        else:
-            parts.append(f"{self.done:,} {self.unit}")
-        parts.append(f"{rate:,.0f} {self.unit}/s")
-        return "  ".join(parts)
+    def _columns(self) -> list[str | bars.ProgressColumn]:
+        count = f"{{task.completed:,.0f}}{'/{task.total:,.0f}' if self.total else ''} {self.unit}"
+        if not self.total:
+            return ["{task.description}", count, _Rate(self.unit), bars.TimeElapsedColumn()]
+        return ["{task.description}", bars.BarColumn(), bars.TaskProgressColumn(), count,
+                _Rate(self.unit), "eta", bars.TimeRemainingColumn()]  # fmt: skip
 
     def update(self, done: int) -> None:
         self.done = done
+        self._bars.update(self._task, completed=done)
         now = time.monotonic()
-        if self.tty:
-            if now - self._shown >= 0.2:
-                self.out.write("\r" + self.line() + "\033[K")
-                self.out.flush()
-                self._shown = now
-        elif now - self._shown >= self.every:
+        if not self._drawn and now - self._shown >= self.every:
             log.info("%s", self.line())
             self._shown = now
 
+    def line(self) -> str:
+        """Where the work stands, in one line of plain text."""
+        task = self._bars.tasks[0]
+        rate = _rate(task, self.unit)
+        if not self.total:
+            return "  ".join(p for p in (self.label, f"{self.done:,} {self.unit}", rate) if p)
+        pct = min(100.0, 100.0 * self.done / self.total)
+        left = task.time_remaining
+        eta = "" if left is None else f"eta {timedelta(seconds=round(left))}"
+        parts = (self.label, f"{pct:3.0f}%", f"{self.done:,}/{self.total:,} {self.unit}", rate, eta)
+        return "  ".join(p for p in parts if p)
+
     def finish(self, summary: str) -> None:
-        if self.tty:
-            self.out.write("\r" + self.line() + "\033[K\n")
+        self.close()
         log.info("%s: %s", self.label, summary)
+
+    def close(self) -> None:
+        """Takes the bar off the live display (its last drawing stays), once."""
+        if self._drawn:
+            self._bars.stop()
+            self._drawn = False
+            _terminal.release()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _rate(task: bars.Task, unit: str) -> str:
+    speed = task.speed
+    return "" if speed is None else f"{speed:,.0f} {unit}/s"
+
+
+class _Rate(bars.ProgressColumn):
+    """The rate in the work's own unit (rich's own columns speak of bytes)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: bars.Task) -> Text:
+        return Text(_rate(task, self.unit), "progress.data.speed")

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, SecretStr
@@ -175,10 +176,19 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to ``sys.stderr`` as it is at each record, not as it was at setup: a progress bar
+    (core/progress.py) redirects it while drawn, to print log lines above itself."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # emit runs under the handler's lock
+        super().emit(record)
+
+
 def setup_logging(level: str) -> None:
     """The logging of a ``weir`` process: every line redacted, tracebacks only at the debug
     level (``-v``), and an exception that ends a thread logged (redacted) instead of printed."""
-    handler = logging.StreamHandler()
+    handler = StderrHandler()
     debug = level.lower() == "debug"
     handler.setFormatter(
         RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", debug)

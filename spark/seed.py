@@ -325,18 +325,18 @@ def run_seed(
 def _report(spark: Any, total_rows: int, done: threading.Event) -> None:
     """Progress from Spark's tracker: finished partitions, and the rows they stand for."""
     tracker = spark.sparkContext.statusTracker()
-    progress = Progress("seed", total_rows, every=5.0)
-    while not done.wait(0.5):
-        tasks = finished = 0
-        for job in tracker.getActiveJobsIds():
-            info = tracker.getJobInfo(job)
-            for stage in info.stageIds if info else []:
-                s = tracker.getStageInfo(stage)
-                if s:
-                    tasks += s.numTasks
-                    finished += s.numCompletedTasks
-        if tasks:
-            progress.update(total_rows * finished // tasks)
+    with Progress("seed", total_rows, every=5.0) as progress:
+        while not done.wait(0.5):
+            tasks = finished = 0
+            for job in tracker.getActiveJobsIds():
+                info = tracker.getJobInfo(job)
+                for stage in info.stageIds if info else []:
+                    s = tracker.getStageInfo(stage)
+                    if s:
+                        tasks += s.numTasks
+                        finished += s.numCompletedTasks
+            if tasks:
+                progress.update(total_rows * finished // tasks)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -109,25 +109,25 @@ class Backfill:
                 self.table, "resuming" if last else "starting", st.version, read, st.rows_total,
             )  # fmt: skip
             writer = SnapshotWriter(store_conn, self.store, sid, st.version, st.snapshot_at)
-            progress = Progress(f"backfill {self.table}", st.rows_total)
-            progress.update(read)
-            while not stop.is_set():
-                rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
-                if not rows:
-                    gone = writer.sweep(rel.collection_id)
-                    self._backfills.finish(store_conn, rel.collection_id)
-                    store_conn.commit()
-                    swept = f", {gone:,} gone from the table" if gone else ""
-                    progress.finish(f"{read:,} rows read, {written:,} written{swept}")
-                    return BackfillResult(self.table, read, written, True)
-                lines = list(snapshot.records_of(rel, rows))
-                accepted = self._write(store_conn, writer, rel.collection_id, lines)
-                last = plan.key_of(rows[-1])
-                self._backfills.step(store_conn, rel.collection_id, last, len(rows), accepted)
-                store_conn.commit()
-                read += len(rows)
-                written += accepted
+            with Progress(f"backfill {self.table}", st.rows_total) as progress:
                 progress.update(read)
+                while not stop.is_set():
+                    rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
+                    if not rows:
+                        gone = writer.sweep(rel.collection_id)
+                        self._backfills.finish(store_conn, rel.collection_id)
+                        store_conn.commit()
+                        swept = f", {gone:,} gone from the table" if gone else ""
+                        progress.finish(f"{read:,} rows read, {written:,} written{swept}")
+                        return BackfillResult(self.table, read, written, True)
+                    lines = list(snapshot.records_of(rel, rows))
+                    accepted = self._write(store_conn, writer, rel.collection_id, lines)
+                    last = plan.key_of(rows[-1])
+                    self._backfills.step(store_conn, rel.collection_id, last, len(rows), accepted)
+                    store_conn.commit()
+                    read += len(rows)
+                    written += accepted
+                    progress.update(read)
             return BackfillResult(self.table, read, written, False)
 
     def _write(
