@@ -24,6 +24,7 @@ from core.config.model import WeirConfig
 from core.ids import lsn_to_str
 from core.store import Store
 from core.store import status as stored
+from core.store.connectors import with_api_connectors
 from core.store.consumers import CONSUMER_PREFIX, consumer_key
 
 IDLE = stored.WorkState("not running", "", None)
@@ -46,7 +47,7 @@ class Reading:
     configured: set[str]  # connector (shard) keys of the file
     queues: dict[str, tuple[int, int]]
     backfills: list[stored.BackfillStatus]
-    works: dict[str, stored.WorkState]
+    works: stored.Works
 
 
 def readings(cfg: WeirConfig, store: Store, interval: float) -> Iterator[Reading]:
@@ -105,7 +106,7 @@ def _connectors(r: Reading, width: int | None) -> RenderableType:
     for c in r.cursors:
         rate = f"{max(r.moved[(c.name, c.source)], 0) / r.seconds:.0f}"
         consumer = c.name.startswith(CONSUMER_PREFIX)
-        w = r.works.get(f"connector:{c.name}") if not consumer else None
+        w = r.works.connector(c.name) if not consumer else None
         w = w or (IDLE if c.name in r.configured else None)
         failed = Text(str(c.failed), "red" if c.failed else "")
         rows.append((c.name, _state(w.state if w else "-"), c.source, c.stream,
@@ -192,6 +193,7 @@ def plain(renderables: Sequence[RenderableType]) -> str:
 def show(cfg: WeirConfig, store: Store, interval: float, watch: bool) -> int:
     """``weir status``: one reading, or with ``watch`` one every ``interval`` until ^C (exit 0);
     redrawn in place on a terminal, printed one after the other elsewhere."""
+    cfg = with_api_connectors(cfg, store)  # the connectors made over the API too
     console = Console(highlight=False)
     width = console.width if console.is_terminal else None
     if not watch:

@@ -143,8 +143,7 @@ class Operations:
             asyncio.to_thread(stored.works, self.store),
         )
         cfg, made = await self._effective()
-        async with self.pool.connection() as conn:
-            paused = await self.ops.paused(conn)
+        paused = works.paused
         by_key: dict[str, list[stored.CursorStatus]] = {}
         for cur in cursors:
             by_key.setdefault(cur.name, []).append(cur)
@@ -152,17 +151,14 @@ class Operations:
         for c, shard in cfg.connector_shards():
             key = shard.key(c.name)
             mine = by_key.get(key, [])
-            w = works.get(f"connector:{key}", stored.WorkState("not running", "", None))
-            state, detail = w.state, w.detail
-            if c.name in paused:
-                state, detail = "paused", f"since {paused[c.name]}"
+            w = works.connector(key) or stored.WorkState("not running", "", None)
             entry = out.setdefault(c.name, {
                 "name": c.name, "type": c.type, "stream": c.stream,
                 "origin": "api" if c.name in made else "config",
                 "paused": c.name in paused, "failed": mine[0].failed if mine else 0, "shards": [],
             })  # fmt: skip
             entry["shards"].append({
-                "key": key, "state": state, "detail": detail, "owner": w.owner,
+                "key": key, "state": w.state, "detail": w.detail, "owner": w.owner,
                 "sources": [x.source for x in mine], "seq": sum(x.seq for x in mine),
                 "lag_messages": sum(x.lag_messages for x in mine),
                 "lag_seconds": max((x.lag_seconds for x in mine), default=0.0),

@@ -166,8 +166,3 @@ class Operations:
             " SET paused = excluded.paused, changed_at = now()"
         ).format(self._controls)
         await conn.execute(q, (name, paused))
-
-    async def paused(self, conn: AConn) -> dict[str, str]:
-        """Paused connectors, with when they were paused (ISO 8601)."""
-        q = sql.SQL("SELECT name, changed_at FROM {} WHERE paused").format(self._controls)
-        return {str(r[0]): r[1].isoformat() for r in await (await conn.execute(q)).fetchall()}

@@ -63,7 +63,23 @@ class BackfillStatus:
     requested: str | None = None  # why capture asked for it, while it waits to start
 
 
-def works(store: Store) -> dict[str, WorkState]:
+class Works(dict[str, WorkState]):
+    """Work states by work (``source:NAME``, ``connector:KEY``), and the paused connectors
+    (``paused``: name -> since when, ISO 8601)."""
+
+    paused: dict[str, str]
+
+    def connector(self, key: str) -> WorkState | None:
+        """A connector shard's state (``key``: NAME or NAME#i/N); paused when its connector
+        is, None when no instance reported on it."""
+        work = self.get(f"connector:{key}")
+        since = self.paused.get(key.split("#", 1)[0])
+        if since is not None:  # its owner, while it drains
+            return WorkState("paused", f"since {since}", work.owner if work else None)
+        return work
+
+
+def works(store: Store) -> Works:
     """By work (``source:NAME``, ``connector:NAME``). A work whose owner's heartbeat is stale
     is not running, unless it failed: then it says why until it runs again."""
     with store.connect(autocommit=True) as conn:
@@ -72,7 +88,13 @@ def works(store: Store) -> dict[str, WorkState]:
                 store.table("owners")
             )
         ).fetchall()
-    out = {}
+        paused: list[Any] = conn.execute(
+            sql.SQL("SELECT name, changed_at FROM {} WHERE paused").format(
+                store.table("connector_controls")
+            )
+        ).fetchall()
+    out = Works()
+    out.paused = {str(r[0]): r[1].isoformat(timespec="seconds") for r in paused}
     for work, owner, state, detail in rows:
         if owner is None and state != "failed":
             state, detail = "not running", ""
