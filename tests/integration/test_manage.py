@@ -151,6 +151,9 @@ def test_pause_holds_the_cursor_and_resume_goes_on(
         time.sleep(1.5)  # a lease poll or two: nobody runs it
         assert cursor_of(table, "hooks")[0] == 3
         assert shard()["state"] == "paused"
+        out = weir_cli(config, "status", "--interval", "0.1")
+        states = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("hooks")}
+        assert states == {"paused"}, out.stdout  # its row of each source
         assert len(harness.read(c)) == 3
     with api_serving(table, first=False, connectors=[c]) as client:  # a pause outlives a restart
         time.sleep(1.5)
