@@ -115,7 +115,17 @@ def cmd_setup(args: argparse.Namespace) -> int:
     import asyncio
 
     ensure = setup_of(spec_of(args.command))
+    import psycopg
+
+    from core.store import Store
+    from core.store.connectors import with_api_connectors
+
     cfg = load_or_exit(args.config)
+    try:  # the connectors made over the API need their streams or topics too
+        cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
+    except psycopg.Error as e:
+        print(f"weir {args.command} setup: cannot read the connectors made over the API from "
+              f"the store ({type(e).__name__}): only the file's", file=sys.stderr)  # fmt: skip
     connectors = [c for c in cfg.connectors if c.type == args.command]
     if not connectors:
         print(f"{args.config}: no {args.command} connectors", file=sys.stderr)
@@ -222,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # its reader went away (weir status --watch | head): done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # one line, without secrets; the traceback at the debug level (-v)
         if log.isEnabledFor(logging.DEBUG):
             print(redact(traceback.format_exc()), file=sys.stderr, end="")

@@ -20,6 +20,7 @@ from core.commands import load_or_exit
 from core.config.model import WeirConfig
 from core.failures import reach_postgres
 from core.store import SESSION, AConn, Store
+from core.store import status as stored
 from core.store.connectors import with_api_connectors
 from core.store.consumers import CONSUMER_PREFIX
 from core.store.operate import Operations
@@ -44,7 +45,11 @@ def _list_or_exit(cfg: WeirConfig, name: str) -> str:
     """``name`` when it names a connector (of the file or made over the API) or a consumer
     (checked by the store: consumers may be made over the API); exit 2 otherwise."""
     if name.startswith(CONSUMER_PREFIX):
-        return name
+        if _on_store(cfg, lambda o, c: o.has_consumer(c, name)):
+            return name
+        print(f"weir: no HTTP pull consumer named {name.removeprefix(CONSUMER_PREFIX)!r} in the "
+              "store", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     reach_postgres(cfg.store_url, "the store")
     cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
     if name in {c.name for c in cfg.connectors}:
@@ -67,6 +72,8 @@ def cmd_failed(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.config)
     name = _list_or_exit(cfg, args.name)
     what = args.failed_command
+    ids: list[str] | None = None
+    count = 0
     if what == "list":
         data, next_ = _on_store(cfg, lambda o, c: o.failed(c, name, args.limit, args.after))
         _print_entries(name, data, next_)
@@ -79,11 +86,17 @@ def cmd_failed(args: argparse.Namespace) -> int:
         later = "sent again by the connector; each leaves the list once delivered"
         if name.startswith(CONSUMER_PREFIX):
             later = "back in its queue"
+        elif name in stored.works(Store(cfg.store_url, cfg.store.schema_)).paused:
+            later = "to be sent again once the connector is resumed (it is paused)"
         print(f"{name}: {count} failed messages {later}")
     else:
         ids = _chosen(args)
         count = _on_store(cfg, lambda o, c: o.discard(c, name, ids))
         print(f"{name}: {count} failed messages discarded")
+    if ids is not None and count < len(set(ids)):
+        print(f"weir failed {what}: {len(set(ids)) - count} of the ids given are not on the "
+              f"list of {name} (weir failed list {name})", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -203,3 +203,42 @@ def setup_logging(level: str) -> None:
             logging.getLogger("weir").error("thread %s died", name, exc_info=exc_info)
 
     threading.excepthook = thread_died
+
+
+SECRET_MASK = "**********"  # how pydantic shows a SecretStr
+
+
+def shown(value: Any) -> Any:
+    """JSON-like ``value`` (a model's ``model_dump(mode="json")``) as an answer may show it:
+    every string redacted (URL passwords, remembered secrets; SecretStr fields are masked by
+    the dump already)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value
+
+
+def unmasked(new: Any, was_shown: Any, was: Any) -> Any:
+    """``new`` (a config sent back to change one) with each value that is the masked one it
+    was shown (``was_shown``, from :func:`shown`) put back to what it is (``was``), so that
+    sending back what was read keeps the secrets instead of storing their masks."""
+    if isinstance(new, dict) and isinstance(was_shown, dict) and isinstance(was, dict):
+        return {k: unmasked(v, was_shown.get(k), was.get(k)) if k in was else v
+                for k, v in new.items()}  # fmt: skip
+    if isinstance(new, str) and new == was_shown and was is not None and new != was:
+        return was
+    return new
+
+
+def masks_in(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """Where a mask is left in JSON-like ``value`` (a secret the sender never had), or None."""
+    if isinstance(value, str):
+        return path if SECRET_MASK in value or f":{MASK}@" in value else None
+    if isinstance(value, (dict, list)):
+        for k, v in value.items() if isinstance(value, dict) else enumerate(value):
+            if (found := masks_in(v, (*path, str(k)))) is not None:
+                return found
+    return None

@@ -23,9 +23,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from core import status
 from core.api.consume import Consumers
-from core.config.model import Connector, UnknownSourceError, WeirConfig
+from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConfig
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
+from core.redact import masks_in, shown, unmasked
 from core.store import Store
 from core.store import connectors as api_connectors
 from core.store import status as stored
@@ -222,6 +223,16 @@ class Operations:
                     f"connector {name!r}: its type and stream cannot change (its cursors and "
                     "broker marks are theirs); delete it and make another"
                 )
+            async with self.pool.connection() as conn:
+                stored = await api_connectors.raw(self.store, conn, name) or {}
+            raw = unmasked(raw, self.described(was)["config"], stored)
+            c = CONNECTOR.validate_python(raw)  # what is stored: the secrets put back
+        if (at := masks_in(raw)) is not None:
+            raise InvalidField(
+                "a masked value where a secret goes: send the secret itself, or the value as "
+                "it was shown to keep it",
+                loc=("body", *at),
+            )
         async with self.pool.connection() as conn:
             done = await api_connectors.put(self.store, conn, c.name, orjson.dumps(raw).decode(),
                                             new=name is None)  # fmt: skip
@@ -244,7 +255,7 @@ class Operations:
     def described(self, c: Connector) -> dict[str, Any]:
         """A connector's config as the API shows it: secrets masked, and where it is from."""
         origin = "config" if c.name in {f.name for f in self.cfg.connectors} else "api"
-        return {"origin": origin, "config": c.model_dump(mode="json")}
+        return {"origin": origin, "config": shown(c.model_dump(mode="json"))}
 
     async def _list_named(self, name: str) -> str:
         """The failed list ``name`` names (a connector, or ``consumer:NAME``)."""

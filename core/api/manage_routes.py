@@ -20,7 +20,7 @@ from core.errors import NotFound
 from core.store.consumers import consumer_key
 from core.store.operate import PAGE_MAX
 
-EntryId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}:\d+$", description="SOURCE:SEQ")]
+EntryId = Annotated[str, Path(description="SOURCE:SEQ, e.g. app:1042")]
 
 
 class SourceOut(Out):

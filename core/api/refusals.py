@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.redact import redact
+from core.registry import connector_specs
 
 # The HTTP status of each kind of refusal.
 STATUS: dict[type[Refusal], int] = {
@@ -81,6 +82,15 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+def _without_tag(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A connector body's error location without the union's tag pydantic puts after
+    ``body`` (``type``'s value, no key of the body): ``body.webhook.url``, not
+    ``body.webhook.webhook.url``."""
+    if len(loc) > 2 and loc[0] == "body" and loc[1] in {s.type for s in connector_specs()}:
+        return loc[:1] + loc[2:]
+    return loc
+
+
 def install(app: FastAPI, max_body_bytes: int) -> None:
     """The body limit, and error bodies without secrets, on every route of ``app``."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -93,8 +103,11 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         return JSONResponse({"detail": redact(e.reason)}, status_code=STATUS[type(e)])
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        detail = redacted(jsonable_encoder(e.errors()))
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
+            errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
+        detail = redacted(jsonable_encoder(errors))
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(HTTPException)

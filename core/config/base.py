@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainSerializer,
     Tag,
     model_validator,
 )
@@ -37,7 +38,18 @@ def _duration(v: Any) -> Any:
     return v
 
 
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
+def _duration_text(v: timedelta) -> str:
+    """A duration as the config writes it (``250ms``, ``10s``, ``1.5s``): what the API shows
+    of a config can be sent back as it is."""
+    ms = v.total_seconds() * 1000
+    return f"{ms:g}ms" if ms < 1000 else f"{ms / 1000:g}s"
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_duration),
+    PlainSerializer(_duration_text, return_type=str, when_used="json"),
+]
 
 
 def _no_nul(v: str) -> str:

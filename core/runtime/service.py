@@ -36,6 +36,7 @@ from core.metrics import Metrics
 from core.redact import remember, secrets_of
 from core.runtime.connectors import ConnectorWorks
 from core.store import Store, open_store
+from core.store import connectors as api_connectors
 
 if TYPE_CHECKING:
     from core.runtime.supervisor import Worker
@@ -89,6 +90,14 @@ def serve(
         log.info("weir: stopped before the store answered")
         return 0
     store = open_store(cfg)
+    if clash := api_connectors.clashes(cfg, store):
+        log.error(
+            "weir: the config file declares connectors that were made over the API: %s; each"
+            " name's cursors belong to one connector: give the file's another name, or take it"
+            " out of the file and DELETE /v1/connectors/NAME",
+            ", ".join(clash),
+        )
+        return 1
     metrics = Metrics()
     metrics.watch_store(cfg, store)
     serves_api = cfg.api is not None and (worker is None or worker.role == "api")

@@ -17,17 +17,35 @@ from core.store import AConn, Store
 VERSION = "SELECT count(*)::text || '/' || coalesce(max(changed_at)::text, '') FROM {}"
 
 
-def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
-    """``cfg`` with the connectors made over the API after the file's (the commands' view)."""
+def _load(store: Store) -> list[dict[str, Any]]:
     q = sql.SQL("SELECT config FROM {} ORDER BY name").format(store.table("api_connectors"))
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(q).fetchall()
-    return cfg.with_stored([dict(r[0]) for r in rows])
+    return [dict(r[0]) for r in rows]
+
+
+def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
+    """``cfg`` with the connectors made over the API after the file's (the commands' view)."""
+    return cfg.with_stored(_load(store))
+
+
+def clashes(cfg: WeirConfig, store: Store) -> list[str]:
+    """Connectors the file declares that were made over the API too: the store's cursors and
+    marks of that name are the API-made one's, which ``weir run`` refuses to mix up."""
+    declared = {c.name for c in cfg.connectors}
+    return sorted(str(c.get("name")) for c in _load(store) if c.get("name") in declared)
 
 
 async def aload(store: Store, conn: AConn) -> list[dict[str, Any]]:
     q = sql.SQL("SELECT config FROM {} ORDER BY name").format(store.table("api_connectors"))
     return [dict(r[0]) for r in await (await conn.execute(q)).fetchall()]
+
+
+async def raw(store: Store, conn: AConn, name: str) -> dict[str, Any] | None:
+    """An API-made connector's config as it was sent (its secrets in it), or None."""
+    q = sql.SQL("SELECT config FROM {} WHERE name = %s").format(store.table("api_connectors"))
+    row = await (await conn.execute(q, (name,))).fetchone()
+    return dict(row[0]) if row else None
 
 
 async def put(store: Store, conn: AConn, name: str, config: str, new: bool) -> bool:

@@ -11,11 +11,12 @@ from core.envelope import Message
 from core.store import AConn, Store
 
 # A message that fails again (a connector replaying it, two sweeps racing) keeps one entry,
-# with the latest attempts and error.
+# with the latest error; a retried one's attempts add up.
 _PUT = (
-    "INSERT INTO {} (connector, sync_id, stream, seq, group_key, idempotency_key, attempts,"
+    "INSERT INTO {} AS f (connector, sync_id, stream, seq, group_key, idempotency_key, attempts,"
     " error, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-    " ON CONFLICT (connector, sync_id, seq) DO UPDATE SET attempts = excluded.attempts,"
+    " ON CONFLICT (connector, sync_id, seq) DO UPDATE SET attempts = excluded.attempts"
+    " + CASE WHEN f.retry_requested_at IS NULL THEN 0 ELSE f.attempts END,"
     " error = excluded.error, failed_at = now(), retry_requested_at = NULL"
 )
 # The entries of a connector's list (of one source) that an operator asked to retry, oldest

@@ -95,6 +95,12 @@ class Operations:
             raise NotFound(f"{name}: no failed message {entry}")
         return _entry(row)
 
+    async def has_consumer(self, conn: AConn, name: str) -> bool:
+        """Whether the store has the HTTP pull consumer ``consumer:NAME`` names."""
+        q = sql.SQL("SELECT 1 FROM {} WHERE name = %s").format(self.store.table("consumers"))
+        row = await (await conn.execute(q, (name.removeprefix(CONSUMER_PREFIX),))).fetchone()
+        return row is not None
+
     async def count(self, conn: AConn, name: str) -> int:
         q = sql.SQL("SELECT count(*) FROM {} WHERE connector = %s").format(self._failed)
         row = await (await conn.execute(q, (name,))).fetchone()
@@ -162,7 +168,8 @@ class Operations:
         """Pause or resume a connector: every instance stops (drained) or starts its shards
         at its next lease poll; the cursors stay where they were."""
         q = sql.SQL(
-            "INSERT INTO {} (name, paused) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
-            " SET paused = excluded.paused, changed_at = now()"
+            "INSERT INTO {} AS c (name, paused) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
+            " SET paused = excluded.paused, changed_at = CASE WHEN c.paused = excluded.paused"
+            " THEN c.changed_at ELSE now() END"
         ).format(self._controls)
         await conn.execute(q, (name, paused))

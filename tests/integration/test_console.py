@@ -189,7 +189,13 @@ def test_retry_a_failed_message_and_see_it_leave_the_list(
         expect(rows).to_have_count(1, timeout=30_000)  # delivered: the page refreshes itself
         assert len(harness.read(c)) == 1
 
-        page.click("button:text('Discard all')")
+        asked: list[str] = []
+        page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+        page.click("button:text('Discard all shown')")  # asks first: dismissed, nothing gone
+        expect(rows).to_have_count(1)
+        assert asked == ["Discard the 1 messages shown for good?"]
+        page.once("dialog", lambda d: d.accept())
+        page.click("button:text('Discard all shown')")
         expect(page.locator("p.empty")).to_be_visible()
         assert failed_messages(table, "hooks") == []
         assert TOKEN not in page.content()

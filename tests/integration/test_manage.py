@@ -6,20 +6,24 @@ discarded (for good, across a restart); connectors paused with their cursor held
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
+from core.runtime.service import serve
 from tests.helpers.api import api_serving
 from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.receiver import Receiver
-from tests.helpers.weir import cursor_of, insert_t
+from tests.helpers.weir import cursor_of, insert_t, weir_config
 
 
 def hooks_refusing(receiver: Receiver) -> tuple[WebhookHarness, dict[str, Any]]:
@@ -94,6 +98,15 @@ def test_a_failed_page_show_and_the_paging(table: str, webhook_receiver: Receive
         assert one["message"]["metadata"]["seq"] == 3
         assert one["message"]["record"]["id"] == 2
         assert client.get("/v1/connectors/hooks/failed/app:99").status_code == 404
+        assert client.get("/v1/connectors/hooks/failed/bogus").status_code == 400
+        # Retried while the receiver still refuses: back on the list, its attempts added up.
+        assert client.post("/v1/connectors/hooks/failed/app:3/retry").json() == {"count": 1}
+
+        def failed_again() -> bool:
+            e = client.get("/v1/connectors/hooks/failed/app:3").json()
+            return not e["retry_requested"] and e["attempts"] == 2  # type: ignore[no-any-return]
+
+        wait_for(failed_again, what="app:3 to fail again")
         assert client.get("/v1/connectors/nope/failed").status_code == 404
         r = client.post("/v1/connectors/hooks/failed/retry", json={"ids": [], "all": True})
         assert r.status_code == 422  # one or the other
@@ -108,23 +121,26 @@ def test_discard_is_final_across_a_restart_and_the_cli_does_the_same(
     harness, c = hooks_refusing(webhook_receiver)
     config = write_config(tmp_path, table, [c])
     with api_serving(table, connectors=[c]) as client:
-        insert_t(table, range(4))
-        wait_for(lambda: len(failed_ids(client)) == 4, what="four on the failed list")
+        insert_t(table, range(5))
+        wait_for(lambda: len(failed_ids(client)) == 5, what="five on the failed list")
         assert client.delete("/v1/connectors/hooks/failed/app:1").json() == {"count": 1}
         assert client.delete("/v1/connectors/hooks/failed/app:1").status_code == 404
     out = weir_cli(config, "failed", "discard", "hooks", "app:2")
     assert out.returncode == 0 and "1 failed messages discarded" in out.stdout, out.stderr
     listed = weir_cli(config, "failed", "list", "hooks")
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["app:3", "app:4"]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["app:3", "app:4", "app:5"]
     shown = weir_cli(config, "failed", "show", "hooks", "app:4")
     assert json.loads(shown.stdout)["message"]["metadata"]["seq"] == 4
     assert weir_cli(config, "failed", "retry", "hooks").returncode == 2  # ids or --all
     assert weir_cli(config, "failed", "list", "nope").returncode == 2
+    assert weir_cli(config, "failed", "list", "consumer:nope").returncode == 2
+    out = weir_cli(config, "failed", "discard", "hooks", "app:4", "app:99")
+    assert out.returncode == 1 and "1 of the ids given are not on the list" in out.stderr
     harness.hook(c).fail_next = 0
     out = weir_cli(config, "failed", "retry", "hooks", "app:3")
     assert "1 failed messages sent again" in out.stdout, out.stderr
     with api_serving(table, first=False, connectors=[c]) as client:  # a restart
-        wait_for(lambda: failed_ids(client) == ["app:4"], what="app:3 retried after the restart")
+        wait_for(lambda: failed_ids(client) == ["app:5"], what="app:3 retried after the restart")
         assert [m.seq for m in harness.read(c)] == [3]  # never 1 or 2
         assert client.post("/v1/connectors/hooks/failed/app:1/retry").status_code == 404
 
@@ -141,6 +157,10 @@ def test_pause_holds_the_cursor_and_resume_goes_on(
         wait_for(lambda: cursor_of(table, "hooks")[0] == 3, what="three delivered")
         r = client.post("/v1/connectors/hooks/pause")
         assert r.status_code == 200 and r.json()["paused"] is True
+        since = r.json()["shards"][0]["detail"]
+        time.sleep(1.1)
+        again = client.post("/v1/connectors/hooks/pause").json()["shards"][0]["detail"]
+        assert again == since  # paused since the first time
 
         def shard() -> dict[str, Any]:
             return client.get("/v1/connectors/hooks").json()["shards"][0]  # type: ignore[no-any-return]
@@ -201,7 +221,7 @@ def test_sources_connectors_and_consumers_are_listed(table: str) -> None:
 
 
 def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
-    tmp_path: Path, table: str, webhook_receiver: Receiver
+    tmp_path: Path, table: str, webhook_receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     harness = WebhookHarness(webhook_receiver)
     declared = harness.connector("declared", "events")
@@ -221,12 +241,29 @@ def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
         assert names == {"declared": "config", "made": "api"}
         # The same models as YAML: a 422 names the field.
         bad = client.post("/v1/connectors", json={**made, "name": "x", "max_in_flight": 0})
-        assert bad.status_code == 422 and "max_in_flight" in str(bad.json()["detail"])
+        assert bad.status_code == 422
+        assert [e["loc"] for e in bad.json()["detail"]] == [["body", "max_in_flight"]]
         bad = client.post("/v1/connectors", json={**made, "name": "y", "sources": ["nope"]})
         assert bad.status_code == 422 and "nope" in str(bad.json()["detail"])
         assert client.post("/v1/connectors", json=made).status_code == 409  # exists
         assert client.post("/v1/connectors", json=declared).status_code == 409  # the file's
         assert client.delete("/v1/connectors/declared").status_code == 409  # read-only
+        # What GET shows, sent back, keeps the secrets (not their masks): still signed right.
+        shown = client.get("/v1/connectors/made/config").json()["config"]
+        assert shown["webhook"]["secret"] == "**********"
+        r = client.put("/v1/connectors/made", json=shown)
+        assert r.status_code == 200, r.text
+        time.sleep(2.5)  # restarted with the config sent back
+        insert_t(table, range(100, 101))
+        wait_for(lambda: len(harness.read(made)) == 4, what="a message after the change")
+        assert harness.hook(made).bad_signatures == 0
+        masked = {**made, "webhook": {**made["webhook"], "secret": "**********"}, "name": "z"}
+        r = client.post("/v1/connectors", json=masked)  # a mask it was never shown
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == [
+            "body",
+            "webhook",
+            "secret",
+        ]
         # A change of collections takes effect from the cursor on.
         changed = {**made, "collections": ["public:nothing"]}
         assert client.put("/v1/connectors/made", json=changed).status_code == 200
@@ -236,8 +273,8 @@ def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
                  == ["public:nothing"], what="the change stored")  # fmt: skip
         time.sleep(2.5)  # a lease poll or two: the shard restarted with its new config
         insert_t(table, range(3, 5))
-        wait_for(lambda: cursor_of(table, "made")[0] == 5, what="the cursor past the new rows")
-        assert sorted(m.seq for m in harness.read(made)) == [1, 2, 3]  # filtered from seq 4
+        wait_for(lambda: cursor_of(table, "made")[0] == 6, what="the cursor past the new rows")
+        assert sorted(m.seq for m in harness.read(made)) == [1, 2, 3, 4]  # filtered from seq 5
         # The CLI sees API-made connectors too.
         assert weir_cli(config, "failed", "list", "made").returncode == 0
         assert client.delete("/v1/connectors/made").status_code == 200
@@ -245,5 +282,11 @@ def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
         wait_for(lambda: "made" not in client.get("/v1/connectors").text, what="it is gone")
         time.sleep(2.5)
         insert_t(table, range(5, 7))
-        wait_for(lambda: cursor_of(table, "declared")[0] == 7, what="declared goes on")
-        assert len(harness.read(made)) == 3  # nothing more once deleted
+        wait_for(lambda: cursor_of(table, "declared")[0] == 8, what="declared goes on")
+        assert len(harness.read(made)) == 4  # nothing more once deleted
+        assert client.post("/v1/connectors", json={**made, "name": "clash"}).status_code == 201
+    # A file that declares a connector made over the API: weir run refuses, naming it.
+    clash = {**declared, "name": "clash"}
+    with caplog.at_level(logging.ERROR):
+        assert serve(weir_config(table, [declared, clash]), threading.Event()) == 1
+    assert "declares connectors that were made over the API: clash;" in caplog.text

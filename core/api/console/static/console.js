@@ -94,4 +94,9 @@ async function tick() {
   setTimeout(tick, REFRESH_MS);
 }
 
+// A destructive action asks first (its form says what, in data-confirm).
+document.addEventListener("submit", (e) => {
+  const ask = e.target.dataset.confirm;
+  if (ask && !window.confirm(ask)) e.preventDefault();
+});
 document.addEventListener("DOMContentLoaded", tick);
