@@ -7,7 +7,9 @@ colour nor box-drawing, a line a row, for ``grep`` and ``awk``.
 from __future__ import annotations
 
 import io
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,13 +52,17 @@ class Reading:
     works: stored.Works
 
 
-def readings(cfg: WeirConfig, store: Store, interval: float) -> Iterator[Reading]:
+def readings(
+    cfg: WeirConfig, store: Store, interval: float, stop: threading.Event | None = None
+) -> Iterator[Reading]:
     """A reading every ``interval`` seconds, each with the rates since the one before (the
-    first: since the cursors were read ``interval`` seconds before it)."""
+    first: since the cursors were read ``interval`` seconds before it), until ``stop``."""
+    stop = stop or threading.Event()
     before = {(c.name, c.source): c.seq for c in stored.cursors(store)}
     then = time.monotonic()
     while True:
-        time.sleep(max(interval - (time.monotonic() - then), 0.0))
+        if stop.wait(max(interval - (time.monotonic() - then), 0.0)):
+            return
         sources = status.sources(cfg, store)
         cursors = stored.cursors(store)
         now = time.monotonic()
@@ -203,15 +209,16 @@ def show(cfg: WeirConfig, store: Store, interval: float, watch: bool) -> int:
         else:
             sys.stdout.write(plain(tables))
         return 0
-    try:
-        if width:
-            with Live(console=console, auto_refresh=False) as live:
-                for r in readings(cfg, store, interval):
-                    live.update(Group(_heading(r), *sections(r, console.width)), refresh=True)
-        else:
-            for r in readings(cfg, store, interval):
-                sys.stdout.write(plain([_heading(r), *sections(r, None)]) + "\n")
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        pass
+    # ^C ends the watch between readings: an interrupt in the middle of a query would wait
+    # for the server to cancel it (seen to take over 30 s on a loaded machine).
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if width:
+        with Live(console=console, auto_refresh=False) as live:
+            for r in readings(cfg, store, interval, stop):
+                live.update(Group(_heading(r), *sections(r, console.width)), refresh=True)
+    else:
+        for r in readings(cfg, store, interval, stop):
+            sys.stdout.write(plain([_heading(r), *sections(r, None)]) + "\n")
+            sys.stdout.flush()
     return 0
