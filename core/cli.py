@@ -121,8 +121,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
     from core.store.connectors import with_api_connectors
 
     cfg = load_or_exit(args.config)
-    try:  # the connectors made over the API need their streams or topics too
-        cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
+    try:  # with an API, connectors made over it need their streams or topics too
+        if cfg.api is not None:
+            cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
     except psycopg.Error as e:
         print(f"weir {args.command} setup: cannot read the connectors made over the API from "
               f"the store ({type(e).__name__}): only the file's", file=sys.stderr)  # fmt: skip
