@@ -78,6 +78,15 @@ def test_retry_all_sends_each_record_in_order_and_empties_the_list(
         body = client.get("/v1/connectors/hooks").json()
         assert body["failed"] == 0 and body["shards"][0]["state"] == "streaming"
 
+        def history() -> list[dict[str, Any]]:
+            return client.get("/v1/connectors/hooks/history").json()  # type: ignore[no-any-return]
+
+        wait_for(lambda: len(history()) >= 2, what="two samples of the last hour")  # every 5 s
+        last = history()[-1]
+        assert set(last) == {"t", "rate", "lag_messages", "lag_seconds"}
+        assert last["lag_messages"] == 0 and last["t"] > time.time() - 60
+        assert client.get("/v1/connectors/nope/history").status_code == 404
+
 
 def test_a_failed_page_show_and_the_paging(table: str, webhook_receiver: Receiver) -> None:
     _, c = hooks_refusing(webhook_receiver)
