@@ -20,7 +20,6 @@ with a 4xx status.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import threading
 from typing import Annotated, Any
@@ -33,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from core.api import consume, consume_routes, ingest_routes, manage_routes, probes, refusals
 from core.api.console import routes as console
+from core.api.console.sessions import token_ok
 from core.api.consume import Consumers
 from core.api.manage import Operations
 from core.api.models import Refused
@@ -58,11 +58,7 @@ def build_app(
     :class:`ApiServer`."""
 
     async def authorized(creds: Bearer) -> None:  # async: no hop to a thread pool
-        given = creds.credentials.encode() if creds else b""
-        ok = False
-        for token in tokens:  # every token is compared, each in constant time
-            ok |= hmac.compare_digest(given, token)
-        if not ok:
+        if not token_ok(creds.credentials.encode() if creds else b"", tokens):
             raise HTTPException(
                 401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
             )

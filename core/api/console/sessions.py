@@ -36,11 +36,8 @@ class Sessions:
         self._by_key: dict[bytes, Session] = {}
 
     def valid_token(self, given: str) -> bool:
-        """Whether ``given`` is one of the API tokens; every one is compared in constant time."""
-        ok = False
-        for token in self.tokens:
-            ok |= hmac.compare_digest(given.encode(), token)
-        return ok
+        """Whether ``given`` is one of the API tokens (:func:`token_ok`)."""
+        return token_ok(given.encode(), self.tokens)
 
     def open(self) -> tuple[str, Session]:
         """A new session: (its id for the cookie, the session)."""
@@ -66,6 +63,15 @@ class Sessions:
 
     def close(self, sid: str) -> None:
         self._by_key.pop(_key(sid), None)
+
+
+def token_ok(given: bytes, tokens: list[bytes]) -> bool:
+    """Whether ``given`` is one of ``tokens``, the bearer tokens of the API and the console's
+    login alike: every one is compared, each in constant time."""
+    ok = False
+    for token in tokens:
+        ok |= hmac.compare_digest(given, token)
+    return ok
 
 
 def csrf_ok(session: Session, given: str) -> bool:
