@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -32,6 +33,12 @@ def _fragment(value: Any) -> orjson.Fragment:
 def dumps(record: Any) -> bytes:
     """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
     return orjson.dumps(record, default=_fragment)
+
+
+def utc_iso(at: datetime) -> str:
+    """A time as messages write it (``commit_timestamp``, ``upstream_updated_at``): ISO 8601
+    in UTC with microseconds, ``2026-11-22T10:00:00.123456Z``. A store batch keeps the text."""
+    return at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 EVENT_TYPES = {"insert": "inserted", "update": "updated", "delete": "deleted",
@@ -64,25 +71,6 @@ RECORD_TOKEN_SQL = (
 )
 
 
-def queue_group_key_sql(group_columns: list[str] | None) -> str:
-    """A consumer queue's group key of a stream row, in SQL over the row's columns: its sync
-    id, collection and record token (of the record id, or of the JSON array of the values of
-    ``group_columns``, whose names stand as ``{0}``, ``{1}``, ... for their SQL literals).
-
-    Unlike :func:`group_key` it leaves out the provider and does not encode the collection
-    (the key only orders one consumer's queue, no subject shows it). Existing queues hold keys
-    spelled so: it cannot change without re-keying them.
-    """
-    if group_columns is None:
-        last = "coalesce(record_id, '')"
-    else:
-        values = ", ".join(f"record -> {{{i}}}" for i in range(len(group_columns)))
-        last = f"jsonb_build_array({values})::text"
-    return "sync_id::text || '.' || collection_id || '.' || " + RECORD_TOKEN_SQL.replace(
-        "{c}", last
-    )
-
-
 def group_key(sync_id: str, provider: str, collection_id: str, record_id: str | None) -> str:
     """``{sync_id}.{provider}.{collection}.{record token}``: the unit of per-record order."""
     return collection_prefix(sync_id, provider, collection_id) + record_token(record_id)
@@ -107,7 +95,7 @@ def _metadata(
     collection_id: str,
     record_id: str | None,
     lsn: int,
-    ts: str,
+    ts: str | None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "sync_id": sync_id,
@@ -133,10 +121,10 @@ def event_payload(
     key: str,
     commit_lsn: int,
     ts: str,
-    record_json: str | None,
-    changes_json: str | None,
+    record_json: bytes | None,
+    changes_json: bytes | None,
 ) -> bytes:
-    """An events-stream message (DESIGN.md section 4) from its store row.
+    """An events-stream message (DESIGN.md section 4) from its store entry.
 
     ``record_json``/``changes_json`` are the stored JSON texts, spliced in without re-parsing.
     """
@@ -144,8 +132,8 @@ def event_payload(
     metadata["seq"] = seq
     metadata["idempotency_key"] = key
     return b"".join((
-        b'{"record":', (record_json or "null").encode(),
-        b',"changes":', (changes_json or "null").encode(),
+        b'{"record":', record_json or b"null",
+        b',"changes":', changes_json or b"null",
         b',"action":"', action.encode(),
         b'","metadata":', _dumps(metadata), b"}",
     ))  # fmt: skip
@@ -159,16 +147,16 @@ def record_payload(
     record_id: str,
     key: str,
     version: int,
-    ts: str,
+    ts: str | None,
     deleted: bool,
-    record_json: str,
+    record_json: bytes,
 ) -> bytes:
     """A records-stream message: the record's latest version, or its tombstone."""
     metadata = _metadata(sync_id, provider, collection_id, record_id, version, ts)
     metadata["seq"] = seq
     metadata["idempotency_key"] = key
     metadata["deleted"] = deleted
-    return b"".join((b'{"record":', record_json.encode(), b',"metadata":', _dumps(metadata), b"}"))
+    return b"".join((b'{"record":', record_json, b',"metadata":', _dumps(metadata), b"}"))
 
 
 def event_key(sync_id: str, commit_lsn: int, commit_idx: int) -> str:

@@ -265,6 +265,14 @@ class EmbeddedPostgres:
                 self.proc.wait()
         self.proc = None
 
+    def crash(self) -> None:
+        """Immediate shutdown (SIGQUIT), as a crash: the next start recovers from the WAL,
+        and empties the unlogged tables as after any crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            self.proc.wait(30)
+        self.proc = None
+
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,10 +7,10 @@ Each table is split into key ranges of about equal size (``sources.pg.snapshot.k
 Spark partition each, and all tables' partitions run in one job. Without a jar, a task reads
 its range with ``COPY ... TO STDOUT`` and writes it in the same Python process (the rows never
 cross the JVM): when every column's type allows it, the source server renders the records
-itself and the task passes its lines on untouched (``snapshot.read_records``). With a JDBC
+itself and the task passes its JSON on untouched (``snapshot.read_records``). With a JDBC
 driver jar, Spark reads each range through JDBC and ``mapInArrow`` writes it. Either way the
 records are those of capture's converters and ids (``core``), and are written through
-``SnapshotWriter``: staged by COPY, merged with the version guard. Every row carries the
+``SnapshotWriter``: a records batch per chunk, with the version guard. Every row carries the
 version taken by ``snapshot_point`` before any read, so a live change committed after it
 always wins, and a retried task writes nothing twice (same version: not newer).
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a w
 
 log = logging.getLogger("weir.seed")
 
-MERGE_ROWS = 20_000  # rows staged before each merge (one hold of the source's lock)
+MERGE_ROWS = 20_000  # rows of a records batch (one hold of the source's lock)
 ROWS_PER_PARTITION = 100_000  # default partition size
 # A local master's driver: on loopback only, and no web UI.
 LOOPBACK_CONF = {
@@ -87,10 +87,10 @@ class _Target:
 
 
 def _write(
-    target: _Target, parts: Iterable[tuple[int, Iterable[bytes]]]
+    target: _Target, parts: Iterable[tuple[int, Iterable[tuple[str, bytes]]]]
 ) -> Iterator[tuple[int, int, int]]:
     """Records of tables (``(table index, snapshot.records_of lines)``) into the records
-    stream, staged and merged every ``MERGE_ROWS``; yields (table index, rows, rows written)
+    stream, a records batch every ``MERGE_ROWS``; yields (table index, rows, rows written)
     per part."""
     # PySpark's worker runs gc.collect() after every task, and each walked all the objects of
     # the worker's imports: ~40 ms a task. Frozen, they are not walked again.
@@ -127,7 +127,7 @@ def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
     """A task of the JDBC path (``mapInArrow``): batches of ``t`` and text columns written."""
     import pyarrow as pa
 
-    def parts() -> Iterator[tuple[int, Iterable[bytes]]]:
+    def parts() -> Iterator[tuple[int, Iterable[tuple[str, bytes]]]]:
         for b in batches:
             if b.num_rows:
                 t = b.column(0)[0].as_py()  # a partition is one key range of one table

@@ -127,9 +127,7 @@ class Consumers:
             return live if live is not None else await self._start_serving(cfg)
 
     async def _start_serving(self, cfg: ConsumerConfig) -> _Live:
-        where = selection(
-            [cfg.filters.collection_id], None, [], [cfg.filters.resource_id], cfg.stream
-        )
+        where = selection([cfg.filters.collection_id], None, [], [cfg.filters.resource_id])
         readers = {}
         for src in self.cfg.sources_of(cfg):
             sid = str(src.sync_id)
@@ -141,7 +139,7 @@ class Consumers:
             readers[sid] = reader
         live = _Live(cfg, readers)
         self.live[cfg.name] = live
-        filler = Filler(self.store, cfg, where)
+        filler = Filler(self.store, cfg)
         live.filler = asyncio.create_task(self._fill(live, filler), name=f"fill-{cfg.name}")
         for sid in readers:
             self.notifier.subscribe(sid, live.fill.set)

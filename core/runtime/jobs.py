@@ -1,7 +1,9 @@
 """Scheduled jobs of ``weir run`` (apscheduler, a thread of their own):
 
 - events retention: the events stream keeps ``store.events_retention``; older events are
-  deleted in chunks, and a connector whose cursor had not reached them is warned about;
+  deleted a batch at a time (keeping the records-stream versions they hold), and a connector
+  whose cursor had not reached them is warned about; records batches that newer versions left
+  sparse are rewritten (core/store/retention.py);
 - slot lag: each postgres source's replication slot is checked every minute, with a warning
   when it holds back more WAL than ``slot_lag_warning`` or when nothing reads it.
 
@@ -25,13 +27,13 @@ from core.store import Store, retention
 
 log = logging.getLogger("weir.jobs")
 
-CHUNK = 10_000  # events deleted per statement
 PRUNE_EVERY = timedelta(minutes=10)
 SLOTS_EVERY = timedelta(minutes=1)
 
 
 def prune_events(cfg: WeirConfig, store: Store) -> int:
-    """Delete events older than the retention; returns how many."""
+    """Delete events older than the retention, then compact the records batches; returns how
+    many events went."""
     cutoff = cfg.store.events_retention
     with store.connect(autocommit=True) as conn:
         for connector, source, n in retention.behind(conn, store, cutoff):
@@ -40,9 +42,12 @@ def prune_events(cfg: WeirConfig, store: Store) -> int:
                 "deleted now (raise store.events_retention to keep them longer)",
                 connector, n, source, cutoff,
             )  # fmt: skip
-        total = retention.delete_older(conn, store, cutoff, CHUNK)
+    total = retention.delete_older(store, cutoff)
     if total:
         log.info("retention: deleted %d events older than %s", total, cutoff)
+    compacted = retention.compact(store)
+    if compacted:
+        log.info("retention: compacted %d records batches", compacted)
     return total
 
 

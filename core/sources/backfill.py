@@ -131,7 +131,7 @@ class Backfill:
             return BackfillResult(self.table, read, written, False)
 
     def _write(
-        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[bytes]
+        self, conn: Conn, writer: SnapshotWriter, collection: str, lines: list[tuple[str, bytes]]
     ) -> int:
         """Write a page; when the store refuses it (a value or size it cannot hold), a row at a
         time, and those it refuses go to the source's failed list. Returns how many were
@@ -144,7 +144,7 @@ class Backfill:
                 raise
             if len(lines) > 1:
                 return sum(self._write(conn, writer, collection, [line]) for line in lines)
-            record_id = lines[0].split(b"\t", 1)[0].decode()
+            record_id = lines[0][0]
             writer.refuse(collection, record_id, f"the store refused the row of {collection} "
                           f"record {record_id} read by a backfill: {first_line(e)}")  # fmt: skip
             return 0

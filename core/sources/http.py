@@ -20,11 +20,11 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.config.model import HttpSource, WeirConfig
-from core.envelope import record_token
+from core.envelope import record_token, utc_iso
 from core.errors import Conflict, NotFound
 from core.ids import encode_token
 from core.metrics import Metrics
-from core.store import Conn, Store
+from core.store import Conn, Store, index
 from core.store.change import Change
 from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
@@ -101,6 +101,7 @@ class Ingest:
             conn = self._conns.get(src.name)
             if conn is None or conn.closed:
                 conn = self._conns[src.name] = self.store.connect()
+                index.ensure(conn, self.store)
             writer = SourceWriter(conn, self.store, src.sync_id)
             try:
                 return self._batch(conn, writer, src, records)
@@ -135,7 +136,7 @@ class Ingest:
                 old = cur[2]
                 diff = {k: old.get(k) for k in old.keys() | record.keys()
                         if old.get(k) != record.get(k)}  # fmt: skip
-            iso = ts.astimezone(UTC).isoformat()
+            iso = utc_iso(ts)
             idx = len(changes)
             change = Change(action=action, collection_id=coll, record_id=rid, record=record,
                             changes=diff, missing=(), old_record_id=None, version=version,

@@ -37,20 +37,7 @@ class Change(NamedTuple):
 
 
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal
-MAX_JSON = 255 << 20  # bytes of a record in jsonb: the store's jsonb holds at most 256 MiB
-JSONB_ITEM = 16  # bytes jsonb spends on an array element beyond its text (entry, header)
-
-
-def jsonb_size(text: str, value: Any) -> int:
-    """About how large ``value`` (whose JSON is ``text``) is as jsonb: its text, and the
-    entries of its arrays, which can outgrow the text (``[1,1,...]``)."""
-    size = len(text)
-    stack = [v for v in value.values() if type(v) is list] if type(value) is dict else []
-    while stack:
-        items = stack.pop()
-        size += JSONB_ITEM * len(items)
-        stack += [v for v in items if type(v) is list]
-    return size
+MAX_JSON = 255 << 20  # bytes of one record's JSON: a batch (a bytea) holds at most 1 GiB
 
 
 class UnstorableChange(RuntimeError):
@@ -72,8 +59,8 @@ class UnstorableChange(RuntimeError):
         column = max(record, key=lambda k: len(dumps(record[k])), default="?")
         return cls(
             f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
-            f"at {lsn_to_str(ch.version)}: it is about {size:,} bytes as jsonb, above the "
-            f"store's limit of {MAX_JSON:,} (largest column: {column!r})"
+            f"at {lsn_to_str(ch.version)}: its JSON is {size:,} bytes, above the store's "
+            f"limit of {MAX_JSON:,} (largest column: {column!r})"
         )
 
     @classmethod

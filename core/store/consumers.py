@@ -3,14 +3,16 @@ their queues (``consumer_messages``) and what filling, a receive, an ack, a nack
 to those. Called by the consume engine (core/api/consume.py), which decides when.
 
 A queue holds references to stream messages and their delivery state; payloads stay in the
-streams and are joined in when a row is delivered. A queue is filled from each source's stream
-behind a cursor like a connector's, named by :func:`consumer_key`. The receive rule itself is
-the SQL function ``consumer_receive`` (core/store/functions.py). A failure of the store raises
-``psycopg.Error`` to the caller.
+streams and are read from them when a row is delivered. A queue is filled from each source's
+stream behind a cursor like a connector's, named by :func:`consumer_key`. The receive rule
+itself is the SQL function ``consumer_receive`` (core/store/functions.py). A failure of the
+store raises ``psycopg.Error`` to the caller.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +20,12 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig
-from core.envelope import Message, queue_group_key_sql
-from core.store import AConn, Store
+from core.envelope import MAX_RECORD_TOKEN, Message
+from core.store import AConn, Store, array
 from core.store import failed as failed_list
-from core.store.reader import EVENTS_SELECT, RECORDS_SELECT, StreamReader
+from core.store.reader import StreamReader
+from core.store.selection import jsonb_text, parse
+from core.store.streams import present
 
 FILL_PAGE = 5000  # messages moved into a queue per store transaction
 FILL_SPAN = 200_000  # seqs scanned per fill, so that narrow filters stay cheap
@@ -53,6 +57,35 @@ def consumer_key(name: str) -> str:
     return CONSUMER_PREFIX + name
 
 
+QueueGroup = Callable[[str, str | None, Any], str]  # collection, record id, record JSON or dict
+
+
+def queue_group(sync_id: str, columns: list[str] | None) -> QueueGroup:
+    """A consumer queue's group key of a message, from its collection, record id and record:
+    ``{sync_id}.{collection}.{token}``, the token that of the record id, or with
+    ``group_columns``, of ``jsonb_build_array`` of those fields as Postgres writes it (stored
+    queues hold keys spelled so). Unlike the group key it leaves out the provider and does not
+    encode the collection: it only orders one consumer's queue, no subject shows it."""
+
+    def token(text: str) -> str:
+        raw = text.encode()
+        if len(raw) <= MAX_RECORD_TOKEN:
+            return text
+        return "~" + hashlib.sha256(raw).hexdigest()
+
+    if columns is None:
+        return lambda coll, rid, record: f"{sync_id}.{coll}.{token(rid or '')}"
+
+    def by_columns(coll: str, rid: str | None, record: Any) -> str:
+        fields = parse(record) if isinstance(record, bytes) else record
+        if not isinstance(fields, dict):
+            fields = {}
+        values = ", ".join(jsonb_text(fields[c]) if c in fields else "null" for c in columns)
+        return f"{sync_id}.{coll}.{token(f'[{values}]')}"
+
+    return by_columns
+
+
 @dataclass
 class Delivery:
     """One message of a queue as received: the stream message and the row it was built from."""
@@ -74,20 +107,14 @@ class Filler:
     """Moves one consumer's selection of each source's stream into its queue, a page at a time
     (the consumer's filler task, core/api/consume.py)."""
 
-    def __init__(self, store: Store, cfg: ConsumerConfig, where: tuple[Any, list[Any]]) -> None:
-        """``where`` is the consumer's :func:`core.store.selection.selection`."""
+    def __init__(self, store: Store, cfg: ConsumerConfig) -> None:
         self.name = cfg.name
-        where_sql, self._where_params = where
+        self.columns = cfg.group_columns
         m = store.table("consumer_messages")
-        columns = cfg.group_columns
-        group = sql.SQL(queue_group_key_sql(columns)).format(*map(sql.Literal, columns or []))
         self._insert = sql.SQL(
-            "WITH batch AS (SELECT seq, {group} AS group_key FROM {stream}"
-            "  WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} ORDER BY seq LIMIT %s),"
-            " ins AS (INSERT INTO {m} (consumer, sync_id, seq, group_key)"
-            "  SELECT %s, %s, seq, group_key FROM batch ORDER BY seq)"
-            " SELECT count(*), max(seq) FROM batch"
-        ).format(group=group, stream=store.table(cfg.stream), where=where_sql, m=m)
+            "INSERT INTO {} (consumer, sync_id, seq, group_key) SELECT %s, %s, s, g"
+            " FROM unnest(%s::int8[], %s::text[]) AS u(s, g) ORDER BY s"
+        ).format(m)
         self._lock_cursor = sql.SQL(
             "SELECT seq FROM {} WHERE connector = %s AND sync_id = %s FOR UPDATE"
         ).format(store.table("cursors"))
@@ -104,17 +131,20 @@ class Filler:
         if row is None or row[0] >= BUFFER:
             return None
         head = await reader.head()
+        group = queue_group(sid, self.columns)
         async with conn.transaction():
             row = await (await conn.execute(self._lock_cursor, (reader.connector, sid))).fetchone()
             after = int(row[0]) if row else head
             if after >= head:
                 return 0
             upto = min(head, after + FILL_SPAN)
-            params = (sid, after, upto, *self._where_params, FILL_PAGE, self.name, sid)
-            got = await (await conn.execute(self._insert, params)).fetchone()
-            count, last = (int(got[0]), got[1]) if got else (0, upto)
-            await reader.save(upto if count < FILL_PAGE else int(last), {})
-        return count
+            taken = await reader.entries(after, upto, FILL_PAGE)
+            if taken:
+                keys = [group(coll, rid, record) for _, coll, rid, record in taken]
+                seqs = array(t[0] for t in taken)
+                await conn.execute(self._insert, (self.name, sid, seqs, array(keys)))
+            await reader.save(upto if len(taken) < FILL_PAGE else taken[-1][0], {})
+        return len(taken)
 
 
 class Queues:
@@ -132,9 +162,8 @@ class Queues:
             "SELECT id, sync_id, seq, deliver_count, true FROM {} WHERE consumer = %s"
             " AND deliver_count >= %s AND not_visible_until <= now() ORDER BY id LIMIT %s"
         ).format(self._m)
-        # By stream: queue rows (a receive, or the rows past max_deliver) with their messages.
-        self._receive = {s: self._with_messages(s, receive) for s in ("events", "records")}
-        self._dead = {s: self._with_messages(s, dead) for s in ("events", "records")}
+        self._receive = receive  # queue rows: (id, sync_id, seq, deliver_count, dead)
+        self._dead = dead
         self._delete = sql.SQL("DELETE FROM {m} WHERE " + _ROWS).format(m=self._m)
         self._nack = sql.SQL(
             "UPDATE {m} SET not_visible_until = now(), outstanding = false WHERE " + _ROWS
@@ -144,20 +173,6 @@ class Queues:
         self._counts = sql.SQL(
             "SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s"
         ).format(self._m)
-
-    def _with_messages(self, stream: str, rows: sql.Composable) -> sql.Composed:
-        """Queue rows ``(id, sync_id, seq, deliver_count, dead)`` chosen by ``rows``, each with
-        its stream row (nulls when superseded or pruned), in id order.
-
-        Each stream row is found by an index probe (LATERAL ... LIMIT 1): with
-        ``seq = ANY(...)`` the planner may read every row of the source instead, when its
-        statistics are stale.
-        """
-        return sql.SQL(
-            "SELECT q.*, m.* FROM ({rows}) AS q(id, sync_id, seq, deliver_count, dead)"
-            " LEFT JOIN LATERAL (" + (EVENTS_SELECT if stream == "events" else RECORDS_SELECT)
-            + " WHERE sync_id = q.sync_id AND seq = q.seq LIMIT 1) m ON true ORDER BY q.id"
-        ).format(rows=rows, table=self.store.table(stream))  # fmt: skip
 
     def _purge(self, stream: str) -> sql.Composed:
         """Delete queue rows (by id, of a consumer) whose message could not be built, with the
@@ -169,9 +184,8 @@ class Queues:
             "DELETE FROM {m} WHERE ctid = ANY(ARRAY(SELECT o.ctid FROM unnest(%s::int8[]) g(id),"
             " LATERAL (SELECT group_key FROM {m} WHERE consumer = %s AND id = g.id) k,"
             " LATERAL (SELECT ctid FROM {m} o WHERE o.consumer = %s AND o.group_key = k.group_key"
-            "  AND o.id >= g.id AND (o.id = g.id OR NOT o.outstanding AND NOT EXISTS"
-            "  (SELECT 1 FROM {stream} s WHERE s.sync_id = o.sync_id AND s.seq = o.seq))) o))"
-        ).format(m=self._m, stream=self.store.table(stream))
+            "  AND o.id >= g.id AND (o.id = g.id OR NOT o.outstanding AND NOT {present})) o))"
+        ).format(m=self._m, present=present(self.store, stream, "o"))
 
     # -- declarations -----------------------------------------------------------------------
 
@@ -251,7 +265,7 @@ class Queues:
             for _ in range(ROUNDS):
                 params = (cfg.name, n - len(out), cfg.max_ack_pending, cfg.ack_wait_ms,
                           cfg.max_deliver)  # fmt: skip
-                rows, built = await self._queued(conn, readers, self._receive[cfg.stream], params)
+                rows, built = await self._queued(conn, readers, self._receive, params)
                 buried = await self._bury(conn, cfg, rows, built)
                 dead += buried
                 for row_id, _, _, count, is_dead in rows:
@@ -270,32 +284,29 @@ class Queues:
         out of the queue: (how many, those moved to the failed list)."""
         params = (cfg.name, cfg.max_deliver, limit)
         async with self.pool.connection() as conn:
-            rows, built = await self._queued(conn, readers, self._dead[cfg.stream], params)
+            rows, built = await self._queued(conn, readers, self._dead, params)
             dead = await self._bury(conn, cfg, rows, built) if rows else []
         return len(rows), dead
 
     async def _queued(
         self, conn: AConn, readers: dict[str, StreamReader], q: sql.Composed, params: Any
     ) -> tuple[list[Any], dict[int, Delivery]]:
-        """The queue rows of ``q`` (``_with_messages``), and their messages by row id (absent:
-        superseded, pruned, or of a source no longer in the config)."""
-        rows = []
+        """The queue rows of ``q``, and their messages by row id (absent: superseded, pruned,
+        or of a source no longer in the config)."""
+        rows = [tuple(r) for r in await (await conn.execute(q, params)).fetchall()]
+        by_source: dict[str, list[int]] = {}
+        for _, sid, seq, _, _ in rows:
+            by_source.setdefault(str(sid), []).append(seq)
+        found = {sid: await readers[sid].at(seqs) for sid, seqs in by_source.items()
+                 if sid in readers}  # fmt: skip
         out: dict[int, Delivery] = {}
-        for row_id, sid, seq, count, dead, *r in await (await conn.execute(q, params)).fetchall():
-            rows.append((row_id, sid, seq, count, dead))
-            reader = readers.get(str(sid))
-            if r[0] is None or reader is None:
-                continue
-            provider = reader.provider
-            if reader.stream == "events":
-                _, _, rid, action, _, _, ts, record, changes, _ = r
-                out[row_id] = Delivery(row_id, count, reader.event(r), record or "null", changes,
-                                       action, rid, action == "delete", provider, ts)  # fmt: skip
-            else:
-                _, _, rid, _, deleted, ts, record, _ = r
-                action = "delete" if deleted else "upsert"
-                out[row_id] = Delivery(row_id, count, reader.record(r), record, None, action,
-                                       rid, deleted, provider, ts)  # fmt: skip
+        for row_id, sid, seq, count, _ in rows:
+            f = found.get(str(sid), {}).get(seq)
+            if f is not None:
+                out[row_id] = Delivery(row_id, count, f.message, f.record.decode(),
+                                       None if f.changes is None else f.changes.decode(),
+                                       f.action, f.record_id, f.deleted,
+                                       readers[str(sid)].provider, f.ts)  # fmt: skip
         return rows, out
 
     async def _bury(

@@ -9,6 +9,7 @@ from psycopg import sql
 
 from core.envelope import Message
 from core.store import AConn, Store
+from core.store.streams import present
 
 # A message that fails again (a connector replaying it, two sweeps racing) keeps one entry,
 # with the latest error; a retried one's attempts add up.
@@ -23,8 +24,7 @@ _PUT = (
 # first, each with whether its stream message is still there (a records-stream version is
 # not, once a newer one replaced it).
 _RETRIES = (
-    "SELECT f.seq, f.group_key, f.idempotency_key, f.payload,"
-    " EXISTS (SELECT 1 FROM {stream} m WHERE m.sync_id = f.sync_id AND m.seq = f.seq)"
+    "SELECT f.seq, f.group_key, f.idempotency_key, f.payload, {present}"
     " FROM {failed} f WHERE f.connector = %s AND f.sync_id = %s"
     " AND f.retry_requested_at IS NOT NULL ORDER BY f.seq LIMIT %s"
 )
@@ -53,7 +53,8 @@ async def retries(
 ) -> list[tuple[int, str, str, bytes, bool]]:
     """Up to ``limit`` entries of ``connector``'s list from source ``sync_id`` that are to be
     sent again: (seq, group key, idempotency key, payload, still in the stream)."""
-    q = sql.SQL(_RETRIES).format(stream=store.table(stream), failed=store.table("failed_messages"))
+    q = sql.SQL(_RETRIES).format(present=present(store, stream, "f"),
+                                 failed=store.table("failed_messages"))  # fmt: skip
     rows = await (await conn.execute(q, (connector, sync_id, limit))).fetchall()
     return [(int(r[0]), r[1], r[2], r[3].encode(), bool(r[4])) for r in rows]
 

@@ -377,4 +377,61 @@ CREATE INDEX failed_messages_retry ON {s}.failed_messages (connector, sync_id)
     WHERE retry_requested_at IS NOT NULL;
 """,
     ),
+    (  # its second half, moving what the old tables held, is core/store/upgrade.py
+        12,
+        "streams as batches of entries; the records stream's index unlogged",
+        """
+-- The events stream: one row per store write, its changes as entries (core/store/batches.py),
+-- entry i having seq first_seq + i. Their JSON is kept as the bytes that are sent, compressed
+-- by Weir, so the column is not compressed again. Deleted a batch at a time by retention.
+CREATE TABLE {s}.event_batches (
+    sync_id             uuid NOT NULL,
+    first_seq           bigint NOT NULL,
+    last_seq            bigint NOT NULL,
+    first_committed_at  timestamptz NOT NULL,  -- of its entries, for start positions by time
+    last_committed_at   timestamptz NOT NULL,
+    inserted_at         timestamptz NOT NULL DEFAULT now(),
+    data                bytea NOT NULL,
+    PRIMARY KEY (sync_id, first_seq)
+);
+ALTER TABLE {s}.event_batches ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE INDEX event_batches_last ON {s}.event_batches (sync_id, last_seq);
+CREATE INDEX event_batches_inserted_at ON {s}.event_batches USING brin (inserted_at);
+CREATE INDEX event_batches_committed_at ON {s}.event_batches USING brin (last_committed_at);
+
+-- Records-stream versions that no change of the events stream carries: rows of backfills and
+-- seeds, tombstones of truncated and dropped tables, and versions moved out of events batches
+-- that retention deleted.
+CREATE TABLE {s}.record_batches (
+    sync_id      uuid NOT NULL,
+    id           bigint NOT NULL,             -- sources.record_batches gives them out
+    entries      integer NOT NULL,
+    inserted_at  timestamptz NOT NULL DEFAULT now(),
+    data         bytea NOT NULL,
+    PRIMARY KEY (sync_id, id)
+);
+ALTER TABLE {s}.record_batches ALTER COLUMN data SET STORAGE EXTERNAL;
+ALTER TABLE {s}.sources ADD COLUMN record_batches bigint NOT NULL DEFAULT 0;
+
+-- The records stream's index (core/store/index.py): each record's newest version and where
+-- its entry is (batch: an events batch's first_seq, or minus a records batch's id; pos: the
+-- entry's place in it, from 0). Unlogged, hence no WAL: Weir rebuilds it from the batches when
+-- Postgres empties it (after a crash); record_index_state holds a row while it is whole.
+CREATE UNLOGGED TABLE {s}.record_index (
+    sync_id        uuid NOT NULL,
+    collection_id  text COLLATE "C" NOT NULL,
+    record_id      text COLLATE "C" NOT NULL,   -- the record token (core/envelope.py)
+    seq            bigint NOT NULL,
+    version        bigint NOT NULL,
+    version_idx    integer NOT NULL,
+    deleted        boolean NOT NULL,
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    batch          bigint NOT NULL,
+    pos            integer NOT NULL,
+    PRIMARY KEY (record_id, collection_id, sync_id)
+);
+CREATE UNIQUE INDEX record_index_seq ON {s}.record_index (sync_id, seq) INCLUDE (batch, pos);
+CREATE UNLOGGED TABLE {s}.record_index_state (built_at timestamptz NOT NULL);
+""",
+    ),
 ]

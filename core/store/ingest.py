@@ -3,11 +3,14 @@ before the batch is written by the source's SourceWriter."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from psycopg import sql
 
-from core.store import Conn, Store
+from core.store import Conn, Store, array
+from core.store.index import Batches
+from core.store.records import LOOKUP
 
 
 def lock_batch(conn: Conn, store: Store, sync_id: Any) -> int:
@@ -31,13 +34,15 @@ def current_records(
 ) -> dict[tuple[str, str], tuple[int, bool, dict[str, Any]]]:
     """The stored (version, deleted, record) of each ``(collection, record id, record token)``
     of ``keys`` that the records stream holds, by (collection, record id)."""
+    by_token = {(c, t): (c, i) for c, i, t in keys}
     rows: list[Any] = conn.execute(
-        sql.SQL(
-            "SELECT r.collection_id, coalesce(r.full_record_id, r.record_id), r.version,"
-            " r.deleted, r.record"
-            " FROM {} r JOIN unnest(%s::text[], %s::text[]) k(c, i)"
-            " ON r.sync_id = %s AND r.collection_id = k.c AND r.record_id = k.i"
-        ).format(store.table("records")),
-        ([c for c, _, _ in keys], [t for _, _, t in keys], sync_id),
+        sql.SQL(LOOKUP).format(index=store.table("record_index")),
+        (array(c for c, _, _ in keys), array(t for _, _, t in keys), sync_id),
     ).fetchall()
-    return {(c, i): (v, d, rec) for c, i, v, d, rec in rows}
+    batches = Batches(store, sync_id)
+    held = batches.load(conn, (r[2] for r in rows))
+    out = {}
+    for coll, token, batch, pos, version, _, deleted in rows:
+        v = held[batch].version_at(pos)
+        out[by_token[(coll, token)]] = (version, deleted, json.loads(v.record))
+    return out

@@ -16,6 +16,7 @@ from psycopg import sql
 
 from core.store.functions import FUNCTIONS
 from core.store.history import MIGRATIONS
+from core.store.upgrade import CONVERSIONS
 
 log = logging.getLogger("weir.store")
 
@@ -26,7 +27,7 @@ log = logging.getLogger("weir.store")
 STORE_TABLES = frozenset(
     [
         "schema_migrations",
-        *re.findall(r"CREATE TABLE \{s\}\.(\w+)", "".join(m[2] for m in MIGRATIONS)),
+        *re.findall(r"CREATE (?:UNLOGGED )?TABLE \{s\}\.(\w+)", "".join(m[2] for m in MIGRATIONS)),
     ]
 )
 # Every name the migrations give in the store's schema: its tables, their keys and indexes.
@@ -94,6 +95,8 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
                 continue
             log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
             _execute(conn, body, s)
+            if version in CONVERSIONS:
+                CONVERSIONS[version](conn, schema)
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {}.schema_migrations (version, description) VALUES (%s, %s)"

@@ -20,10 +20,11 @@ import orjson
 from psycopg import sql
 
 from core.config.model import ConsumerConfig
-from core.envelope import queue_group_key_sql
 from core.errors import Invalid, NotFound
 from core.store import AConn, Store
-from core.store.consumers import CONSUMER_PREFIX
+from core.store.consumers import CONSUMER_PREFIX, queue_group
+from core.store.selection import parse
+from core.store.streams import present
 
 PAGE_MAX = 1000
 
@@ -60,6 +61,12 @@ class Operations:
         self._failed = t("failed_messages")
         self._sources = t("sources")
         self._controls = t("connector_controls")
+        self._back = sql.SQL(
+            "INSERT INTO {} (consumer, sync_id, seq, group_key) VALUES (%s, %s, %s, %s)"
+        ).format(t("consumer_messages"))
+        self._off = sql.SQL(
+            "DELETE FROM {} WHERE connector = %s AND sync_id = %s AND seq = %s"
+        ).format(self._failed)
 
     def _entries(self, payload: bool = False) -> sql.Composed:
         return sql.SQL(_ENTRY.replace("{payload}", ", f.payload" if payload else "")).format(
@@ -138,23 +145,21 @@ class Operations:
         if row is None:
             raise NotFound(f"no consumer named {consumer!r}")
         cfg = ConsumerConfig.model_validate(row[0])
-        columns = cfg.group_columns
-        group = sql.SQL(queue_group_key_sql(columns)).format(*map(sql.Literal, columns or []))
         where, params = self._chosen(ids)
         q = sql.SQL(
-            "WITH chosen AS (SELECT f.sync_id, f.seq FROM {failed} f WHERE f.connector = %s"
-            "  AND {where} FOR UPDATE),"
-            " back AS (INSERT INTO {queue} (consumer, sync_id, seq, group_key)"
-            "  SELECT %s, sync_id, seq, {group} FROM {stream}"
-            "  WHERE (sync_id, seq) IN (SELECT c.sync_id, c.seq FROM chosen c) ORDER BY seq"
-            "  RETURNING sync_id, seq)"
-            " DELETE FROM {failed} f USING back WHERE f.connector = %s"
-            "  AND f.sync_id = back.sync_id AND f.seq = back.seq"
-        ).format(failed=self._failed, where=where, queue=self.store.table("consumer_messages"),
-                 group=group, stream=self.store.table(cfg.stream))  # fmt: skip
+            "SELECT f.sync_id, f.seq, f.payload FROM {failed} f WHERE f.connector = %s"
+            " AND {where} AND {present} ORDER BY f.seq FOR UPDATE"
+        ).format(failed=self._failed, where=where, present=present(self.store, cfg.stream, "f"))
         async with conn.transaction():
-            cur = await conn.execute(q, (name, *params, consumer, name))
-        return int(cur.rowcount)
+            chosen = await (await conn.execute(q, (name, *params))).fetchall()
+            for sid, seq, payload in chosen:
+                message = parse(payload.encode())
+                meta = message["metadata"]
+                group = queue_group(str(sid), cfg.group_columns)
+                await conn.execute(self._back, (consumer, sid, seq, group(
+                    meta["collection_id"], meta["record_id"], message.get("record"))))  # fmt: skip
+                await conn.execute(self._off, (name, sid, seq))
+        return len(chosen)
 
     async def discard(self, conn: AConn, name: str, ids: list[str] | None) -> int:
         """Delete the entries ``ids`` (all when None) for good; returns how many."""

@@ -1,8 +1,10 @@
 """Reads a source's stream for one connector, and keeps its cursor and failed list.
 
-Used by the forwarding engine (engine/forwarder.py). Rows are turned into :class:`Message` here, on
-the hot path: the stored JSON is spliced into the payload as text, timestamps are formatted by
-Postgres, and per-collection parts of the group key are computed once.
+Used by the forwarding engine (engine/forwarder.py) and the Consume API. Batches are read a
+few at a time and their entries turned into :class:`Message` here, on the hot path: the stored
+JSON is spliced into the payload as the bytes it is, and per-collection parts of the group key
+are computed once. The records stream is read in seq order from its index, each version's
+entry from its batch (the last few batches decoded are kept).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
-from collections.abc import Callable, Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -29,24 +31,28 @@ from core.envelope import (
     record_token,
 )
 from core.shards import UNSPLIT, Resplit, Shard, shard_of
-from core.store import SESSION, AConn, Store
+from core.store import SESSION, AConn, Store, index, streams
 from core.store import failed as failed_list
+from core.store.batches import Entries, Version
 from core.store.cursors import Cursor, Cursors
+from core.store.index import Batches, IndexMissing
+from core.store.selection import Selection
 from core.store.writer import NOTIFY_CHANNEL
 
-ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+BATCHES = 16  # events batches read per query
+Entry = tuple[int, str, str | None, bytes | None]  # seq, collection, record id, record JSON
 
-EVENTS_SELECT = (
-    "SELECT seq, collection_id, record_id, action, commit_lsn, commit_idx, "
-    + ISO.format("committed_at")
-    + ", record::text, changes::text, extract(epoch FROM committed_at)::float8 FROM {table}"
-)
-RECORDS_SELECT = (  # a long record id is kept whole beside its key (record_token)
-    "SELECT seq, collection_id, coalesce(full_record_id, record_id), version, deleted, "
-    + ISO.format("upstream_updated_at")
-    + ", record::text,"
-    " extract(epoch FROM coalesce(upstream_updated_at, updated_at))::float8 FROM {table}"
-)
+
+class Found(NamedTuple):
+    """A stream message and what the Consume API shows of it beside its payload."""
+
+    message: Message
+    record: bytes
+    changes: bytes | None
+    action: str  # insert | update | delete | truncate; records stream: upsert | delete
+    record_id: str | None
+    deleted: bool
+    ts: str
 
 
 class StreamReader:
@@ -57,14 +63,14 @@ class StreamReader:
         store: Store,
         name: str,
         stream: str,
-        where: tuple[sql.Composable, list[Any]],
+        select: Selection,
         sync_id: str,
         provider: str,
         shard: Shard = UNSPLIT,
         fenced: bool = False,
     ) -> None:
-        """``name`` keys the failed list, and with ``shard`` the cursor; ``where`` is a
-        :func:`selection`. A ``fenced`` reader (a connector's) holds its shard's fence from
+        """``name`` keys the failed list, and with ``shard`` the cursor; ``select`` says which
+        messages it takes. A ``fenced`` reader (a connector's) holds its shard's fence from
         ``open`` to ``close`` (core/store/cursors.py); the Consume API, served by every
         instance at once, reads unfenced."""
         self.fenced = fenced
@@ -74,15 +80,18 @@ class StreamReader:
         self.sync_id = sync_id
         self.provider = provider
         self.shard = shard
+        self.select = select
         self.cursors = Cursors(store, name, shard, sync_id, stream)
         self.resplits: list[Resplit] = []
+        self.batches = Batches(store, sync_id)
         self._prefixes: dict[str, str] = {}
+        self._times: dict[str, float] = {}
         self._conn: AConn | None = None
-        self._where = where
-        self._fetch, self._fetch_params = self._select()
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
         )
+        self._events = streams.event_batches(store)
+        self._page = streams.record_page(store)
 
     @property
     def conn(self) -> AConn:
@@ -91,14 +100,12 @@ class StreamReader:
         return self._conn
 
     async def open(self) -> None:
-        # A stream's statistics lag behind it (seqs only grow, and its index leads with the
-        # sync id, so the planner cannot probe the real end): with them it takes a page of
-        # 2,000 for 2 rows and reads the whole span with a bitmap scan, then sorts it (180 ms
-        # for 90k rows), where an index scan in seq order stops at the page's end (5 ms).
         self._conn = await psycopg.AsyncConnection.connect(
             self.store.url, autocommit=True, application_name=f"weir:{self.connector}",
-            options=f"{SESSION} -c enable_bitmapscan=off",
+            options=SESSION,
         )  # fmt: skip
+        if self.stream == "records":
+            await index.aensure(self._conn, self.store)
         if self.fenced:
             await self.cursors.fence(self._conn)
 
@@ -124,33 +131,20 @@ class StreamReader:
             raise RuntimeError(f"source {self.sync_id} is not registered in the store")
         return int(row[0])
 
-    def _select(self) -> tuple[sql.Composed, list[Any]]:
-        """The query of :meth:`fetch` and its parameters after ``sync_id, after, upto``: the
-        connector's selection, its shard's records only, and none that an earlier split of the
-        connector delivered (:attr:`resplits`)."""
-        where, params = self._where
-        parts, params = [where], list(params)
-        shard_of = sql.SQL("{}.shard_of(collection_id, record_id, %s)").format(
-            sql.Identifier(self.store.schema)
-        )
-        if self.shard.of > 1:
-            parts.append(sql.SQL("{} = %s").format(shard_of))
-            params += [self.shard.of, self.shard.index]
-        for r in self.resplits:
-            parts.append(sql.SQL("seq > (%s::bigint[])[{} + 1]").format(shard_of))
-            params += [list(r.seqs), r.shards]
-        select = EVENTS_SELECT if self.stream == "events" else RECORDS_SELECT
-        query = sql.SQL(
-            select + " WHERE sync_id = %s AND seq > %s AND seq <= %s AND {where} "
-            "ORDER BY seq LIMIT %s"
-        ).format(table=self.store.table(self.stream), where=sql.SQL(" AND ").join(parts))
-        return query, params
+    def _takes(self, coll: str, rid: str | None, action: str, record: bytes | None,
+               seq: int) -> bool:  # fmt: skip
+        """Whether the connector takes this message: its selection, its shard's records only,
+        and none that an earlier split of the connector delivered (:attr:`resplits`)."""
+        if not self.select(coll, rid, action, record):
+            return False
+        if self.shard.of > 1 and shard_of(coll, rid, self.shard.of) != self.shard.index:
+            return False
+        return all(seq > r.seqs[shard_of(coll, rid, r.shards)] for r in self.resplits)
 
     async def cursor(self, start: Any) -> Cursor:
         """The saved cursor; on the connector's first start, one made from ``start``."""
         cursor = await self.cursors.load(self.conn, lambda: self._start_seq(start))
         self.resplits = cursor.resplits
-        self._fetch, self._fetch_params = self._select()
         return cursor
 
     async def _start_seq(self, start: Any) -> int:
@@ -161,24 +155,28 @@ class StreamReader:
         if isinstance(start, SeqStart):
             return start.seq - 1
         assert isinstance(start, TimeStart)
-        column = "committed_at" if self.stream == "events" else "updated_at"
-        q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND {} >= %s").format(
-            self.store.table(self.stream), sql.Identifier(column)
-        )
         at: datetime = start.time
-        row = await (await self.conn.execute(q, (self.sync_id, at))).fetchone()
-        if row is None or row[0] is None:
+        if self.stream == "records":
+            q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND updated_at >= %s")
+            row = await (await self.conn.execute(q.format(self.store.table("record_index")),
+                                                 (self.sync_id, at))).fetchone()  # fmt: skip
+            return await self.head() if row is None or row[0] is None else int(row[0]) - 1
+        q = sql.SQL("SELECT first_seq, data FROM {} WHERE sync_id = %s AND last_committed_at >= %s"
+                    " ORDER BY first_seq LIMIT 1")  # fmt: skip
+        row = await (await self.conn.execute(q.format(self.store.table("event_batches")),
+                                             (self.sync_id, at))).fetchone()  # fmt: skip
+        if row is None:
             return await self.head()
-        return int(row[0]) - 1
+        when = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+        entries = Entries.decode(row[1])
+        first = next((i for i, ts in enumerate(entries.ts) if _epoch(ts) >= when), 0)
+        return int(row[0]) + first - 1
 
     async def save(self, seq: int, state: dict[str, Any]) -> None:
         if self.resplits:  # kept until the cursor has passed what the earlier splits sent
-            left = [r for r in self.resplits if seq < max(r.seqs)]
-            if left != self.resplits:
-                self.resplits = left
-                self._fetch, self._fetch_params = self._select()
-            if left:
-                state = {**state, "resplits": [r.as_json() for r in left]}
+            self.resplits = [r for r in self.resplits if seq < max(r.seqs)]
+            if self.resplits:
+                state = {**state, "resplits": [r.as_json() for r in self.resplits]}
         await self.cursors.save(self.conn, seq, state)
 
     async def fail(self, msg: Message, error: str) -> None:
@@ -211,12 +209,90 @@ class StreamReader:
         await failed_list.resolve(self.store, self.conn, self.connector, self.sync_id, seqs)
 
     async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
-        """Messages with ``after < seq <= upto`` that the connector selects, in seq order."""
-        params = (self.sync_id, after, upto, *self._fetch_params, limit)
-        cur = await self.conn.execute(self._fetch, params, binary=False)
-        rows = await cur.fetchall()
-        build = self.event if self.stream == "events" else self.record
-        return [build(row) for row in rows]
+        """Messages with ``after < seq <= upto`` that the connector takes, in seq order: at most
+        ``limit``, and when fewer, every message up to ``upto`` was looked at."""
+        out: list[Message] = []
+        async for seq, item, i in self._selected(after, upto, limit):
+            out.append(self.record(item) if i < 0 else self.event(item, i, seq))
+            if len(out) == limit:
+                break
+        return out
+
+    async def entries(self, after: int, upto: int, limit: int) -> list[Entry]:
+        """As :meth:`fetch`, the messages' (seq, collection, record id, record JSON)."""
+        out: list[Entry] = []
+        async for seq, item, i in self._selected(after, upto, limit):
+            if i < 0:
+                out.append((seq, item.coll, item.rid, item.record))
+            else:
+                out.append((seq, item.coll[i], item.rid[i], item.record[i]))
+            if len(out) == limit:
+                break
+        return out
+
+    async def _selected(self, after: int, upto: int, page: int) -> AsyncIterator[Any]:
+        """What the connector takes after ``after`` up to ``upto``, in seq order: (seq, events
+        batch, position) or (seq, version, -1), reading ``page`` versions at a time."""
+        takes = self._takes
+        if self.stream == "records":
+            while after < upto:
+                found = await self._versions(self._page, (self.sync_id, after, upto, page))
+                for seq, v in found:
+                    if takes(v.coll, v.rid, "delete" if v.deleted else "upsert", v.record, seq):
+                        yield seq, v, -1
+                if len(found) < page:
+                    return
+                after = found[-1][0]
+            return
+        while after < upto:
+            rows = await (await self.conn.execute(
+                self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
+            if not rows:
+                return
+            for first, data in rows:
+                e = Entries.decode(data)
+                coll, rid, action, record = e.coll, e.rid, e.action, e.record
+                for i in range(max(0, after + 1 - first), min(len(e), upto + 1 - first)):
+                    if takes(coll[i], rid[i], action[i], record[i], first + i):
+                        yield first + i, e, i
+                after = min(upto, first + len(e) - 1)
+
+    async def _versions(self, query: sql.Composed, params: Any) -> list[tuple[int, Version]]:
+        """The records-stream versions a query of the index names, with their entries: asked
+        again when an entry moved between the two reads (retention, core/store/retention.py)."""
+        for _ in range(3):
+            rows = await (await self.conn.execute(query, params)).fetchall()
+            if rows and rows[-1][0] == -1:
+                raise IndexMissing()
+            held = await self.batches.aload(self.conn, {int(r[1]) for r in rows})
+            if all(r[1] in held for r in rows):
+                return [(int(seq), held[batch].version_at(pos)) for seq, batch, pos in rows]
+        raise RuntimeError("records-stream entries kept moving while read")
+
+    async def at(self, seqs: Iterable[int]) -> dict[int, Found]:
+        """The messages of these seqs still in the stream (a records-stream version not yet
+        replaced, an event not yet pruned), whatever the selection."""
+        want = sorted(set(seqs))
+        out: dict[int, Found] = {}
+        if not want:
+            return out
+        if self.stream == "records":
+            for seq, v in await self._versions(streams.record_seqs(self.store),
+                                               (self.sync_id, want)):  # fmt: skip
+                action = "delete" if v.deleted else "upsert"
+                out[seq] = Found(self.record(v), v.record, None, action, v.rid, v.deleted, v.ts)
+            return out
+        query, params = streams.events_at(self.store), (self.sync_id, self.sync_id, want)
+        rows = await (await self.conn.execute(query, params)).fetchall()
+        held = {first: Entries.decode(data) for first, data in rows}
+        for seq in want:
+            for first, e in held.items():
+                if first <= seq < first + len(e):
+                    i = seq - first
+                    action = e.action[i]
+                    out[seq] = Found(self.event(e, i, seq), e.record[i] or b"null", e.changes[i],
+                                     action, e.rid[i], action == "delete", e.ts[i])  # fmt: skip
+        return out
 
     def _prefix(self, collection_id: str) -> str:
         prefix = self._prefixes.get(collection_id)
@@ -225,25 +301,35 @@ class StreamReader:
             self._prefixes[collection_id] = prefix
         return prefix
 
-    def event(self, row: Sequence[Any]) -> Message:
-        seq, coll, rid, action, lsn, idx, ts, record, changes, at = row
-        sid = self.sync_id
-        key = event_key(sid, lsn, idx)
-        payload = event_payload(
-            sid, self.provider, seq, coll, rid, action, key, lsn, ts, record, changes
-        )
-        group = self._prefix(coll) + record_token(rid)
-        return Message(sid, self.provider, seq, coll, action, group, key, payload, at)
+    def _at(self, ts: str) -> float:
+        at = self._times.get(ts)
+        if at is None:
+            if len(self._times) > 10_000:
+                self._times.clear()
+            at = self._times[ts] = _epoch(ts)
+        return at
 
-    def record(self, row: Sequence[Any]) -> Message:
-        seq, coll, rid, version, deleted, ts, record, at = row
-        sid = self.sync_id
+    def event(self, e: Entries, i: int, seq: int) -> Message:
+        sid, coll, rid, action, lsn, ts = (self.sync_id, e.coll[i], e.rid[i], e.action[i],
+                                           e.lsn[i], e.ts[i])  # fmt: skip
+        key = event_key(sid, lsn, e.idx[i])
+        payload = event_payload(sid, self.provider, seq, coll, rid, action, key, lsn, ts,
+                                e.record[i], e.changes[i])  # fmt: skip
         group = self._prefix(coll) + record_token(rid)
-        key = record_key(group, version)
-        payload = record_payload(
-            sid, self.provider, seq, coll, rid, key, version, ts, deleted, record
-        )
-        return Message(sid, self.provider, seq, coll, None, group, key, payload, at)
+        return Message(sid, self.provider, seq, coll, action, group, key, payload, self._at(ts))
+
+    def record(self, v: Version) -> Message:
+        sid = self.sync_id
+        group = self._prefix(v.coll) + record_token(v.rid)
+        key = record_key(group, v.version)
+        payload = record_payload(sid, self.provider, v.seq, v.coll, v.rid, key, v.version, v.ts,
+                                 v.deleted, v.record)  # fmt: skip
+        return Message(sid, self.provider, v.seq, v.coll, None, group, key, payload,
+                       self._at(v.ts) if v.ts else 0.0)  # fmt: skip
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts).timestamp()
 
 
 class Notifier:

@@ -1,120 +1,167 @@
-"""The records stream's rule: one row per record, its newest version. How a batch of changes
-collapses to the versions to store, and the SQL that upserts them and turns records into
-tombstones (used by the writer of changes and by the snapshot writer of backfills and seeds).
+"""The records stream's rule: one current version per record, its newest. How a write's changes
+collapse to the versions to index, how a version missing columns takes them from the one
+before, and the SQL that indexes versions and finds a collection's live records (used by the
+writer of changes, the snapshot writer of backfills and seeds, and retention).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, NamedTuple
 
+from core.envelope import RawJson, dumps
 from core.store.change import Change
 
 
-def collapse(
-    latest: dict[tuple[str, str], list[Any]],
-    ch: Change,
-    record_id: str | None,
-    deleted: bool,
-    record: dict[str, Any] | None,
-    record_json: str | None,
-    missing: tuple[str, ...],
-    from_id: str | None = None,
-) -> None:
-    """Keep only the newest version of each record in a batch (the records stream is compacted).
+class Latest(NamedTuple):
+    """A record's newest version in a write: the entry ``pos`` made it. ``missing`` names the
+    columns still unknown (to take from the stored version of ``from_id``, else its own)."""
 
-    A version with unknown columns takes theirs from the version before it in the batch; those
-    still unknown come from the stored record of ``from_id`` (a row whose key changed), else of
-    its own id.
-    """
-    assert record_id is not None and record is not None
+    version: int
+    idx: int
+    deleted: bool
+    missing: tuple[str, ...]
+    record: dict[str, Any]
+    pos: int
+    from_id: str | None
+    own: bool  # ``record`` is the change's own (no column taken from another version)
+
+
+def collapse(latest: dict[tuple[str, str], Latest], ch: Change, pos: int, record_id: str,
+             deleted: bool, record: dict[str, Any], missing: tuple[str, ...],
+             from_id: str | None = None) -> None:  # fmt: skip
+    """Keep only the newest version of each record in a write (the records stream is
+    compacted). A version with unknown columns takes theirs from the version before it in the
+    write; those still unknown come from the stored version (of ``from_id``, else its own)."""
     key = (ch.collection_id, record_id)
-    prev = latest.pop(key, None)  # re-insert: dict order becomes the order of the last change
+    prev = latest.pop(key, None)  # re-inserted: dict order is the order of the last change
     if prev is not None and missing and from_id is None:
-        known = {k: v for k, v in prev[4].items() if k in missing}
+        known = {k: v for k, v in prev.record.items() if k in missing}
         record = {**known, **record}
         missing = tuple(k for k in missing if k not in known)
-        record_json, from_id = None, prev[7]
-    latest[key] = [ch.version, ch.idx, deleted, missing, record, record_json, ch.committed_at,
-                   from_id]  # fmt: skip
+        from_id = prev.from_id
+    own = record is ch.record
+    latest[key] = Latest(ch.version, ch.idx, deleted, missing, record, pos, from_id, own)
 
 
-def moved(latest: dict[tuple[str, str], list[Any]], ch: Change) -> None:
-    """An update that changed a row's key: the old record id becomes a tombstone (with the
-    values known of it), and the new one takes the values the update left out from the old."""
-    assert ch.record is not None and ch.old_record_id is not None
-    collapse(latest, ch, ch.old_record_id, True, {}, None, (*ch.record, *ch.missing))
-    old = latest[(ch.collection_id, ch.old_record_id)]
-    record = {**{k: v for k, v in old[4].items() if k in ch.missing}, **ch.record}
-    missing = tuple(k for k in ch.missing if k not in record)
-    source = (old[7] or ch.old_record_id) if missing else None
-    collapse(latest, ch, ch.record_id, False, record, None, missing, source)
+def moved(latest: dict[tuple[str, str], Latest], ch: Change, pos: int) -> None:
+    """An insert whose row had another key before (its delete came just before it, under the
+    old key): it takes the values it lacks from the old record."""
+    assert ch.record is not None and ch.record_id is not None and ch.old_record_id is not None
+    old = latest.get((ch.collection_id, ch.old_record_id))
+    record, missing = ch.record, ch.missing
+    if old is not None:
+        record = {**{k: v for k, v in old.record.items() if k in missing}, **record}
+        missing = tuple(k for k in missing if k not in record)
+    source = ((old.from_id if old else None) or ch.old_record_id) if missing else None
+    collapse(latest, ch, pos, ch.record_id, False, record, missing, source)
 
 
-# An accepted version replaces the stored one: it takes a new seq (the records stream's order).
-REPLACE_RECORD = """
-ON CONFLICT (sync_id, collection_id, record_id) DO UPDATE SET
-    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
-    deleted = excluded.deleted, record = excluded.record,
-    upstream_updated_at = excluded.upstream_updated_at, updated_at = now()
+def merged(
+    stored: bytes, record: dict[str, Any], missing: tuple[str, ...]
+) -> tuple[bytes, list[str]]:
+    """A version's record with the ``missing`` columns it lacks taken from ``stored`` (the
+    JSON of the version before, its values kept as written); and those ``stored`` lacks too."""
+    before = split_object(stored)
+    wanted = set(missing)
+    # In the order of the version before (the table's columns), then the new ones.
+    out = {k: record.get(k, v) for k, v in before.items() if k in record or k in wanted}
+    out.update(record)
+    return dumps(out), [k for k in missing if k not in before]
+
+
+def split_object(text: bytes) -> dict[str, RawJson]:
+    """A JSON object's members, each value as the JSON text it is written with (numbers keep
+    every digit)."""
+    doc = text.decode()
+    ws = " \t\n\r"
+    pos = len(doc) - len(doc.lstrip(ws))
+    if not doc.startswith("{", pos):
+        return {}
+    pos += 1
+    decoder = json.JSONDecoder()
+    out: dict[str, RawJson] = {}
+    while True:
+        while doc[pos] in ws:
+            pos += 1
+        if doc[pos] == "}":
+            return out
+        key, pos = json.decoder.scanstring(doc, pos + 1)  # type: ignore[attr-defined]
+        while doc[pos] in ws or doc[pos] == ":":
+            pos += 1
+        _, end = decoder.raw_decode(doc, pos)
+        out[key] = RawJson(doc[pos:end].encode())
+        pos = end
+        while doc[pos] in ws:
+            pos += 1
+        if doc[pos] == ",":
+            pos += 1
+
+
+# Each record's indexed (version, version_idx), found by a probe of the key: with a join, the
+# planner may read every record of the source on every write when the index's statistics are
+# stale (it read 10,000 for a write of 250). ``{keys}`` names the rows to probe for (u.c, u.t).
+_PROBE = """
+LEFT JOIN LATERAL (
+    SELECT r.version, r.version_idx, r.deleted, r.batch, r.pos FROM {index} r
+    WHERE r.record_id = u.t AND r.collection_id = u.c AND r.sync_id = %s LIMIT 1
+) r ON true
 """
-# Inserts or replaces the latest version of each record, refusing any that is not newer than the
-# stored one, and numbers the accepted ones with consecutive seqs in batch order. Answers how many
-# it accepted, and the live ones still without some of the columns Postgres left out of their
-# change (unchanged TOASTed values): the store held no full version of them to take those from.
-UPSERT_RECORDS = (
+
+# Indexes the newest version of each record of a write, refusing any that is not newer than
+# the indexed one, and numbers the accepted ones with consecutive seqs in their order. Params:
+# collections, record tokens, versions, version_idxs, deleted, batches, positions, sync_id,
+# the seq before the first, sync_id. Yields the accepted versions' (batch, position, seq).
+INDEX_VERSIONS = (
     """
 WITH incoming AS (
-    SELECT u.collection_id, u.record_id, u.full_record_id, u.version, u.version_idx, u.deleted,
-           u.ord, u.upstream_updated_at, u.missing,
-           CASE WHEN u.missing IS NULL THEN u.record
-                ELSE (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{{}}')
-                      FROM {records} f, jsonb_each(f.record) e
-                      WHERE f.sync_id = %s AND f.collection_id = u.collection_id
-                        AND f.record_id = coalesce(u.from_id, u.record_id) AND u.missing ? e.key)
-                     || u.record END AS record
-    FROM unnest(%b::text[], %b::text[], %b::int8[], %b::int4[], %b::bool[], %b::text[]::jsonb[],
-                %b::text[]::jsonb[], %b::text[]::timestamptz[], %b::text[], %b::text[])
-         WITH ORDINALITY
-         AS u(collection_id, record_id, version, version_idx, deleted, missing, record,
-              upstream_updated_at, full_record_id, from_id, ord)
-    LEFT JOIN {records} r
-           ON r.sync_id = %s AND r.collection_id = u.collection_id AND r.record_id = u.record_id
-    WHERE r.record_id IS NULL OR (r.version, r.version_idx) < (u.version, u.version_idx)
-), upserted AS (
-INSERT INTO {records} AS r (sync_id, collection_id, record_id, full_record_id, seq, version,
-                            version_idx, deleted, record, upstream_updated_at)
-SELECT %s::uuid, collection_id, record_id, full_record_id,
-       %s::int8 + row_number() OVER (ORDER BY ord),
-       version, version_idx, deleted, record, upstream_updated_at
-FROM incoming
-"""
-    + REPLACE_RECORD
+    SELECT u.*
+    FROM unnest(%s::text[], %s::text[], %s::int8[], %s::int4[], %s::bool[], %s::int8[],
+                %s::int4[]) WITH ORDINALITY AS u(c, t, v, i, d, b, p, ord)"""
+    + _PROBE
     + """
-RETURNING 1
-), unfilled AS (
-    SELECT collection_id, coalesce(full_record_id, record_id) AS record_id, ord FROM incoming
-    WHERE missing IS NOT NULL AND NOT deleted
-      AND NOT record ?& ARRAY(SELECT jsonb_array_elements_text(missing))
+    WHERE r.version IS NULL OR (r.version, r.version_idx) < (u.v, u.i)
+), numbered AS (
+    SELECT incoming.*, %s::int8 + row_number() OVER (ORDER BY ord) AS seq FROM incoming
 )
-SELECT (SELECT count(*) FROM upserted),
-       (SELECT array_agg(DISTINCT collection_id) FROM unfilled),
-       (SELECT (array_agg(record_id ORDER BY ord))[1:3] FROM unfilled)
+INSERT INTO {index} AS r (sync_id, collection_id, record_id, seq, version, version_idx, deleted,
+                          batch, pos)
+SELECT %s::uuid, c, t, seq, v, i, d, b, p FROM numbered
+ON CONFLICT (record_id, collection_id, sync_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, updated_at = now(), batch = excluded.batch, pos = excluded.pos
+RETURNING r.batch, r.pos, r.seq
 """
 )
 
-# A truncate turns every live record of the collection older than it into a tombstone. It reads
-# every record of the source, as the key leads with the record id (migration 7).
-TRUNCATE_RECORDS = """
-WITH doomed AS (
-    SELECT collection_id, record_id, row_number() OVER (ORDER BY seq) AS n
-    FROM {records}
-    WHERE sync_id = %(sid)s AND collection_id = ANY(%(collections)s) AND NOT deleted
-      AND (version, version_idx) < (%(version)s, %(idx)s)
+# Where each record of ``keys`` has its indexed version: (collection, token, batch, position,
+# version, version_idx, deleted). Params: collections, tokens, sync_id.
+LOOKUP = (
+    "SELECT u.c, u.t, r.batch, r.pos, r.version, r.version_idx, r.deleted"
+    " FROM unnest(%s::text[], %s::text[]) u(c, t)" + _PROBE.replace("LEFT JOIN", "JOIN")
 )
-UPDATE {records} r
-SET deleted = true, seq = %(base)s + doomed.n, version = %(version)s, version_idx = %(idx)s,
-    upstream_updated_at = %(ts)s, updated_at = now()
-FROM doomed
-WHERE r.sync_id = %(sid)s AND r.collection_id = doomed.collection_id
-  AND r.record_id = doomed.record_id
+
+# A collection's records that a truncate at (version, idx) makes tombstones, oldest seq first:
+# (token, batch, position). Params: sync_id, collections, version, idx.
+LIVE_BEFORE = """
+SELECT record_id, collection_id, batch, pos FROM {index}
+WHERE sync_id = %s AND collection_id = ANY(%s) AND NOT deleted
+  AND (version, version_idx) < (%s, %s)
+ORDER BY seq
+"""
+
+# Versions placed in a records batch (tombstones, rows of a backfill, versions kept after their
+# batch was deleted), over what the index holds of their records: params collections, tokens,
+# seqs, versions, idxs, deleted, batches, positions, sync_id. A version keeps the time it was
+# written when only its place changes.
+MOVE_VERSIONS = """
+INSERT INTO {index} AS r (sync_id, collection_id, record_id, seq, version, version_idx, deleted,
+                          batch, pos)
+SELECT %s::uuid, c, t, s, v, i, d, b, p
+FROM unnest(%s::text[], %s::text[], %s::int8[], %s::int8[], %s::int4[], %s::bool[], %s::int8[],
+            %s::int4[]) AS u(c, t, s, v, i, d, b, p)
+ON CONFLICT (record_id, collection_id, sync_id) DO UPDATE SET
+    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+    deleted = excluded.deleted, batch = excluded.batch, pos = excluded.pos,
+    updated_at = CASE WHEN r.seq = excluded.seq THEN r.updated_at ELSE now() END
 """

@@ -1,41 +1,169 @@
-"""The events stream's retention in the store: events older than ``store.events_retention``
-are deleted in chunks (the retention job, core/runtime/jobs.py, decides when and warns)."""
+"""The store's retention and compaction (the retention job, core/runtime/jobs.py, decides when
+and warns):
+
+- events older than ``store.events_retention`` go a batch at a time; a version of the records
+  stream whose entry is in such a batch and that is still its record's newest is moved first
+  into a records batch (the records stream keeps every record's newest version for ever);
+- a records batch most of whose versions newer ones replaced is rewritten with the rest, and
+  one with none left is deleted.
+
+Each step is a transaction of its own under the source's lock (a writer of the source waits
+for it, as for another writer), so it never holds a write up for long.
+"""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
+from typing import Any
 
 from psycopg import sql
 
-from core.store import Conn, Store
+from core.envelope import record_token
+from core.store import Conn, Store, index
+from core.store.batches import Entries, Version
+from core.store.writer import SourceWriter
+
+BATCHES = 100  # batches deleted or rewritten per transaction
+SPARSE = 0.5  # a records batch with fewer live versions than this share is rewritten
 
 
 def behind(conn: Conn, store: Store, cutoff: timedelta) -> list[tuple[str, str, int]]:
     """(connector, source, events) of the events older than ``cutoff`` that a connector's
     cursor has not passed yet: what deleting them now takes from it."""
     t = store.table
-    rows = conn.execute(
+    rows: list[Any] = conn.execute(
         sql.SQL(
-            "SELECT c.connector, s.name, count(*) FROM {c} c JOIN {s} s USING (sync_id)"
-            " JOIN {e} e ON e.sync_id = c.sync_id AND e.seq > c.seq"
-            " WHERE c.stream = 'events' AND e.inserted_at < now() - %s"
+            "SELECT c.connector, s.name, sum(b.last_seq - greatest(b.first_seq - 1, c.seq))"
+            " FROM {c} c JOIN {s} s USING (sync_id)"
+            " JOIN {e} b ON b.sync_id = c.sync_id AND b.last_seq > c.seq"
+            " WHERE c.stream = 'events' AND b.inserted_at < now() - %s"
             " GROUP BY c.connector, s.name"
-        ).format(c=t("cursors"), s=t("sources"), e=t("events")),
+        ).format(c=t("cursors"), s=t("sources"), e=t("event_batches")),
         (cutoff,),
     ).fetchall()
-    return [(str(c), str(s), int(n)) for c, s, n in rows]  # type: ignore[call-overload]
+    return [(str(c), str(s), int(n)) for c, s, n in rows]
 
 
-def delete_older(conn: Conn, store: Store, cutoff: timedelta, chunk: int) -> int:
-    """Delete the events older than ``cutoff``, ``chunk`` per statement (on an autocommit
-    connection, each its own transaction); returns how many."""
-    delete = sql.SQL(
-        "DELETE FROM {e} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {e}"
-        " WHERE inserted_at < now() - %s LIMIT %s))"
-    ).format(e=store.table("events"))
+def delete_older(store: Store, cutoff: timedelta) -> int:
+    """Delete the events older than ``cutoff``, keeping the records-stream versions their
+    batches hold; returns how many events."""
     total = 0
-    while True:
-        n = conn.execute(delete, (cutoff, chunk)).rowcount
-        total += n
-        if n < chunk:
-            return total
+    with store.connect() as conn:
+        index.ensure(conn, store)  # what it moves, it finds there
+        for sid in _sources(conn, store):
+            while (n := _prune(conn, store, sid, cutoff)) is not None:
+                total += n
+    return total
+
+
+def _sources(conn: Conn, store: Store) -> list[Any]:
+    rows: list[Any] = conn.execute(
+        sql.SQL("SELECT sync_id FROM {}").format(store.table("sources"))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _prune(conn: Conn, store: Store, sid: uuid.UUID, cutoff: timedelta) -> int | None:
+    """One transaction of :func:`delete_older` for a source: events deleted, None when none."""
+    writer = _writer(conn, store, sid)
+    table = store.table("event_batches")
+    rows: list[Any] = conn.execute(
+        sql.SQL(
+            "SELECT first_seq, data FROM {} WHERE sync_id = %s AND inserted_at < now() - %s"
+            " ORDER BY first_seq LIMIT %s"
+        ).format(table),
+        (sid, cutoff, BATCHES),
+    ).fetchall()
+    if not rows:
+        conn.rollback()
+        return None
+    batches = {int(first): Entries.decode(data) for first, data in rows}
+    seqs = [s for e in batches.values() for s in e.rseq if s is not None]
+    _keep(writer, store, sid, seqs, batches)
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)").format(table),
+        (sid, list(batches)),
+    )
+    _done(writer, store, sid)
+    return sum(len(e) for e in batches.values())
+
+
+def compact(store: Store) -> int:
+    """Rewrite the records batches that newer versions made sparse, delete the empty ones;
+    returns how many batches went."""
+    total = 0
+    with store.connect() as conn:
+        index.ensure(conn, store)  # what it moves, it finds there
+        for sid in _sources(conn, store):
+            counts: list[Any] = conn.execute(
+                sql.SQL(
+                    "SELECT -batch, count(*) FROM {} WHERE sync_id = %s AND batch < 0"
+                    " GROUP BY batch"
+                ).format(store.table("record_index")),
+                (sid,),
+            ).fetchall()
+            live = dict(counts)
+            sizes: list[Any] = conn.execute(
+                sql.SQL("SELECT id, entries FROM {} WHERE sync_id = %s").format(
+                    store.table("record_batches")
+                ),
+                (sid,),
+            ).fetchall()
+            conn.rollback()
+            sparse = [int(i) for i, n in sizes if live.get(i, 0) < SPARSE * n]
+            for at in range(0, len(sparse), BATCHES):
+                total += _rewrite(conn, store, sid, sparse[at : at + BATCHES])
+    return total
+
+
+def _rewrite(conn: Conn, store: Store, sid: uuid.UUID, ids: list[int]) -> int:
+    writer = _writer(conn, store, sid)
+    table = store.table("record_batches")
+    rows: list[Any] = conn.execute(
+        sql.SQL("SELECT id, data FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(table),
+        (sid, ids),
+    ).fetchall()
+    batches = {-int(i): Entries.decode(data) for i, data in rows}
+    seqs = [s for e in batches.values() for s in e.rseq if s is not None]
+    _keep(writer, store, sid, seqs, batches)
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(table), (sid, ids)
+    )
+    _done(writer, store, sid)
+    return len(rows)
+
+
+def _writer(conn: Conn, store: Store, sid: uuid.UUID) -> SourceWriter:
+    """A writer holding the source's lock, for moving versions."""
+    writer = SourceWriter(conn, store, sid)
+    writer._begin()
+    return writer
+
+
+def _keep(
+    writer: SourceWriter, store: Store, sid: Any, seqs: list[int], batches: dict[int, Entries]
+) -> None:
+    """Move the versions of ``seqs`` that are still their record's newest and whose entries are
+    in ``batches`` (by index location key) into a new records batch."""
+    if not seqs:
+        return
+    rows: list[Any] = writer.conn.execute(
+        sql.SQL(
+            "SELECT seq, batch, pos FROM {} WHERE sync_id = %s AND seq = ANY(%s) ORDER BY seq"
+        ).format(store.table("record_index")),
+        (sid, seqs),
+    ).fetchall()
+    versions: list[tuple[str, Version]] = []
+    for _, batch, pos in rows:
+        entries = batches.get(batch)
+        if entries is not None:
+            v = entries.version_at(pos)
+            versions.append((record_token(v.rid), v))
+    for at in range(0, len(versions), 10_000):
+        writer.place(versions[at : at + 10_000])
+
+
+def _done(writer: SourceWriter, store: Store, sid: Any) -> None:
+    writer.settle()
+    writer.conn.commit()

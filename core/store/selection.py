@@ -1,26 +1,194 @@
-"""Message selection as SQL: collection patterns, actions and column filters (DESIGN.md section 9).
+"""Message selection: collection and record id patterns, actions and column filters (DESIGN.md
+section 9), compiled once into a Python predicate over a stream entry.
 
-One place for it: connectors and the Consume API select messages with these clauses.
-Values are always bound parameters, never spliced into the text.
+One place for it: connectors and the Consume API select messages with it. A column filter
+reads the record's JSON with exact numbers (as jsonb does): a missing field is null, and values
+compare as jsonb compares them, numbers by value, text by code point (jsonb: by the store
+database's collation, the same for the C collation), and never across types.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any
-
-import orjson
-from psycopg import sql
 
 from core.config.base import Action, Filter
 
-_COMPARE = {"=": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+Test = Callable[[dict[str, Any]], bool]
+_MISSING = object()
+_JTYPES = (
+    (bool, "boolean"),
+    ((int, Decimal), "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
 
 
-def like_pattern(glob: str) -> str:
-    """``public:*`` → ``public:%``; LIKE's own wildcards in the glob are taken literally."""
-    escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return escaped.replace("*", "%")
+def glob(patterns: Sequence[str]) -> Callable[[str], bool] | None:
+    """A matcher of ``*`` patterns (``*`` any text, everything else literal); None for all."""
+    if "*" in patterns:
+        return None
+    rx = re.compile("|".join(".*".join(map(re.escape, p.split("*"))) for p in patterns), re.S)
+    return lambda text: rx.fullmatch(text) is not None
+
+
+def parse(text: bytes) -> Any:
+    """JSON with exact numbers (as jsonb reads it)."""
+    return json.loads(text, parse_float=Decimal)
+
+
+def jtype(v: Any) -> str:
+    if v is None:
+        return "null"
+    return next(name for kinds, name in _JTYPES if isinstance(v, kinds))
+
+
+def same(a: Any, b: Any) -> bool:
+    """jsonb equality: of one type, numbers by value, arrays and objects item by item."""
+    ta = jtype(a)
+    if ta != jtype(b):
+        return False
+    if ta == "array":
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if ta == "object":
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def jsonb_text(v: Any) -> str:
+    """``(v::jsonb)::text``: how Postgres writes a JSON value it parsed (keys of an object by
+    length, then bytes; numbers as numeric writes them)."""
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return _jsonb_string(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, Decimal):
+        text = format(v, "f")
+        return text[1:] if v.is_zero() and text.startswith("-") else text
+    if isinstance(v, list):
+        return "[" + ", ".join(map(jsonb_text, v)) + "]"
+    keys = sorted(v, key=lambda k: (len(k.encode()), k.encode()))
+    return "{" + ", ".join(f"{_jsonb_string(k)}: {jsonb_text(v[k])}" for k in keys) + "}"
+
+
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+_CONTROL = re.compile(r'["\\\x00-\x1f]')
+
+
+def _jsonb_string(s: str) -> str:
+    return '"' + _CONTROL.sub(lambda m: _ESCAPES.get(m[0]) or f"\\u{ord(m[0]):04x}", s) + '"'
+
+
+def _like(pattern: str) -> re.Pattern[str]:
+    """SQL LIKE (``%``, ``_``, ``\\`` escapes the next character) as a regex."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.S)
+
+
+def _test(f: Filter) -> Test:
+    """One filter over a record's parsed fields."""
+    col = f.column
+    if f.op == "is_null":
+        return lambda r: r.get(col) is None
+    if f.op == "is_not_null":
+        return lambda r: r.get(col) is not None
+    if f.op == "like":
+        rx = _like(f.value)
+
+        def like(r: dict[str, Any]) -> bool:
+            v = r.get(col)
+            return (
+                v is not None
+                and rx.fullmatch(v if isinstance(v, str) else jsonb_text(v)) is not None
+            )
+
+        return like
+    value = parse(json.dumps(f.value).encode())  # the value as JSON, exact
+    if f.op in ("in", "not_in"):
+        inside = f.op == "in"
+        if not value:  # as SQL's ``= ANY`` and ``<> ALL`` of no values: never, always
+            return lambda r: not inside
+        return lambda r: (
+            (v := r.get(col, _MISSING)) is not _MISSING
+            and (any(same(v, x) for x in value) is inside)
+        )
+    kind = jtype(value)
+    compare: Callable[[Any, Any], bool] = {
+        "=": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b,
+    }[f.op]
+    return lambda r: (
+        (v := r.get(col, _MISSING)) is not _MISSING and jtype(v) == kind and bool(compare(v, value))
+    )
+
+
+class Selection:
+    """Which messages a connector or consumer takes: ``collections`` and ``record_ids`` are
+    ``*`` patterns, ``actions`` the events' actions (None: all), ``filters`` on the record."""
+
+    def __init__(
+        self,
+        collections: Sequence[str] = ("*",),
+        actions: Sequence[Action] | None = None,
+        filters: Sequence[Filter] = (),
+        record_ids: Sequence[str] = ("*",),
+    ) -> None:
+        self._collection = glob(collections)
+        self._record = glob(record_ids)
+        self._actions = None if actions is None else frozenset(actions)
+        self._tests = [_test(f) for f in filters]
+        self._collections: dict[str, bool] = {}
+        self.everything = not self._tests and all(
+            x is None for x in (self._collection, self._record, self._actions)
+        )
+
+    def __call__(self, coll: str, rid: str | None, action: str, record: bytes | None) -> bool:
+        if self.everything:
+            return True
+        if self._collection is not None:
+            ok = self._collections.get(coll)
+            if ok is None:
+                ok = self._collections[coll] = self._collection(coll)
+            if not ok:
+                return False
+        if self._actions is not None and action not in self._actions:
+            return False
+        if self._record is not None and (rid is None or not self._record(rid)):
+            return False
+        if self._tests:
+            fields = parse(record) if record else {}
+            if not isinstance(fields, dict):
+                fields = {}
+            return all(t(fields) for t in self._tests)
+        return True
 
 
 def selection(
@@ -28,48 +196,5 @@ def selection(
     actions: Sequence[Action] | None,
     filters: Sequence[Filter],
     record_ids: Sequence[str] = ("*",),
-    stream: str = "events",
-) -> tuple[sql.Composable, list[Any]]:
-    """A SQL condition (``TRUE`` when nothing filters) on a row of ``stream``, and its
-    parameters. ``collections`` and ``record_ids`` are ``*`` patterns. Column filters apply
-    to the ``record`` JSON: a missing field is null.
-    """
-    parts: list[sql.Composable] = []
-    params: list[Any] = []
-    # The records stream keeps a long record id whole beside its key (core/envelope.py).
-    record_id = "coalesce(full_record_id, record_id)" if stream == "records" else "record_id"
-    for column, patterns in (("collection_id", collections), (record_id, record_ids)):
-        if "*" not in patterns:
-            parts.append(sql.SQL(column + " LIKE ANY(%s)"))
-            params.append([like_pattern(p) for p in patterns])
-    if actions is not None:
-        parts.append(sql.SQL("action = ANY(%s)"))
-        params.append(list(actions))
-    for f in filters:
-        field = sql.SQL("(record -> {})").format(sql.Literal(f.column))
-        if f.op == "is_null":
-            parts.append(sql.SQL("coalesce({} = 'null'::jsonb, true)").format(field))
-        elif f.op == "is_not_null":
-            parts.append(sql.SQL("coalesce({} <> 'null'::jsonb, false)").format(field))
-        elif f.op == "like":
-            parts.append(sql.SQL("(record ->> {}) LIKE %s").format(sql.Literal(f.column)))
-            params.append(f.value)
-        elif f.op in ("in", "not_in"):
-            test = "= ANY" if f.op == "in" else "<> ALL"
-            parts.append(sql.SQL("coalesce({} " + test + "(%s::jsonb[]), false)").format(field))
-            params.append([orjson.dumps(v).decode() for v in f.value])
-        else:
-            # jsonb compares numbers numerically and text (so ISO timestamps) as text; across
-            # types jsonb has an order of its own, so a field of another type never matches.
-            parts.append(
-                sql.SQL(
-                    "coalesce(jsonb_typeof({f}) = jsonb_typeof(%s::jsonb) AND {f} "
-                    + _COMPARE[f.op]
-                    + " %s::jsonb, false)"
-                ).format(f=field)
-            )
-            value = orjson.dumps(f.value).decode()
-            params += [value, value]
-    if not parts:
-        return sql.SQL("TRUE"), []
-    return sql.SQL(" AND ").join(parts), params
+) -> Selection:
+    return Selection(collections, actions, filters, record_ids)

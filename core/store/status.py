@@ -122,8 +122,8 @@ CURSORS = (
 SELECT c.connector, s.name, c.stream, c.seq,
        greatest(CASE WHEN c.stream = 'events' THEN s.events_seq ELSE s.records_seq END - c.seq, 0),
        coalesce(CASE WHEN c.stream = 'events' THEN
-           (SELECT extract(epoch FROM now() - e.committed_at) FROM {events} e
-            WHERE e.sync_id = c.sync_id AND e.seq = c.seq + 1)
+           (SELECT extract(epoch FROM now() - e.first_committed_at) FROM {events} e
+            WHERE e.sync_id = c.sync_id AND e.last_seq > c.seq ORDER BY e.last_seq LIMIT 1)
          ELSE
            (SELECT extract(epoch FROM now() - r.updated_at) FROM {records} r
             WHERE r.sync_id = c.sync_id AND r.seq > c.seq ORDER BY r.seq LIMIT 1)
@@ -143,7 +143,7 @@ ORDER BY c.connector, s.name
 def cursors(store: Store) -> list[CursorStatus]:
     """Every cursor of the store (connectors' and consumers' queues'), with its lag."""
     t = store.table
-    q = sql.SQL(CURSORS).format(events=t("events"), records=t("records"),
+    q = sql.SQL(CURSORS).format(events=t("event_batches"), records=t("record_index"),
                                 failed=t("failed_messages"), cursors=t("cursors"),
                                 sources=t("sources"), owners=t("owners"))  # fmt: skip
     with store.connect(autocommit=True) as conn:

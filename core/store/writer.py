@@ -1,10 +1,12 @@
 """Writes changes into one source's events and records streams.
 
-Used by every producer of a source (CDC capture, HTTP ingest, backfill): a batch of changes and
+Used by every producer of changes of a source (CDC capture, HTTP ingest): a batch of changes and
 the source's checkpoint are committed in one store transaction, and seqs are given out under the
 source row's lock, so they are gap-free and commit in order. This is the store half of the
-capture hot path: rows go to the events stream by COPY and to the records stream in one
-set-based upsert per batch.
+capture hot path, and what it costs the database is two statements a write, whatever it holds:
+the changes go in as one events batch (core/store/batches.py), their JSON as the bytes that
+are sent, and the newest version of each record they touch into the records index (one
+set-based upsert of an unlogged table, core/store/index.py), pointing at its entry.
 """
 
 from __future__ import annotations
@@ -15,22 +17,25 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg import sql
 
-from core.envelope import MAX_RECORD_TOKEN, dumps, record_token
+from core.envelope import dumps, record_token
 from core.ids import schema_table_of
-from core.store import Conn, Store
-from core.store.change import (
-    JSONB_ITEM,
-    MAX_JSON,
-    REFUSED,
-    Change,
-    UnstorableChange,
-    jsonb_size,
+from core.store import Conn, Store, array, index
+from core.store.batches import Entries, Version
+from core.store.change import MAX_JSON, REFUSED, Change, UnstorableChange
+from core.store.index import Batches
+from core.store.records import (
+    INDEX_VERSIONS,
+    LIVE_BEFORE,
+    LOOKUP,
+    MOVE_VERSIONS,
+    Latest,
+    collapse,
+    merged,
+    moved,
 )
-from core.store.records import TRUNCATE_RECORDS, UPSERT_RECORDS, collapse, moved
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,12 @@ NOTIFY_CHANNEL = "weir_stream"
 
 
 def _lock_source(store: Store) -> sql.Composed:
-    """Locks a source's row and reads (events_seq, records_seq); params: sync_id. Every writer
-    of a source takes this lock, so seqs are given out gap-free and in commit order."""
-    return sql.SQL("SELECT events_seq, records_seq FROM {} WHERE sync_id = %s FOR UPDATE").format(
-        store.table("sources")
-    )
+    """Locks a source's row and reads (events_seq, records_seq, record_batches); params:
+    sync_id. Every writer of a source takes this lock, so seqs are given out gap-free and in
+    commit order."""
+    return sql.SQL(
+        "SELECT events_seq, records_seq, record_batches FROM {} WHERE sync_id = %s FOR UPDATE"
+    ).format(store.table("sources"))
 
 
 def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
@@ -69,6 +75,9 @@ def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
         "WITH s AS (UPDATE {} SET {}, updated_at = now() WHERE sync_id = %s RETURNING sync_id)"
         " SELECT pg_notify({}, sync_id::text) FROM s"
     ).format(store.table("sources"), sets, sql.Literal(NOTIFY_CHANNEL))
+
+
+BATCH_BYTES = 64 << 20  # JSON text in one batch; a write holding more is stored in several
 
 
 class SourceWriter:
@@ -90,18 +99,30 @@ class SourceWriter:
         self.on_unstorable = on_unstorable
         self.events_seq = 0
         self.records_seq = 0
+        self.record_batches = 0
         self._open = False
         self._drops: list[Change] = []  # tables dropped, to tombstone before the next write
-        sources, events, records = (store.table(n) for n in ("sources", "events", "records"))
-        self._sources = sources
+        self.batches = Batches(store, sync_id)
+        sources = self._sources = store.table("sources")
         self._lock_row = _lock_source(store)
-        self._copy_events = sql.SQL(
-            "COPY {} (sync_id, seq, collection_id, record_id, action, commit_lsn, commit_idx,"
-            " committed_at, record, changes) FROM STDIN"
-        ).format(events)
-        self._upsert = sql.SQL(UPSERT_RECORDS).format(records=records)
-        self._truncate = sql.SQL(TRUNCATE_RECORDS).format(records=records)
-        self._checkpoint = _advance(store, ("events_seq", "records_seq", "commit_lsn", "end_lsn"))
+        self._insert_events = sql.SQL(
+            "INSERT INTO {} (sync_id, first_seq, last_seq, first_committed_at, last_committed_at,"
+            " data) VALUES (%s, %s, %s, %s, %s, %s)"
+        ).format(store.table("event_batches"))
+        self._insert_records = INSERT_RECORD_BATCH.format(store.table("record_batches"))
+        idx = store.table("record_index")
+        self._index = sql.SQL(INDEX_VERSIONS).format(index=idx)
+        self._lookup = sql.SQL(LOOKUP).format(index=idx)
+        self._live_before = sql.SQL(LIVE_BEFORE).format(index=idx)
+        self._move = sql.SQL(MOVE_VERSIONS).format(index=idx)
+        self._copy_index = sql.SQL(
+            "COPY {} (sync_id, collection_id, record_id, seq, version, version_idx, deleted,"
+            " batch, pos) FROM STDIN"
+        ).format(idx)
+        self._counters = _advance(store, ("records_seq", "record_batches"))
+        self._checkpoint = _advance(
+            store, ("events_seq", "records_seq", "record_batches", "commit_lsn", "end_lsn")
+        )
         self._advance = sql.SQL(
             "UPDATE {} SET end_lsn = greatest(end_lsn, %s), slot_tracked = true,"
             " slot_name = coalesce(%s, slot_name) WHERE sync_id = %s"
@@ -134,6 +155,7 @@ class SourceWriter:
                 f"source {source_name!r} is already being written by another weir process; "
                 "stop that process or give this source another name"
             )
+        index.ensure(self.conn, self.store)
 
     def checkpoint(self) -> Checkpoint:
         """The last transaction committed to the store, and where replication resumes."""
@@ -181,9 +203,9 @@ class SourceWriter:
         )
 
     def _begin(self) -> None:
-        row = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
+        row: Any = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
         assert row is not None, "source not registered"
-        self.events_seq, self.records_seq = int(row[0]), int(row[1])  # type: ignore[call-overload]
+        self.events_seq, self.records_seq, self.record_batches = map(int, row)
         self._open = True
 
     def write(self, changes: list[Change]) -> None:
@@ -199,14 +221,14 @@ class SourceWriter:
         if not self._open:
             self._begin()
         self._tombstone_dropped()
-        seqs = self.events_seq, self.records_seq
+        counters = self.events_seq, self.records_seq, self.record_batches
         try:
             with self.conn.transaction():  # a savepoint
                 self._write(changes)
         except psycopg.Error as e:
             if (e.sqlstate or "")[:2] not in REFUSED:
                 raise
-            self.events_seq, self.records_seq = seqs
+            self.events_seq, self.records_seq, self.record_batches = counters
             if len(changes) > 1:
                 for ch in changes:
                     self.write([ch])
@@ -228,91 +250,111 @@ class SourceWriter:
                                          record_id or "", action, reason))  # fmt: skip
 
     def _write(self, changes: list[Change]) -> None:
-        sid = str(self.sync_id)
-        seq = self.events_seq
-        # Records-stream work in order: upserts of the newest versions, split at truncates.
-        latest: dict[tuple[str, str], list[Any]] = {}
-        steps: list[dict[tuple[str, str], list[Any]] | Change] = [latest]
+        """The changes as events batches (each at most ``BATCH_BYTES`` of JSON), and the
+        records-stream versions they make, in order: split at truncates."""
+        entries = Entries()
+        latest: dict[tuple[str, str], Latest] = {}
+        steps: list[dict[tuple[str, str], Latest] | Change] = [latest]
+        size = 0
         refused: list[tuple[Change, str]] = []
-        with self.conn.cursor() as cur:
-            with cur.copy(self._copy_events) as copy:
-                write_row = copy.write_row
-                for ch in changes:
-                    record_json = None if ch.record is None else dumps(ch.record).decode()
-                    changes_json = None if ch.changes is None else dumps(ch.changes).decode()
-                    if record_json is not None and len(record_json) > MAX_JSON // JSONB_ITEM:
-                        size = jsonb_size(record_json, ch.record)  # only a large one is weighed
-                        if size > MAX_JSON:
-                            err = UnstorableChange.too_large(ch, size)
-                            if self.on_unstorable != "fail":
-                                raise err
-                            refused.append((ch, err.reason))
-                            continue
-                    seq += 1
-                    write_row(
-                        (
-                            sid,
-                            seq,
-                            ch.collection_id,
-                            ch.record_id,
-                            ch.action,
-                            ch.version if ch.event_lsn is None else ch.event_lsn,
-                            ch.idx,
-                            ch.committed_at,
-                            record_json,
-                            changes_json,
-                        )
-                    )
-                    if ch.action == "truncate":
-                        latest = {}
-                        steps += [ch, latest]
-                        continue
-                    if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
-                        moved(latest, ch)
-                    else:
-                        collapse(latest, ch, ch.record_id, ch.action == "delete", ch.record,
-                                  record_json, ch.missing)  # fmt: skip
-            for step in steps:
-                if isinstance(step, dict):
-                    self._upsert_records(cur, step)
-                else:
-                    self._truncate_collection(cur, step)
-        self.events_seq = seq
+        for ch in changes:
+            record = None if ch.record is None else dumps(ch.record)
+            if record is not None and len(record) > MAX_JSON:
+                err = UnstorableChange.too_large(ch, len(record))
+                if self.on_unstorable != "fail":
+                    raise err
+                refused.append((ch, err.reason))
+                continue
+            if size > BATCH_BYTES:
+                self._store_batch(entries, steps)
+                entries, latest, size = Entries(), {}, 0
+                steps = [latest]
+            chg = None if ch.changes is None else dumps(ch.changes)
+            size += len(record or b"") + len(chg or b"")
+            own = ch.event_lsn is None
+            pos = entries.add(ch.collection_id, ch.record_id, ch.action,
+                              ch.version if own else ch.event_lsn, ch.idx, ch.committed_at,  # type: ignore[arg-type]
+                              record, chg, version=None if own else ch.version)  # fmt: skip
+            if ch.action == "truncate":
+                latest = {}
+                steps += [ch, latest]
+            elif ch.old_record_id is not None and ch.old_record_id != ch.record_id:
+                moved(latest, ch, pos)
+            else:
+                assert ch.record_id is not None and ch.record is not None
+                collapse(latest, ch, pos, ch.record_id, ch.action == "delete", ch.record,
+                         ch.missing)  # fmt: skip
+        if entries:
+            self._store_batch(entries, steps)
         for ch, reason in refused:
             self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, reason, ch.record_id)
 
-    def _upsert_records(self, cur: Any, latest: dict[tuple[str, str], list[Any]]) -> None:
+    def _store_batch(self, entries: Entries, steps: list[Any]) -> None:
+        first = self.events_seq + 1
+        self.batches.pinned[first] = entries  # a truncate after a version of it reads it
+        for step in steps:
+            if isinstance(step, dict):
+                self._index_versions(step, entries, first)
+            else:
+                self._tombstone(step, (step.collection_id,))
+        self.events_seq += len(entries)
+        ts = entries.ts
+        self.conn.execute(self._insert_events, (self.sync_id, first, self.events_seq, min(ts),
+                                                max(ts), entries.encode()))  # fmt: skip
+
+    def _index_versions(self, latest: dict[tuple[str, str], Latest], entries: Entries,
+                        batch: int) -> None:  # fmt: skip
+        """Index the newest version of each record of ``latest`` (entries of ``batch``), the
+        columns some lack taken from the versions stored before."""
         if not latest:
             return
-        cols: list[list[Any]] = [[], [], [], [], [], [], [], [], [], []]
-        # Dict order is the order of each record's last change: the seq order to give out.
-        for (collection_id, record_id), (
-            version,
-            idx,
-            deleted,
-            missing,
-            rec,
-            js,
-            ts,
-            from_id,
-        ) in latest.items():
-            cols[0].append(collection_id)
-            cols[1].append(record_token(record_id))
-            cols[8].append(record_id if len(record_id) > MAX_RECORD_TOKEN else None)
-            cols[9].append(None if from_id is None else record_token(from_id))
-            cols[2].append(version)
-            cols[3].append(idx)
-            cols[4].append(deleted)
-            cols[5].append(orjson.dumps(missing).decode() if missing else None)
-            cols[6].append(js if js is not None else dumps(rec).decode())
-            cols[7].append(ts)
-        cur.execute(
-            self._upsert, (self.sync_id, *cols, self.sync_id, self.sync_id, self.records_seq)
-        )
-        accepted, unfilled, some = cur.fetchone()
-        self.records_seq += accepted
+        self._fill(latest, entries)
+        cols: list[list[Any]] = [[], [], [], [], [], [], []]
+        for (coll, rid), v in latest.items():
+            for col, value in zip(cols, (coll, record_token(rid), v.version, v.idx, v.deleted,
+                                         batch, v.pos), strict=True):  # fmt: skip
+                col.append(value)
+        rows = self.conn.execute(
+            self._index, (*map(array, cols), self.sync_id, self.records_seq, self.sync_id)
+        ).fetchall()
+        for _, pos, seq in rows:
+            entries.rseq[pos] = seq  # type: ignore[call-overload]
+        self.records_seq += len(rows)
+
+    def _fill(self, latest: dict[tuple[str, str], Latest], entries: Entries) -> None:
+        """A version whose record is not its change's own (columns it lacked taken from the
+        change before) gets its payload; one still lacking columns takes them from the stored
+        version, and when there is none or it lacks them too, its table is backfilled."""
+        lacking = {k: v for k, v in latest.items() if v.missing}
+        stored = self._stored([(c, v.from_id or r) for (c, r), v in lacking.items()])
+        unfilled: dict[str, str] = {}
+        for (coll, rid), v in latest.items():
+            payload = None
+            if v.missing:
+                before = stored.get((coll, v.from_id or rid))
+                still = list(v.missing)
+                if before is not None:
+                    payload, still = merged(before.record, v.record, v.missing)
+                if still and not v.deleted:
+                    unfilled.setdefault(coll, rid)
+            if payload is None and not v.own:
+                payload = dumps(v.record)
+            if payload is not None and payload != entries.record[v.pos]:
+                entries.payload[v.pos] = payload
         if unfilled:
-            self._unfilled(unfilled, some)
+            self._unfilled(sorted(unfilled), list(unfilled.values())[:3])
+
+    def _stored(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Version]:
+        """The indexed versions of these records, by (collection, record id)."""
+        if not keys:
+            return {}
+        tokens = {(c, record_token(r)): (c, r) for c, r in keys}
+        rows: list[Any] = self.conn.execute(
+            self._lookup, (array(c for c, _ in tokens), array(t for _, t in tokens), self.sync_id)
+        ).fetchall()
+        held = self.batches.load(self.conn, (int(r[2]) for r in rows))
+        return {tokens[(coll, token)]: held[batch].version_at(pos)
+                for coll, token, batch, pos, *_ in rows}  # fmt: skip
 
     def _unfilled(self, collections: list[str], some: list[str]) -> None:
         """Records written without columns their change left out (unchanged TOASTed values),
@@ -325,21 +367,55 @@ class SourceWriter:
         tables = [schema_table_of(c) for c in collections]
         self.request_backfills(tables, "records lacked columns their update left out", again=False)
 
-    def _truncate_collection(self, cur: Any, ch: Change, also: tuple[str, ...] = ()) -> None:
-        """Every live record of the collection (and of ``also``) older than ``ch`` becomes a
-        tombstone: one pass over the source's records."""
-        cur.execute(
-            self._truncate,
-            {
-                "sid": self.sync_id,
-                "collections": [ch.collection_id, *also],
-                "version": ch.version,
-                "idx": ch.idx,
-                "ts": ch.committed_at,
-                "base": self.records_seq,
-            },
-        )
-        self.records_seq += cur.rowcount
+    def _tombstone(self, ch: Change, collections: tuple[str, ...]) -> None:
+        """Every live record of ``collections`` older than ``ch`` becomes a tombstone holding
+        its last values, in the order of their seqs: records batches of ``TOMBSTONES``."""
+        with self.conn.cursor(name="weir_tombstones") as cur:
+            cur.itersize = TOMBSTONES
+            cur.execute(self._live_before, (self.sync_id, list(collections), ch.version, ch.idx))
+            while True:
+                rows: list[Any] = cur.fetchmany(TOMBSTONES)
+                if not rows:
+                    return
+                held = self.batches.load(self.conn, (int(r[2]) for r in rows))
+                versions = []
+                for token, _, batch, pos in rows:
+                    last = held[batch].version_at(pos)
+                    self.records_seq += 1
+                    versions.append((token, last._replace(
+                        seq=self.records_seq, version=ch.version, idx=ch.idx, deleted=True,
+                        ts=ch.committed_at)))  # fmt: skip
+                self.place(versions)
+
+    def place(self, versions: list[tuple[str, Version]], *, new: bool = False) -> None:
+        """Store versions (each with its record token) in a new records batch, and index them
+        there: as records the index holds already, or (``new``) as records it does not hold,
+        which fails on one it holds (a unique violation)."""
+        self.record_batches += 1
+        entries = Entries()
+        for _, v in versions:
+            entries.add_version(v)
+        key = -self.record_batches
+        self.batches.pinned[key] = entries
+        self.conn.execute(self._insert_records, (self.sync_id, self.record_batches,
+                                                 len(entries), entries.encode()))  # fmt: skip
+        if new:
+            with self.conn.cursor() as cur, cur.copy(self._copy_index) as copy:
+                for pos, (token, v) in enumerate(versions):
+                    copy.write_row((self.sync_id, v.coll, token, v.seq, v.version, v.idx,
+                                    v.deleted, key, pos))  # fmt: skip
+            return
+        cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
+        for pos, (token, v) in enumerate(versions):
+            for col, value in zip(cols, (v.coll, token, v.seq, v.version, v.idx, v.deleted, key,
+                                         pos), strict=True):  # fmt: skip
+                col.append(value)
+        self.conn.execute(self._move, (self.sync_id, *map(array, cols)))
+
+    def settle(self) -> None:
+        """Write the records stream's counters after versions were placed (a backfill's, or
+        moved by retention), and let readers know; the caller commits."""
+        self.conn.execute(self._counters, (self.records_seq, self.record_batches, self.sync_id))
 
     def drop(self, collection_id: str, version: int, idx: int, committed_at: str) -> None:
         """The collection's table was dropped: every record of it becomes a tombstone (as a
@@ -353,9 +429,7 @@ class SourceWriter:
 
     def _tombstone_dropped(self) -> None:
         if self._drops:
-            last = self._drops[-1]
-            with self.conn.cursor() as cur:
-                self._truncate_collection(cur, last, tuple(d.collection_id for d in self._drops))
+            self._tombstone(self._drops[-1], tuple(d.collection_id for d in self._drops))
             self._drops.clear()
 
     def commit(self, commit_lsn: int, end_lsn: int) -> None:
@@ -365,16 +439,23 @@ class SourceWriter:
         self._tombstone_dropped()
         self.conn.execute(
             self._checkpoint,
-            (self.events_seq, self.records_seq, commit_lsn, end_lsn, self.sync_id),
-        )
+            (self.events_seq, self.records_seq, self.record_batches, commit_lsn, end_lsn,
+             self.sync_id),
+        )  # fmt: skip
         self.conn.commit()
         self._open = False
+        self.batches.pinned.clear()
 
     def rollback(self) -> None:
         self._open = False
         self._drops.clear()
+        self.batches = Batches(self.store, self.sync_id)
         if not self.conn.closed:
             self.conn.rollback()
+
+
+TOMBSTONES = 10_000  # versions per records batch of a truncate's tombstones
+INSERT_RECORD_BATCH = sql.SQL("INSERT INTO {} (sync_id, id, entries, data) VALUES (%s, %s, %s, %s)")
 
 
 # A change (or a backfill's row) of a source on its failed list, with why (on_unstorable: fail).

@@ -13,6 +13,7 @@ import psycopg
 
 from devkit.embedded import EmbeddedKafka, EmbeddedNats
 from tests.adversarial.kinds import exact_json
+from tests.helpers import stored as store_rows
 from tests.helpers.brokers import KafkaHarness, NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, weir_config
@@ -55,17 +56,15 @@ class Stack:
         marker = str(row[0])
 
         def done() -> bool:
+            stored = store_rows.record(self.url, "public:markers", marker)
             with psycopg.connect(self.url) as conn:
-                stored = conn.execute(
-                    "SELECT 1 FROM weir.records WHERE collection_id = 'public:markers'"
-                    " AND record_id = %s", (marker,)).fetchone()  # fmt: skip
                 behind = conn.execute(
                     "SELECT count(*) FROM weir.cursors c JOIN weir.sources s USING (sync_id)"
                     " WHERE c.seq < CASE c.stream WHEN 'events' THEN s.events_seq"
                     " ELSE s.records_seq END"
                 ).fetchone()
                 cursors = conn.execute("SELECT count(*) FROM weir.cursors").fetchone()
-            return bool(stored) and behind == (0,) and cursors == (len(self.connectors),)
+            return stored is not None and behind == (0,) and cursors == (len(self.connectors),)
 
         wait_for(done, timeout=timeout, what="capture and every connector to catch up")
 
@@ -73,13 +72,9 @@ class Stack:
 
     def store_records(self, collection: str) -> dict[str, tuple[bool, Any]]:
         """The records stream: record id -> (deleted, record), numbers exact."""
-        with psycopg.connect(self.url) as conn:
-            rows = conn.execute(
-                "SELECT coalesce(full_record_id, record_id), deleted, record::text"
-                " FROM weir.records WHERE collection_id = %s",
-                (collection,),
-            ).fetchall()
-        return {r[0]: (r[1], exact_json(r[2])) for r in rows}
+        rows = store_rows.records(self.url)
+        return {r["record_id"]: (r["deleted"], exact_json(r["record_json"])) for r in rows
+                if r["collection_id"] == collection}  # fmt: skip
 
     def subscriber_records(self, collection: str) -> dict[str, dict[str, tuple[bool, Any]]]:
         """Per records connector, as its subscriber sees it: the latest message of each record

@@ -6,6 +6,7 @@ records stream equals the table, or the change is on the source's failed list sa
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import psycopg
@@ -15,15 +16,15 @@ from core.runtime.service import prepare
 from core.sources.pg.setup import SourceSetupError
 from core.store import Store, StoreError
 from core.store.status import backfills
+from tests.helpers import stored
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute, rows, wait_records
 from tests.helpers.weir import Running, serving, weir_config
 
 
 def _live(url: str, collection: str, schema: str = "weir") -> dict[str, Any]:
-    got = rows(url, f"SELECT record_id, record FROM {schema}.records"
-                    " WHERE collection_id = %s AND NOT deleted", (collection,))  # fmt: skip
-    return dict(got)
+    return {r["record_id"]: r["record"] for r in stored.records(url, schema, live_only=True)
+            if r["collection_id"] == collection}  # fmt: skip
 
 
 def _table(url: str, table: str, key: tuple[str, ...] = ("id",)) -> dict[str, Any]:
@@ -59,8 +60,8 @@ def test_the_store_inside_the_followed_schema(db_url: str) -> None:
         wait_records(db_url, "public:later", 1, schema="public")
         assert _live(db_url, "public:t", "public") == _table(db_url, "t")
         assert _published(db_url) == {"public.t", "public.later"}
-        got = rows(db_url, "SELECT collection_id, count(*) FROM public.events GROUP BY 1")
-        assert dict(got) == {"public:t": 4, "public:later": 1}  # nothing of its own, no loop
+        got = Counter(e["collection_id"] for e in stored.events(db_url, "public"))
+        assert got == {"public:t": 4, "public:later": 1}  # nothing of its own, no loop
 
 
 def test_a_schema_holding_tables_named_as_the_stores_is_refused(db_url: str) -> None:
@@ -150,7 +151,7 @@ def test_names_that_quote_badly_and_a_followed_schema_dropped_whole(db_url: str)
                 f"CREATE TABLE {quoted}.y (id int PRIMARY KEY)",
                 f"INSERT INTO {quoted}.y VALUES (1), (2)")  # fmt: skip
         wait_records(db_url, f"{odd}:y", 2)
-        wait_for(lambda: rows(db_url, "SELECT count(*) FROM weir.records WHERE NOT deleted"
+        wait_for(lambda: rows(db_url, "SELECT count(*) FROM weir.record_index WHERE NOT deleted"
                                       " AND collection_id LIKE 'first:%'") == [(0,)],
                  what="the dropped schema's records tombstoned")  # fmt: skip
 
@@ -204,7 +205,7 @@ def _poison(url: str) -> None:
     execute(url, "CREATE FUNCTION weir.poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
                  " IF NEW.record_id LIKE 'poison%' THEN RAISE EXCEPTION 'too odd to store'"
                  " USING ERRCODE = '54000'; END IF; RETURN NEW; END $$",
-            "CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON weir.records"
+            "CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON weir.record_index"
             " FOR EACH ROW EXECUTE FUNCTION weir.poison()")  # fmt: skip
 
 
@@ -235,8 +236,7 @@ def test_a_change_the_store_refuses_is_charged_to_it_alone(
     assert "too odd to store" in error and "set on_unstorable" not in error
     assert "on the source's failed list (weir.source_failures): the store refused the insert of " \
            "public:t record poison" in caplog.text  # fmt: skip
-    events = rows(db_url, "SELECT record_id FROM weir.events ORDER BY seq")
-    assert [e[0] for e in events] == ["a", "b", "c"]
+    assert [e["record_id"] for e in stored.events(db_url)] == ["a", "b", "c"]
 
 
 def test_a_row_the_store_refuses_in_a_backfill(db_url: str) -> None:

@@ -14,8 +14,9 @@ import pytest
 from core.runtime.service import prepare
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.adversarial.stack import Stack
+from tests.helpers import stored
 from tests.helpers.capture import wait_for
-from tests.helpers.sql import execute, rows, wait_records
+from tests.helpers.sql import execute, wait_records
 from tests.helpers.weir import serving, weir_config
 
 
@@ -64,11 +65,9 @@ def test_key_renamed_or_replaced_while_capture_lags(db_url: str) -> None:
           "ALTER TABLE t ADD COLUMN k text NOT NULL DEFAULT 'k'",
           "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (k, uid)",
           "INSERT INTO t VALUES (3, 3, 'x')")  # fmt: skip
-    with serving(cfg), psycopg.connect(db_url) as conn:
-        wait_for(lambda: conn.execute("SELECT count(*) FROM weir.events").fetchone() == (3,),
-                 what="3 events")  # fmt: skip
-        ids = conn.execute("SELECT record_id FROM weir.events ORDER BY seq").fetchall()
-    assert [r[0] for r in ids] == ["1", "2", "x,3"]
+    with serving(cfg):
+        wait_for(lambda: len(stored.events(db_url)) == 3, what="3 events")
+    assert [e["record_id"] for e in stored.events(db_url)] == ["1", "2", "x,3"]
 
 
 def test_tables_created_while_weir_runs_are_captured_from_their_first_row(
@@ -175,13 +174,11 @@ def test_an_update_that_moves_a_key_keeps_its_toasted_values(db_url: str) -> Non
               "BEGIN; INSERT INTO t VALUES (5, repeat('y', 10000));"
               " UPDATE t SET id = 6 WHERE id = 5; COMMIT")  # fmt: skip
         wait_records(db_url, "public:t", 2)
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT record_id, deleted, length(record->>'body') FROM weir.records"
-                            " ORDER BY record_id").fetchall()  # fmt: skip
-    assert rows == [("1", True, 10000), ("2", False, 10000), ("5", True, 10000),
+    recs = sorted((r["record_id"], r["deleted"], len(r["record"]["body"]))
+                  for r in stored.records(db_url))  # fmt: skip
+    assert recs == [("1", True, 10000), ("2", False, 10000), ("5", True, 10000),
                     ("6", False, 10000)]  # fmt: skip
-    with psycopg.connect(db_url) as conn:
-        evs = conn.execute("SELECT record_id, action FROM weir.events ORDER BY seq").fetchall()
+    evs = [(e["record_id"], e["action"]) for e in stored.events(db_url)]
     assert evs == [("1", "insert"), ("1", "delete"), ("2", "insert"), ("5", "insert"),
                    ("5", "delete"), ("6", "insert")]  # fmt: skip
 
@@ -206,9 +203,8 @@ def test_odd_keys_names_and_identities(db_url: str) -> None:
               "INSERT INTO deep VALUES"
               " (1, 7, ARRAY[E'\\u00a0NULL', E'a\\u001f', E'\\u3000x'])")  # fmt: skip
         wait_records(db_url, "public:deep", 1)
-        with psycopg.connect(db_url) as conn:
-            recs = conn.execute("SELECT collection_id, record_id, deleted, record FROM weir.records"
-                                " ORDER BY collection_id, record_id").fetchall()  # fmt: skip
+        recs = sorted((r["collection_id"], r["record_id"], r["deleted"], r["record"])
+                      for r in stored.records(db_url))  # fmt: skip
     assert [r[:3] for r in recs] == [
         ("a%3Ab:c", "1", False), ("a:b:c", "2", False), ("public:deep", "1", False),
         ("public:ident", "a%40x", False), ("public:ident", "b%40x", True),
@@ -218,7 +214,7 @@ def test_odd_keys_names_and_identities(db_url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("encoding", "column", "stored"),
+    ("encoding", "column", "expected"),
     [("LATIN1", "'é ÿ ©'", "é ÿ ©"),
      ("WIN1252", "convert_from('\\x81', 'WIN1252')", "\x81"),  # a byte WIN1252 has no letter for
      ("SQL_ASCII", "convert_from('\\xe9', 'SQL_ASCII')", "é"),  # any bytes: Latin-1 past UTF-8
@@ -226,7 +222,7 @@ def test_odd_keys_names_and_identities(db_url: str) -> None:
     ids=["latin1", "win1252-unmapped", "sql-ascii-latin1", "sql-ascii-utf8"],
 )  # fmt: skip
 def test_databases_in_other_encodings(
-    pg_server: EmbeddedPostgres, db_url: str, encoding: str, column: str, stored: str
+    pg_server: EmbeddedPostgres, db_url: str, encoding: str, column: str, expected: str
 ) -> None:
     """Text comes through whatever the database's encoding, names included, and no byte it
     holds can stop capture. (The store itself is a UTF-8 database.)"""
@@ -243,10 +239,8 @@ def test_databases_in_other_encodings(
             execute(url, f"INSERT INTO {table} VALUES (1, {column})")
             collection = "public:té" if encoding == "LATIN1" else "public:t"
             wait_records(db_url, collection, 1)
-        with psycopg.connect(db_url) as conn:
-            row = conn.execute("SELECT record->>'v' FROM weir.records WHERE collection_id = %s",
-                               (collection,)).fetchone()  # fmt: skip
-        assert row == (stored,)
+        row = [r["record"]["v"] for r in stored.records(db_url) if r["collection_id"] == collection]
+        assert row == [expected]
     finally:
         execute(pg_server.url, "SELECT pg_drop_replication_slot(slot_name)"
                              f" FROM pg_replication_slots WHERE database = '{name}'",
@@ -293,8 +287,8 @@ def test_what_other_roles_and_ddl_do_cannot_take_capture_down(
                 ("public:r", "1"): True}  # fmt: skip
 
         def records() -> dict[tuple[str, str], bool]:
-            got = rows(db_url, "SELECT collection_id, record_id, deleted FROM weir.records")
-            return {(c, r): d for c, r, d in got}
+            return {(r["collection_id"], r["record_id"]): r["deleted"]
+                    for r in stored.records(db_url)}  # fmt: skip
 
         wait_for(lambda: records() == want, what="the records as the tables have them")
         time.sleep(1)  # a backfill of private, were it asked for, would show by now
@@ -320,7 +314,7 @@ def test_records_are_keyed_anew_when_the_key_changes(
         execute(db_url, "UPDATE t SET v = 30 WHERE a = 3")  # a change under the new key
 
         def keyed_anew() -> bool:
-            got = rows(db_url, "SELECT record_id, deleted FROM weir.records")
+            got = [(r["record_id"], r["deleted"]) for r in stored.records(db_url)]
             return sorted(got) == [("1", True), ("2", True), ("3", True), ("x", False),
                                     ("y", False), ("z", False)]  # fmt: skip
 
@@ -341,13 +335,8 @@ def test_the_swap_migration_leaves_the_records_stream_equal_to_the_table(db_url:
               "DROP TABLE a_old", "INSERT INTO a VALUES (4, 'after')")  # fmt: skip
 
         def live() -> dict[str, Any]:
-            return dict(
-                rows(
-                    db_url,
-                    "SELECT record_id, record->>'v' FROM weir.records"
-                    " WHERE collection_id = 'public:a' AND NOT deleted",
-                )
-            )
+            return {r["record_id"]: r["record"]["v"] for r in stored.records(db_url, live_only=True)
+                    if r["collection_id"] == "public:a"}  # fmt: skip
 
         wait_for(lambda: live() == {"2": "new", "3": "new", "4": "after"}, timeout=60,
                  what="public:a as the new table has it")  # fmt: skip

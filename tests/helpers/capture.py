@@ -13,6 +13,7 @@ import psycopg
 from core.config.model import PostgresSource
 from core.sources.pg.capture import PostgresCapture
 from core.store import Store
+from tests.helpers import stored
 
 # A table with a column of every kind of type, and a row of awkward values (DESIGN.md 4).
 KINDS_DDL = (
@@ -83,17 +84,16 @@ def capturing(src: PostgresSource) -> Iterator[PostgresCapture]:
 
 
 def events(url: str) -> list[dict[str, Any]]:
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute("SELECT * FROM weir.events ORDER BY sync_id, seq").fetchall()
+    return stored.events(url)
 
 
 def records(url: str, live_only: bool = True) -> list[dict[str, Any]]:
-    where = "WHERE NOT deleted" if live_only else ""
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute(f"SELECT * FROM weir.records {where} ORDER BY seq").fetchall()
+    return stored.records(url, live_only=live_only)
 
 
 def count_events(url: str) -> int:
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM weir.events").fetchone()
-        return int(row[0]) if row else 0
+        row = conn.execute(
+            "SELECT sum(last_seq - first_seq + 1) FROM weir.event_batches"
+        ).fetchone()
+        return int(row[0] or 0) if row else 0

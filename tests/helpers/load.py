@@ -87,23 +87,30 @@ def load_with_interruptions(
 
 
 class WeirProcess:
-    """`weir run --config FILE` in a process of its own, logging to ``log``; killed on exit."""
+    """`weir run --config FILE` in a process of its own, logging to ``log``; killed on exit.
+    ``code``: a checkout of another version of Weir to run (its ``core``), else this one."""
 
-    def __init__(self, config: Path, log: Path, *, standby: bool = False) -> None:
+    def __init__(
+        self, config: Path, log: Path, *, standby: bool = False, code: Path | None = None
+    ) -> None:
         self.config = config
         self.log = log
         self.standby = standby
+        self.code = code
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> None:
         self.starts += 1
+        env = None if self.code is None else {**os.environ, "PYTHONPATH": str(self.code)}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(  # a process group of its own, as under systemd
                 [sys.executable, "-m", "core.cli", "run", "--config", str(self.config)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                cwd=self.code,
+                env=env,
             )
 
     def log_text(self) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import yaml
 
+from tests.helpers import stored
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, weir_config
@@ -94,17 +95,8 @@ def wait_captured(url: str) -> None:
         assert row is not None
     marker = str(row[0])
 
-    def stored() -> bool:
-        with psycopg.connect(url) as conn:
-            return bool(
-                conn.execute(
-                    "SELECT 1 FROM weir.records WHERE collection_id = 'public:markers'"
-                    " AND record_id = %s",
-                    (marker,),
-                ).fetchone()
-            )
-
-    wait_for(stored, timeout=120, what="capture to catch up")
+    wait_for(lambda: stored.record(url, "public:markers", marker) is not None, timeout=120,
+             what="capture to catch up")  # fmt: skip
 
 
 def table_rows(url: str) -> dict[str, dict[str, Any]]:
@@ -119,12 +111,8 @@ def assert_stream_equals_table(url: str) -> int:
     """The live records of ``items`` are the table's rows exactly; returns how many records
     (tombstones included) the stream holds for it."""
     table = table_rows(url)
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT record_id, deleted, record FROM weir.records"
-            " WHERE collection_id = 'public:items'"
-        ).fetchall()
-    live = {rid: rec for rid, deleted, rec in rows if not deleted}
+    rows = [r for r in stored.records(url) if r["collection_id"] == "public:items"]
+    live = {r["record_id"]: r["record"] for r in rows if not r["deleted"]}
     stale = [rid for rid in live if rid in table and live[rid] != table[rid]][:5]
     resurrected = [rid for rid in live if rid not in table][:5]
     missing = [rid for rid in table if rid not in live][:5]

@@ -6,6 +6,7 @@ from typing import Any
 
 import psycopg
 
+from tests.helpers import stored
 from tests.helpers.capture import wait_for
 
 
@@ -25,8 +26,6 @@ def wait_records(url: str, collection: str, n: int, schema: str = "weir") -> Non
     """Until the store holds ``n`` live records of ``collection``."""
 
     def count() -> bool:
-        got = rows(url, f"SELECT count(*) FROM {schema}.records WHERE collection_id = %s"
-                        " AND NOT deleted", (collection,))  # fmt: skip
-        return got == [(n,)]
+        return stored.live_count(url, collection, schema) == n
 
     wait_for(count, timeout=60, what=f"{n} records of {collection}")

@@ -11,6 +11,7 @@ import psycopg
 
 from core.config.model import WeirConfig
 from core.runtime.service import prepare, serve
+from tests.helpers import stored
 
 
 def weir_config(
@@ -68,11 +69,7 @@ class Running:
 
 def store_events(url: str) -> list[tuple[int, str, str | None, str]]:
     """(seq, collection_id, record_id, action) of the events stream, in seq order."""
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT seq, collection_id, record_id, action FROM weir.events ORDER BY seq"
-        ).fetchall()
-    return [(int(r[0]), str(r[1]), r[2], str(r[3])) for r in rows]
+    return [(e["seq"], e["collection_id"], e["record_id"], e["action"]) for e in stored.events(url)]
 
 
 def cursor_of(url: str, connector: str) -> tuple[int, Any]:

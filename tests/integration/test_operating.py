@@ -22,9 +22,10 @@ from core.api.probes import reachable as _reachable
 from core.config.model import WeirConfig
 from core.runtime import jobs
 from core.runtime.service import prepare
+from tests.helpers import stored
 from tests.helpers.api import api_serving
 from tests.helpers.brokers import WebhookHarness
-from tests.helpers.capture import wait_for
+from tests.helpers.capture import count_events, wait_for
 from tests.helpers.receiver import Receiver
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
@@ -140,19 +141,24 @@ def test_retention_deletes_old_events_and_names_connectors_behind(
     })  # fmt: skip
     store = prepare(cfg)
     with serving(cfg):
-        insert_t(table, range(10))
-        wait_for(lambda: _count(table, "SELECT count(*) FROM weir.events") == 10, what="capture")
+        insert_t(table, range(6))
+        wait_for(lambda: count_events(table) == 6, what="capture")
+        insert_t(table, range(6, 10))  # in batches of their own
+        wait_for(lambda: count_events(table) == 10, what="capture")
     with psycopg.connect(table, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE weir.events SET inserted_at = now() - interval '8 days' WHERE seq <= 6"
-        )
+        conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '8 days'"
+                     " WHERE last_seq <= 6")  # fmt: skip
         conn.execute("INSERT INTO weir.cursors (connector, sync_id, stream, seq) SELECT 'slow',"
                      " sync_id, 'events', 2 FROM weir.sources")  # fmt: skip
     with caplog.at_level(logging.WARNING):
         assert jobs.prune_events(cfg, store) == 6
-    assert _count(table, "SELECT min(seq) FROM weir.events") == 7
+    assert [e["seq"] for e in stored.events(table)] == [7, 8, 9, 10]
     assert "slow had not delivered 4 events of source app" in caplog.text
     assert jobs.prune_events(cfg, store) == 0
+    # The records stream keeps every record's newest version, their events gone or not.
+    live = stored.records(table, live_only=True)
+    assert sorted(r["record"]["id"] for r in live) == list(range(10))
+    assert [r["seq"] for r in live] == list(range(1, 11))
 
 
 def test_slot_lag_check_warns_when_wal_piles_up(table: str) -> None:

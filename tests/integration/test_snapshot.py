@@ -18,15 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from core.envelope import utc_iso
 from core.runtime.service import prepare
 from core.sources.pg import snapshot
-from core.sources.pg.snapshot import copy_lines, copy_rows, records_of, split_copy_line
+from core.sources.pg.snapshot import copy_rows, records_of
 from core.store import open_store
 from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
 from core.store.writer import SourceWriter
 from devkit.embedded import EmbeddedNats
 from spark.seed import LOOPBACK_CONF, java_home
+from tests.helpers import stored as stored_rows
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for
 from tests.helpers.load import WeirProcess
@@ -99,13 +101,8 @@ def test_snapshot_rows_are_encoded_as_capture_encodes_them(db_url: str) -> None:
                 ),
                 what="both backfills",
             )
-    with psycopg.connect(db_url) as conn:
-        stored = {
-            (c, r): (rec, idx)
-            for c, r, rec, idx in conn.execute(
-                "SELECT collection_id, record_id, record, version_idx FROM weir.records"
-            ).fetchall()
-        }
+    stored = {(r["collection_id"], r["record_id"]): (r["record"], r["version_idx"])
+              for r in stored_rows.records(db_url)}  # fmt: skip
     captured = {(e["collection_id"], e["record_id"]): e["record"] for e in events(db_url)}
     assert set(stored) == set(captured)
     for key, record in captured.items():
@@ -183,9 +180,8 @@ def test_records_rendered_by_the_source_server_equal_the_converted_ones(db_url: 
         query = plan.records_query(None, None)
         assert query is not None
 
-        def records(lines: list[bytes]) -> dict[bytes, object]:
-            fields = [split_copy_line(line) for line in lines]  # exact numbers, deep nesting:
-            return {f[0]: json.loads(f[1]) for f in fields}  # type: ignore[index, arg-type]
+        def records(pairs: list[tuple[str, bytes]]) -> dict[str, object]:
+            return {rid: json.loads(rec) for rid, rec in pairs}  # exact numbers, deep nesting
 
         @settings(max_examples=40, deadline=None)
         @given(st.lists(_WIDE_ROW, min_size=1, max_size=25))
@@ -200,7 +196,7 @@ def test_records_rendered_by_the_source_server_equal_the_converted_ones(db_url: 
                     "INSERT INTO wide (id, u, by) VALUES (-2, gen_random_uuid(),"
                     " decode(repeat('ab', 300), 'hex'))"
                 )  # base64 past 76 characters
-            server = list(copy_lines(conn, query))
+            server = list(snapshot.read_records(conn, plan, None, None))
             converted = list(records_of(plan.rel, copy_rows(conn, plan.range_query(None, None))))
             assert len(server) == len(rows) + 2
             assert records(server) == records(converted)
@@ -233,7 +229,7 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
                     old_record_id=None,
                     version=lsn,
                     idx=0,
-                    committed_at=str(at),
+                    committed_at=utc_iso(at),
                 )
                 for rid, lsn in (("newer", 50), ("older", 30))
             ]
@@ -242,25 +238,28 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
         w = SnapshotWriter(conn, store, sid, 40, at)
 
         def merge(*ids: str) -> int:
-            staged, accepted = w.write("public:t", [b'%s\t{"v": "snapshot"}\n' % rid.encode()
-                                                    for rid in ids])  # fmt: skip
+            staged, accepted = w.write("public:t", [(rid, b'{"v": "snapshot"}') for rid in ids])
             conn.commit()
             assert staged == len(ids)
             return accepted
 
         assert merge("a1", "a2") == 2
-        w.write("public:t", [b"lost\t{}\n"])
-        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
-            w.write("public:t", [b"bad\t{not json\n"])
+        conn.execute("CREATE FUNCTION weir.poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+                     " BEGIN IF NEW.record_id = 'bad' THEN RAISE EXCEPTION 'refused'"
+                     " USING ERRCODE = '54000'; END IF; RETURN NEW; END $$")  # fmt: skip
+        conn.execute("CREATE TRIGGER poison BEFORE INSERT ON weir.record_index FOR EACH ROW"
+                     " EXECUTE FUNCTION weir.poison()")  # fmt: skip
+        conn.commit()
+        w.write("public:t", [("lost", b"{}")])
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+            w.write("public:t", [("bad", b"{}")])
         conn.rollback()
         assert merge("a3") == 1  # numbered from 1 again: no gap in seqs
         assert merge("a4", "newer", "older") == 2  # the insert fails: checked row by row
         assert merge("a5") == 1
         records = {
-            rid: (seq, version, idx, rec["v"])
-            for rid, seq, version, idx, rec in conn.execute(
-                "SELECT record_id, seq, version, version_idx, record FROM weir.records"
-            )
+            r["record_id"]: (r["seq"], r["version"], r["version_idx"], r["record"]["v"])
+            for r in stored_rows.records(db_url)
         }
         (records_seq,) = conn.execute("SELECT records_seq FROM weir.sources").fetchone() or ()
     assert records.pop("newer") == (1, 50, 0, "live")
@@ -313,12 +312,8 @@ def test_seed_job_through_jdbc(db_url: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert seed.returncode == 0, seed.stderr[-3000:]
     assert "public.items: 5,000 rows read in 3 partitions, 5,000 written" in seed.stdout
-    with psycopg.connect(db_url) as conn:
-        row = conn.execute(
-            "SELECT record FROM weir.records WHERE collection_id = 'public:items'"
-            " AND record_id = '7'"
-        ).fetchone()
-    assert row == ({"id": 7, "v": 0, "note": "tab\t \\ é"},)
+    row = stored_rows.record(db_url, "public:items", "7")
+    assert row is not None and row["record"] == {"id": 7, "v": 0, "note": "tab\t \\ é"}
     assert_stream_equals_table(db_url)
 
 

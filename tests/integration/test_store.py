@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
-from core.store import Store, migrations
+from core.store import Store, index, migrations, open_store, retention
+from core.store.change import Change
 from core.store.functions import FUNCTIONS
+from core.store.snapshot_writer import SnapshotWriter
+from core.store.writer import SourceWriter
+from tests.helpers import stored
+from tests.helpers.weir import weir_config
 
 KEY_COLUMNS = """
 SELECT array_agg(a.attname::text ORDER BY k.n)
 FROM pg_index i
 JOIN unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indexrelid = 'weir.records_pkey'::regclass
+WHERE i.indexrelid = 'weir.record_index_pkey'::regclass
 """
 COLUMNS = "sync_id, collection_id, record_id, seq, version, version_idx, deleted, record"
+KEPT = ("sync_id", "collection_id", "record_id", "seq", "version", "version_idx", "deleted",
+        "record")  # fmt: skip
 
 
 def test_records_key_migration_keeps_every_record_and_its_uniqueness(db_url: str) -> None:
@@ -42,18 +50,19 @@ def test_records_key_migration_keeps_every_record_and_its_uniqueness(db_url: str
         assert len(before) == 4000
 
         assert migrations.migrate(conn, store.schema) == len(migrations.MIGRATIONS)
-        after = conn.execute(f"SELECT {COLUMNS} FROM weir.records ORDER BY sync_id, seq")
-        assert after.fetchall() == before
         assert conn.execute(KEY_COLUMNS).fetchone() == (["record_id", "collection_id", "sync_id"],)
+        conn.commit()
+        after = sorted(tuple(r[k] for k in KEPT) for r in stored.records(db_url))
+        assert after == sorted(before)
         # The snapshot writer turns to its checked merge on exactly this constraint's violation.
         with pytest.raises(psycopg.errors.UniqueViolation) as raised:
             conn.execute(
-                "INSERT INTO weir.records (sync_id, collection_id, record_id, seq, version,"
-                " version_idx, deleted, record) VALUES (%s, 'public:t1', '0', 9999, 1, 0, false,"
-                " '{}')",
+                "INSERT INTO weir.record_index (sync_id, collection_id, record_id, seq, version,"
+                " version_idx, deleted, batch, pos) VALUES (%s, 'public:t1', '0', 9999, 1, 0,"
+                " false, -1, 0)",
                 (sources[1],),
             )
-        assert raised.value.diag.constraint_name == "records_pkey"
+        assert raised.value.diag.constraint_name == "record_index_pkey"
 
 
 def test_long_record_ids_are_keyed_by_their_token_and_kept_whole(db_url: str) -> None:
@@ -72,11 +81,10 @@ def test_long_record_ids_are_keyed_by_their_token_and_kept_whole(db_url: str) ->
         )
         conn.commit()
         migrations.migrate(conn, store.schema)
-        rows = conn.execute(
-            "SELECT record_id, full_record_id FROM weir.records ORDER BY seq"
-        ).fetchall()
+        keys = conn.execute("SELECT record_id FROM weir.record_index ORDER BY seq").fetchall()
     token = "~" + hashlib.sha256(long_id.encode()).hexdigest()
-    assert rows == [(token, long_id), (short_id, None)]
+    assert keys == [(token,), (short_id,)]
+    assert [r["record_id"] for r in stored.records(db_url)] == [long_id, short_id]
 
 
 def test_source_failures_of_one_transaction_are_kept_apart_after_migration_9(db_url: str) -> None:
@@ -117,3 +125,61 @@ def test_functions_get_their_current_body_from_one_file_whatever_made_the_store(
         for name, body in FUNCTIONS.items():
             expected = body.split("$$")[1].replace("{s}", '"weir"')
             assert conn.execute(source, (name,)).fetchone() == (expected,)
+
+
+def _change(action: str, rid: str | None, record: dict[str, object] | None, lsn: int, idx: int,
+            missing: tuple[str, ...] = (), old: str | None = None) -> Change:  # fmt: skip
+    return Change(action=action, collection_id="public:t", record_id=rid, record=record,
+                  changes=None, missing=missing, old_record_id=old, version=lsn, idx=idx,
+                  committed_at="2026-11-27T10:00:00.000000Z")  # fmt: skip
+
+
+INDEX = "SELECT sync_id, collection_id, record_id, seq, version, version_idx, deleted, batch," \
+        " pos FROM weir.record_index ORDER BY sync_id, seq"  # fmt: skip
+
+
+def test_the_records_index_is_rebuilt_as_it_was(db_url: str) -> None:
+    """Postgres empties the unlogged records index after a crash: rebuilt from the batches, it
+    is what it was, after versions of every kind (missing columns, tombstones of deletes and
+    truncates, a key change, a backfill's rows, versions moved by retention and compaction)."""
+    cfg = weir_config(db_url, [])
+    store, sid = open_store(cfg), cfg.sources[0].sync_id
+    with store.connect() as conn:
+        w = SourceWriter(conn, store, sid)
+        w.lock("app")
+        w.write([_change("insert", str(i), {"id": i, "big": "B" * i}, 10, i) for i in range(6)])
+        w.commit(10, 10)
+        changes = [
+            _change("update", "1", {"id": 1}, 20, 0, missing=("big",)),
+            _change("delete", "2", {"id": 2}, 20, 1, missing=("big",)),
+            _change("delete", "3", {"id": 3, "big": "B"}, 20, 2),
+            _change("insert", "30", {"id": 30}, 20, 3, missing=("big",), old="3"),
+        ]
+        w.write(changes)
+        w.commit(20, 20)
+        conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '9 days'"
+                     " WHERE first_seq = 1")  # fmt: skip
+        conn.commit()
+        assert retention.delete_older(store, timedelta(days=7)) == 6  # 0, 4 and 5 kept
+        snap = SnapshotWriter(conn, store, sid, 15, datetime.now(UTC))
+        assert snap.write("public:t", [("7", b'{"id":7}'), ("1", b'{"id":1}')]) == (2, 1)
+        conn.commit()
+        w.write([_change("insert", "8", {"id": 8}, 30, 0), _change("truncate", None, None, 30, 1),
+                 _change("insert", "9", {"id": 9}, 30, 2)])  # fmt: skip
+        w.drop("public:u", 35, 0, "2026-11-27T10:00:00.000000Z")
+        w.commit(40, 40)
+    assert retention.compact(store) == 2  # the kept versions' batch and the backfill's
+    with psycopg.connect(db_url) as conn:
+        before, records = conn.execute(INDEX).fetchall(), stored.records(db_url)
+        assert {r["record_id"]: r["deleted"] for r in records} == {
+            "0": True, "1": True, "2": True, "3": True, "4": True, "5": True, "30": True,
+            "7": True, "8": True, "9": False}  # fmt: skip
+        assert next(r for r in records if r["record_id"] == "1")["record"] == {"id": 1, "big": "B"}
+        conn.execute("TRUNCATE weir.record_index, weir.record_index_state")  # as after a crash
+        conn.commit()
+    with store.connect() as conn:
+        index.ensure(conn, store)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(INDEX).fetchall() == before
+    assert [{k: v for k, v in r.items() if k != "updated_at"} for r in stored.records(db_url)] \
+        == [{k: v for k, v in r.items() if k != "updated_at"} for r in records]  # fmt: skip

@@ -51,7 +51,9 @@ class CaptureError(SourceSchemaError):
 
 
 def _iso(us: int) -> str:
-    return (_EPOCH + timedelta(microseconds=us)).isoformat()
+    """A commit timestamp (microseconds since the Unix epoch) as messages write it
+    (core/envelope.py ``utc_iso``)."""
+    return (_EPOCH + timedelta(microseconds=us)).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 class SlotPosition:
