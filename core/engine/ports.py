@@ -61,6 +61,9 @@ class Reader(Protocol):
 
 class Commits(Protocol):
     """Commit notifications: ``subscribe`` is called once per source when a connector starts;
-    ``callback`` runs in the event loop after each commit of that source."""
+    ``callback`` runs in the event loop after each commit of that source. ``heads``: by sync
+    id, the (events, records) seqs the last commit heard of made the streams' heads."""
+
+    heads: dict[str, tuple[int, int]]
 
     def subscribe(self, sync_id: str, callback: Callable[[], None]) -> None: ...

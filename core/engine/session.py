@@ -46,6 +46,7 @@ class Session:
         self.sink = fw.open_sink(fw.cfg)
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")
+        self.stream = 0 if fw.cfg.stream == "events" else 1  # its place in Commits.heads
         self.ready = self.groups.ready
         self.retries: list[tuple[float, int, Lane, Message]] = []
         self.tick = itertools.count()
@@ -177,7 +178,11 @@ class Session:
         if not lane.hungry or room <= 0:
             return
         if lane.fetched >= lane.head:
-            lane.head = await lane.reader.head()
+            heard = self.fw.notifier.heads.get(lane.reader.sync_id)
+            if heard is not None:  # a commit said so: no need to ask
+                lane.head = max(lane.head, heard[self.stream])
+            if lane.fetched >= lane.head:
+                lane.head = await lane.reader.head()
             if lane.fetched >= lane.head:
                 lane.hungry = False
                 return

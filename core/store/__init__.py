@@ -29,6 +29,19 @@ def array(values: Iterable[str | int | bool | None]) -> str:
     return "{" + ",".join(map(_element, values)) + "}"
 
 
+def ints(values: Iterable[int]) -> str:
+    """:func:`array` of integers, without a call an element."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def texts(values: list[str]) -> str:
+    """:func:`array` of texts, without a call an element when none needs escaping."""
+    joined = '","'.join(values)
+    if '"' in joined or "\\" in joined:
+        return array(values)
+    return '{"' + joined + '"}' if values else "{}"
+
+
 def _element(v: str | int | bool | None) -> str:
     if v is None:
         return "NULL"

@@ -8,6 +8,8 @@ parsed on the way in or out. An entry is one change of the events stream (an ``e
 row's entry ``i`` has seq ``first_seq + i``) and, when ``rseq`` is set, the records-stream
 version it made; a ``record_batches`` row's entries are versions only (a backfill's rows,
 tombstones of a truncated table, versions kept after retention deleted their events batch).
+An events batch is encoded before its versions are numbered: their seqs are columns of its row
+(``version_pos``, ``version_seq``), set with :meth:`Entries.numbered`.
 
 Fields of an entry:
 
@@ -102,10 +104,26 @@ class Entries:
         self.payload.append(payload)
         return len(self.coll) - 1
 
+    @classmethod
+    def from_rows(cls, rows: list[tuple[Any, ...]]) -> Entries:
+        """Entries from rows of their fields in the order of ``__slots__`` (how a writer builds a
+        batch: a tuple a change is cheaper than a list a field)."""
+        out = cls()
+        if rows:
+            for name, col in zip(cls.__slots__, zip(*rows, strict=True), strict=True):
+                setattr(out, name, list(col))
+        return out
+
     def add_version(self, v: Version) -> int:
         """Append a version that no change carries (a ``record_batches`` entry)."""
         action = "delete" if v.deleted else "upsert"
         return self.add(v.coll, v.rid, action, v.version, v.idx, v.ts, v.record, rseq=v.seq)
+
+    def numbered(self, positions: list[int] | None, seqs: list[int] | None) -> Entries:
+        """Set the records-stream seqs of the versions (an events batch's row has them)."""
+        for i, seq in zip(positions or (), seqs or (), strict=True):
+            self.rseq[i] = seq
+        return self
 
     def version_at(self, i: int) -> Version:
         """The records-stream version entry ``i`` made (its ``rseq`` is set)."""

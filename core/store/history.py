@@ -384,6 +384,7 @@ CREATE INDEX failed_messages_retry ON {s}.failed_messages (connector, sync_id)
 -- The events stream: one row per store write, its changes as entries (core/store/batches.py),
 -- entry i having seq first_seq + i. Their JSON is kept as the bytes that are sent, compressed
 -- by Weir, so the column is not compressed again. Deleted a batch at a time by retention.
+-- version_pos and version_seq: the entries that made a records-stream version, and its seq.
 CREATE TABLE {s}.event_batches (
     sync_id             uuid NOT NULL,
     first_seq           bigint NOT NULL,
@@ -392,6 +393,8 @@ CREATE TABLE {s}.event_batches (
     last_committed_at   timestamptz NOT NULL,
     inserted_at         timestamptz NOT NULL DEFAULT now(),
     data                bytea NOT NULL,
+    version_pos         integer[],
+    version_seq         bigint[],
     PRIMARY KEY (sync_id, first_seq)
 );
 ALTER TABLE {s}.event_batches ALTER COLUMN data SET STORAGE EXTERNAL;

@@ -92,16 +92,20 @@ def rebuild(conn: Conn, store: Store) -> None:
     entries = 0
     stage = "COPY weir_index_stage FROM STDIN"
     for kind, query in (
-        (1, "SELECT sync_id, first_seq, inserted_at, data FROM {} ORDER BY sync_id, first_seq"),
-        (-1, "SELECT sync_id, id, inserted_at, data FROM {} ORDER BY sync_id, id"),
+        (
+            1,
+            "SELECT sync_id, first_seq, inserted_at, data, version_pos, version_seq FROM {}"
+            " WHERE version_pos IS NOT NULL ORDER BY sync_id, first_seq",
+        ),
+        (-1, "SELECT sync_id, id, inserted_at, data, NULL, NULL FROM {} ORDER BY sync_id, id"),
     ):
         table = t("event_batches" if kind > 0 else "record_batches")
         with conn.cursor(name=f"weir_rebuild_{kind + 1}") as cur:
             cur.execute(sql.SQL(query).format(table))
             while rows := cur.fetchmany(200):  # a COPY between the fetches, not during one
                 with conn.cursor() as out, out.copy(stage) as copy:
-                    for sync_id, key, at, data in rows:
-                        batch = Entries.decode(data)  # type: ignore[arg-type]
+                    for sync_id, key, at, data, positions, seqs in rows:
+                        batch = Entries.decode(data).numbered(positions, seqs)  # type: ignore[arg-type]
                         for i, seq in enumerate(batch.rseq):
                             if seq is not None:
                                 v = batch.version_at(i)
@@ -141,11 +145,12 @@ class Batches:
         self._cache: OrderedDict[int, Entries] = OrderedDict()
         self.queries = (
             sql.SQL(
-                "SELECT first_seq, data FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)"
+                "SELECT first_seq, data, version_pos, version_seq FROM {}"
+                " WHERE sync_id = %s AND first_seq = ANY(%s)"
             ).format(store.table("event_batches")),
-            sql.SQL("SELECT -id, data FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(
-                store.table("record_batches")
-            ),
+            sql.SQL(
+                "SELECT -id, data, NULL, NULL FROM {} WHERE sync_id = %s AND id = ANY(%s)"
+            ).format(store.table("record_batches")),
         )
 
     def put(self, key: int, entries: Entries) -> None:
@@ -170,8 +175,8 @@ class Batches:
         return held, [[k for k in want if k > 0], [-k for k in want if k < 0]]
 
     def _took(self, held: dict[int, Entries], rows: Iterable[Any]) -> None:
-        for key, data in rows:
-            held[int(key)] = e = Entries.decode(data)
+        for key, data, positions, seqs in rows:
+            held[int(key)] = e = Entries.decode(data).numbered(positions, seqs)
             self.put(int(key), e)
 
     def load(self, conn: Conn, keys: Iterable[int]) -> dict[int, Entries]:

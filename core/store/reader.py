@@ -333,10 +333,13 @@ def _epoch(ts: str) -> float:
 
 
 class Notifier:
-    """Wakes connectors when a source commits to the store (LISTEN on one connection)."""
+    """Wakes connectors when a source commits to the store (LISTEN on one connection), and
+    keeps the heads of each source's streams the commits announced (``heads``), so that a
+    connector caught up need not ask for them."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.heads: dict[str, tuple[int, int]] = {}  # by sync id: events seq, records seq
         self._subscribers: dict[str, list[Callable[[], None]]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -362,7 +365,11 @@ class Notifier:
                         for callback in callbacks:
                             callback()
                     async for n in conn.notifies():
-                        for callback in self._subscribers.get(n.payload, ()):
+                        sid, _, heads = n.payload.partition(":")
+                        if heads:
+                            events, _, records = heads.partition(":")
+                            self.heads[sid] = (int(events), int(records))
+                        for callback in self._subscribers.get(sid, ()):
                             callback()
             except psycopg.OperationalError:
                 await asyncio.sleep(1.0)  # readers poll meanwhile

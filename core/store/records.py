@@ -108,29 +108,47 @@ LEFT JOIN LATERAL (
 ) r ON true
 """
 
-# Indexes the newest version of each record of a write, refusing any that is not newer than
-# the indexed one, and numbers the accepted ones with consecutive seqs in their order. Params:
-# collections, record tokens, versions, version_idxs, deleted, batches, positions, sync_id,
-# the seq before the first, sync_id. Yields the accepted versions' (batch, position, seq).
-INDEX_VERSIONS = (
+# One events batch of a source, and the newest version of each record it changes indexed (a
+# version not newer than the indexed one is refused), numbered with consecutive seqs in their
+# order; the source's counters move past both. Run holding the source's row lock (its writers
+# take it first: ``_lock_source``). Params by name: sid, the versions' collections (c), record
+# tokens (t), versions (v), version_idxs (i), deleted (d) and entry positions (p), the batch's
+# entries (n), first and last commit times, data. Yields the source's events and records seqs
+# now, and the versions' positions and seqs.
+WRITE_BATCH = (
     """
-WITH incoming AS (
+WITH src AS (
+    SELECT events_seq, records_seq FROM {sources} WHERE sync_id = %(sid)s
+), incoming AS (
     SELECT u.*
-    FROM unnest(%s::text[], %s::text[], %s::int8[], %s::int4[], %s::bool[], %s::int8[],
-                %s::int4[]) WITH ORDINALITY AS u(c, t, v, i, d, b, p, ord)"""
-    + _PROBE
+    FROM unnest(%(c)s::text[], %(t)s::text[], %(v)s::int8[], %(i)s::int4[], %(d)s::bool[],
+                %(p)s::int4[]) WITH ORDINALITY AS u(c, t, v, i, d, p, ord)"""
+    + _PROBE.replace("%s", "%(sid)s")
     + """
     WHERE r.version IS NULL OR (r.version, r.version_idx) < (u.v, u.i)
-), numbered AS (
-    SELECT incoming.*, %s::int8 + row_number() OVER (ORDER BY ord) AS seq FROM incoming
+), up AS (
+    INSERT INTO {index} AS r (sync_id, collection_id, record_id, seq, version, version_idx,
+                              deleted, batch, pos)
+    SELECT %(sid)s, c, t, src.records_seq + row_number() OVER (ORDER BY ord), v, i, d,
+           src.events_seq + 1, p
+    FROM incoming, src
+    ON CONFLICT (record_id, collection_id, sync_id) DO UPDATE SET
+        seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
+        deleted = excluded.deleted, updated_at = now(), batch = excluded.batch, pos = excluded.pos
+    RETURNING r.pos, r.seq
+), versions AS (
+    SELECT array_agg(pos ORDER BY pos) AS pos, array_agg(seq ORDER BY pos) AS seq, count(*) AS n
+    FROM up
+), batch AS (
+    INSERT INTO {events} (sync_id, first_seq, last_seq, first_committed_at, last_committed_at,
+                          data, version_pos, version_seq)
+    SELECT %(sid)s, src.events_seq + 1, src.events_seq + %(n)s, %(first)s, %(last)s, %(data)s,
+           versions.pos, versions.seq
+    FROM src, versions
 )
-INSERT INTO {index} AS r (sync_id, collection_id, record_id, seq, version, version_idx, deleted,
-                          batch, pos)
-SELECT %s::uuid, c, t, seq, v, i, d, b, p FROM numbered
-ON CONFLICT (record_id, collection_id, sync_id) DO UPDATE SET
-    seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
-    deleted = excluded.deleted, updated_at = now(), batch = excluded.batch, pos = excluded.pos
-RETURNING r.batch, r.pos, r.seq
+UPDATE {sources} s SET events_seq = s.events_seq + %(n)s, records_seq = s.records_seq + v.n
+FROM versions v WHERE s.sync_id = %(sid)s
+RETURNING s.events_seq, s.records_seq, v.pos, v.seq
 """
 )
 

@@ -70,7 +70,8 @@ def _prune(conn: Conn, store: Store, sid: uuid.UUID, cutoff: timedelta) -> int |
     table = store.table("event_batches")
     rows: list[Any] = conn.execute(
         sql.SQL(
-            "SELECT first_seq, data FROM {} WHERE sync_id = %s AND inserted_at < now() - %s"
+            "SELECT first_seq, data, version_pos, version_seq FROM {}"
+            " WHERE sync_id = %s AND inserted_at < now() - %s"
             " ORDER BY first_seq LIMIT %s"
         ).format(table),
         (sid, cutoff, BATCHES),
@@ -78,14 +79,14 @@ def _prune(conn: Conn, store: Store, sid: uuid.UUID, cutoff: timedelta) -> int |
     if not rows:
         conn.rollback()
         return None
-    batches = {int(first): Entries.decode(data) for first, data in rows}
+    batches = {int(first): Entries.decode(data).numbered(p, s) for first, data, p, s in rows}
     seqs = [s for e in batches.values() for s in e.rseq if s is not None]
     _keep(writer, store, sid, seqs, batches)
     conn.execute(
         sql.SQL("DELETE FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)").format(table),
         (sid, list(batches)),
     )
-    _done(writer, store, sid)
+    writer.conn.commit()
     return sum(len(e) for e in batches.values())
 
 
@@ -130,7 +131,7 @@ def _rewrite(conn: Conn, store: Store, sid: uuid.UUID, ids: list[int]) -> int:
     conn.execute(
         sql.SQL("DELETE FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(table), (sid, ids)
     )
-    _done(writer, store, sid)
+    writer.conn.commit()
     return len(rows)
 
 
@@ -162,8 +163,3 @@ def _keep(
             versions.append((record_token(v.rid), v))
     for at in range(0, len(versions), 10_000):
         writer.place(versions[at : at + 10_000])
-
-
-def _done(writer: SourceWriter, store: Store, sid: Any) -> None:
-    writer.settle()
-    writer.conn.commit()

@@ -128,8 +128,6 @@ class SnapshotWriter:
             w.records_seq, w.record_batches = counters
             self._all_new = False
             return None
-        w.records_seq += len(versions)
-        w.settle()
         return len(versions)
 
     def refuse(self, collection_id: str, record_id: str, reason: str) -> None:
@@ -171,7 +169,4 @@ class SnapshotWriter:
             ),
             (collection_id,),
         )
-        gone = w.records_seq - before
-        if gone:
-            w.settle()
-        return gone
+        return w.records_seq - before

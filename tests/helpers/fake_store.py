@@ -41,6 +41,7 @@ class FakeStore:
         self.saves: list[tuple[str, int, dict[str, Any]]] = []
         self.on_save: Callable[[str, int, dict[str, Any]], None] | None = None
         self.callbacks: dict[str, list[Callable[[], None]]] = {}
+        self.heads: dict[str, tuple[int, int]] = {}  # Commits.heads: none heard, always asked
         self.fence_lost = False  # the store ended the sessions holding the connector's fences
 
     def append(self, record_id: str, source: int = 0) -> Message:

@@ -54,11 +54,13 @@ def records(
         batches: dict[tuple[Any, int], Entries] = {}
         for sid in {row[0] for row in rows}:
             want = {row[3] for row in rows if row[0] == sid}
-            for key, data in conn.execute(
-                sql.SQL("SELECT first_seq, data FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)"
-                        " UNION ALL SELECT -id, data FROM {} WHERE sync_id = %s AND -id = ANY(%s)")
+            for key, data, positions, seqs in conn.execute(
+                sql.SQL("SELECT first_seq, data, version_pos, version_seq FROM {}"
+                        " WHERE sync_id = %s AND first_seq = ANY(%s) UNION ALL"
+                        " SELECT -id, data, NULL, NULL FROM {} WHERE sync_id = %s"
+                        " AND -id = ANY(%s)")
                 .format(events, kept), (sid, list(want), sid, list(want))):  # fmt: skip
-                batches[(sid, key)] = Entries.decode(data)
+                batches[(sid, key)] = Entries.decode(data).numbered(positions, seqs)
     out = []
     for sid, seq, updated_at, batch, pos in rows:
         v = batches[(sid, batch)].version_at(pos)

@@ -16,10 +16,11 @@ from core.store.writer import SourceWriter
 class StoreThread:
     """Does the capture's store work on a thread, in the order given.
 
-    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("advance",
-    end_lsn)``, and ``("backfill", ((schema, table), reason))``, ``("drop", (collection,
-    lsn, idx, committed_at))``, ``("table", (collection, key, relid))`` and ``("refuse", (lsn,
-    idx, collection, action, reason))``, which go with the next commit.
+    Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("flush",
+    (changes, (commit_lsn, end_lsn)))`` (a write and its commit), ``("advance", end_lsn)``, and
+    ``("backfill", ((schema, table), reason))``, ``("drop", (collection, lsn, idx,
+    committed_at))``, ``("table", (collection, key, relid))`` and ``("refuse", (lsn, idx,
+    collection, action, reason))``, which go with the next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
     commit or advance. A store error is raised in the capture thread at its next call. At
     most ``DEPTH`` items wait, so memory stays bounded.
@@ -48,7 +49,12 @@ class StoreThread:
         while (item := self.queue.get()) is not None and not self.abandon:
             kind, arg = item
             try:
-                if kind == "write":
+                if kind == "flush":  # the usual: a write and its commit
+                    changes, (commit_lsn, end_lsn) = arg
+                    self.writer.write_commit(changes, commit_lsn, end_lsn)
+                    self.on_stored(len(changes))
+                    self.on_commit(end_lsn)
+                elif kind == "write":
                     self.writer.write(arg)
                     self.on_stored(len(arg))
                 elif kind == "commit":

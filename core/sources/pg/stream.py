@@ -42,6 +42,11 @@ log = logging.getLogger("weir.source")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch waits
+# Seconds to let a burst of transactions arrive once the first is there: read together, they
+# cost one wakeup, not one each (each wakeup and socket read costs ~50 us of this process's
+# CPU; 5,000 single-row transactions/s cost 96 us of CPU a change without, 71 with 5 ms).
+GATHER = 0.005
+FLUSH_AFTER = 0.01  # seconds: the youngest a batch goes while the stream keeps coming
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
 _ACTIONS = {"I": "insert", "U": "update", "D": "delete"}
 
@@ -50,10 +55,17 @@ class CaptureError(SourceSchemaError):
     """A change could not be read; the message names the table and LSN."""
 
 
+_second: list[Any] = [None, ""]  # the last second _iso wrote, and its text
+
+
 def _iso(us: int) -> str:
     """A commit timestamp (microseconds since the Unix epoch) as messages write it
-    (core/envelope.py ``utc_iso``)."""
-    return (_EPOCH + timedelta(microseconds=us)).isoformat(timespec="microseconds")[:-6] + "Z"
+    (core/envelope.py ``utc_iso``); the text of a second is made once for all its commits."""
+    second, fraction = divmod(us, 1_000_000)
+    if _second[0] != second:
+        at = _EPOCH + timedelta(seconds=second)
+        _second[0], _second[1] = second, at.strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{_second[1]}{fraction:06d}Z"
 
 
 class SlotPosition:
@@ -140,19 +152,21 @@ class Stream:
         pgconn = self.pgconn
         sel = selectors.DefaultSelector()
         sel.register(pgconn.socket, selectors.EVENT_READ)
-        on_message = self.on_message
+        on_message, stopped, keepalive = self.on_message, self.stop.is_set, self._keepalive
         try:
-            while not self.stop.is_set():
+            while True:
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
                     if data[0] == 107:  # 'k' keepalive
-                        self._keepalive(bytes(data))
+                        keepalive(bytes(data))
                     else:  # XLogData; 'Y' types and 'O' origins need nothing
                         m = decode(bytes(data[XLOG_HEADER:]))
                         step = on_message.get(m[0])
                         if step is not None:
                             step(m)
-                elif nbytes == 0:
+                elif nbytes == 0:  # all read: a moment to stop, flush, confirm and wait
+                    if stopped():
+                        break
                     self._idle(sel)
                 else:
                     result = pgconn.get_result()
@@ -309,8 +323,7 @@ class Stream:
         """
         assert self.committed is not None
         # Steps 1 and 2
-        self.store.submit("write", self.pending[: self.complete])
-        self.store.submit("commit", self.committed)
+        self.store.submit("flush", (self.pending[: self.complete], self.committed))
         # Step 3
         del self.pending[: self.complete]
         self.committed, self.complete = None, 0
@@ -327,12 +340,16 @@ class Stream:
             self.store.submit("advance", lsn)
 
     def _idle(self, sel: selectors.BaseSelector) -> None:
-        """Nothing more to read right now: commit what is complete (latency) and wait. While
-        the store thread is busy a batch gains nothing by going early: it grows instead (to
-        max_batch_wait), so a backlog is written in large batches rather than one per gap."""
+        """Nothing more to read right now: commit what is complete (latency) and wait. A batch
+        goes once it is ``FLUSH_AFTER`` old and the store thread is idle: while the store thread
+        is busy a batch gains nothing by going early, it grows instead (to max_batch_wait), so a
+        backlog is written in large batches rather than one per gap; and a store transaction
+        costs ~1 ms of CPU whatever it holds, so a steady stream of small transactions is not
+        written one or two at a time."""
         pos, now = self.position, time.monotonic()
         if self.committed is not None and (
-            self.store.idle() or now - self.batch_started >= self.max_wait
+            (self.store.idle() and now - self.batch_started >= FLUSH_AFTER)
+            or now - self.batch_started >= self.max_wait
         ):
             self._flush()
         if now - self.last_status >= self.status_every or pos.flushed_lsn > pos.sent_lsn:
@@ -345,5 +362,6 @@ class Stream:
             self.last_data = now
         self.follower.tick(now)
         timeout = BUSY_WAIT if self.committed else min(self.status_every, self.heartbeat_every, 1.0)
-        sel.select(timeout)
+        if sel.select(timeout):  # a transaction came in: the ones right behind it come along
+            time.sleep(GATHER)
         self.pgconn.consume_input()
