@@ -1,8 +1,12 @@
 """The NATS JetStream sink: pipelined publishes, each with ``Nats-Msg-Id`` and a PubAck.
 
-Publishes go out on one connection with a reply subject each (as nats-py's ``publish_async``
-does, but without its leaked-future path when a publish fails mid-batch); the acks tell the
-stream sequences that make up :meth:`NatsSink.mark`.
+A batch's publishes go out on one connection as one write of HPUB frames, each with a reply
+subject of its own; their PubAcks fill the batch's results, and the last one wakes it (a
+future a batch, not one a message: on this machine nats-py's publish and a future a message
+cost more than the rest of a connector together). The acks tell the stream sequences that make
+up :meth:`NatsSink.mark`. The frames are handed to nats-py's pending buffer
+(``Client._send_command``), as its own ``publish`` does, so they keep their order with its
+other commands and wait in it across a reconnect.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import itertools
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import nats
 import orjson
@@ -31,6 +36,25 @@ MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does
 HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
 # nats-py hands the server's -ERR over in lower case, subject included.
 _DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)', re.IGNORECASE)
+NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
+_HPUB = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """A batch's publishes waiting for their PubAcks: each fills its place in ``results``."""
+
+    done: asyncio.Future[None]
+    subjects: list[str]
+    results: list[tuple[str, int] | Exception | None]
+    left: int = 0
+
+    def settle(self, i: int, result: tuple[str, int] | Exception) -> None:
+        if self.results[i] is None:
+            self.results[i] = result
+            self.left -= 1
+            if self.left == 0 and not self.done.done():
+                self.done.set_result(None)
 
 
 class NatsSink:
@@ -42,7 +66,7 @@ class NatsSink:
         self.records = cfg.stream == "records"
         self._nc: Client | None = None
         self._inbox = ""
-        self._acks: dict[str, tuple[asyncio.Future[tuple[str, int]], str]] = {}  # and subject
+        self._acks: dict[str, tuple[_Batch, int]] = {}  # by reply token: its batch and place
         self._ids = itertools.count()
         self._mark: BrokerMark = {}
         self._closing = False
@@ -67,39 +91,59 @@ class NatsSink:
                 return
             log.warning("connector %s: nats connection lost", self.cfg.name)
             lost = ConnectionError("the NATS connection was lost")
-            for fut, _ in self._acks.values():  # no ack comes on a new connection
-                if not fut.done():
-                    fut.set_exception(lost)
+            for batch, _ in self._acks.values():  # no ack comes on a new connection
+                if not batch.done.done():
+                    batch.done.set_exception(lost)
 
-        self._nc = await connect(self.cfg, error_cb=on_error, disconnected_cb=on_disconnect)
-        self._inbox = self.nc.new_inbox() + "."
-        await self.nc.subscribe(self._inbox + "*", cb=self._on_ack, pending_msgs_limit=-1)
+        self._nc = nc = await connect(self.cfg, error_cb=on_error, disconnected_cb=on_disconnect)
+        self._inbox = nc.new_inbox() + "."
+        acks = await nc.subscribe(self._inbox + "*", cb=self._on_ack, pending_msgs_limit=-1)
+        # Acks are taken as nats-py's parser reads them, not as a Msg through the
+        # subscription's queue and task (each of those a message cost more than the ack).
+        deliver, sid, skip = nc._process_msg, acks._id, len(self._inbox)
+
+        async def process(sid_: int, subject: bytes, reply: bytes, data: bytes, hdr: bytes) -> None:
+            if sid_ != sid:
+                await deliver(sid_, subject, reply, data, hdr)
+            else:
+                self._ack(subject[skip:].decode(), data, hdr)
+
+        nc._process_msg = process  # type: ignore[method-assign, assignment]
         for info in await self.nc.jetstream().streams_info():
             self._mark[info.config.name or ""] = info.state.last_seq
 
     def _refuse(self, subject: str, reason: str) -> None:
         subject = subject.lower()
-        for token, (fut, subj) in list(self._acks.items()):
-            if subj.lower() == subject and not fut.done():
+        for token, (batch, i) in list(self._acks.items()):
+            if batch.subjects[i].lower() == subject:
                 del self._acks[token]
-                fut.set_exception(FatalError(reason))
+                batch.settle(i, FatalError(reason))
 
     async def _on_ack(self, msg: Msg) -> None:
-        fut, _ = self._acks.pop(msg.subject[len(self._inbox) :], (None, ""))
-        if fut is None or fut.done():
+        """An ack that came the way of any message (none does while ``_ack`` takes them)."""
+        status = msg.headers.get("Status") if msg.headers else None
+        self._ack(
+            msg.subject[len(self._inbox) :], msg.data, NO_RESPONDERS if status == "503" else None
+        )
+
+    def _ack(self, token: str, data: bytes, hdr: bytes | None) -> None:
+        """A PubAck (``hdr``: its header block, a status when the server answered one)."""
+        got = self._acks.pop(token, None)
+        if got is None:
             return
-        if msg.headers and msg.headers.get("Status") == "503":
-            fut.set_exception(RetryableError("no JetStream stream takes this subject"))
+        batch, i = got
+        if hdr and hdr.startswith(NO_RESPONDERS):
+            batch.settle(i, RetryableError("no JetStream stream takes this subject"))
             return
-        resp = orjson.loads(msg.data)
+        resp = orjson.loads(data)
         error = resp.get("error")
         if error is not None:
             code, err_code = error.get("code"), error.get("err_code")
             text = f"JetStream {code}/{err_code}: {error.get('description')}"
             too_large = err_code == MSG_TOO_LARGE
-            fut.set_exception(FatalError(text) if too_large else RetryableError(text))
+            batch.settle(i, FatalError(text) if too_large else RetryableError(text))
             return
-        fut.set_result((resp["stream"], resp["seq"]))
+        batch.settle(i, (resp["stream"], resp["seq"]))
 
     def subject(self, m: Message) -> str:
         ns = self.settings.namespace
@@ -109,51 +153,51 @@ class NatsSink:
 
     async def write_batch(self, batch: Sequence[Message]) -> None:
         nc = self.nc
-        loop = asyncio.get_running_loop()
+        if nc.is_closed:
+            raise ConnectionError("the NATS connection is closed")
         limit = nc.max_payload
-        futs: list[asyncio.Future[tuple[str, int]] | None] = []
+        n = len(batch)
+        state = _Batch(asyncio.get_running_loop().create_future(), [""] * n, [None] * n)
         tokens: list[str] = []
-        failed: dict[int, Exception] = {}
-        publish = nc.publish
+        frames: list[bytes] = []
+        inbox = self._inbox.encode()
         for i, m in enumerate(batch):
             subject, msg_id = self.subject(m), self._msg_id + m.key
             refusal = self._refusal(subject, msg_id, m.payload, limit)
             if refusal is not None:
-                failed[i] = refusal
-                futs.append(None)
+                state.results[i] = refusal
                 continue
             token = str(next(self._ids))
-            fut: asyncio.Future[tuple[str, int]] = loop.create_future()
-            self._acks[token] = (fut, subject)
+            self._acks[token] = (state, i)
             tokens.append(token)
-            futs.append(fut)
-            try:
-                await publish(subject, m.payload, reply=self._inbox + token,
-                              headers={"Nats-Msg-Id": msg_id})  # fmt: skip
-            except Exception:
-                self._forget(tokens)
-                raise  # connection closed, or its buffer full while reconnecting
-        waiting = [f for f in futs if f is not None]
+            state.subjects[i] = subject
+            state.left += 1
+            mid = msg_id.encode()
+            header = HEADERS + len(mid)
+            reply = inbox + token.encode()
+            size = header + len(m.payload)
+            frames.append(_HPUB % (subject.encode(), reply, header, size, mid, m.payload))
+        if not state.left:
+            state.done.set_result(None)
+        else:
+            await nc._send_command(b"".join(frames))
+            await nc._flush_pending()
         timeout = self.settings.ack_timeout.total_seconds()
-        if waiting:
-            _, late = await asyncio.wait(waiting, timeout=timeout)
-            if late:
-                self._forget(tokens)
-                raise ConnectionError(f"{len(late)} PubAcks overdue after {timeout}s")
+        try:
+            await asyncio.wait_for(asyncio.shield(state.done), timeout)
+        except TimeoutError:
+            self._forget(tokens)
+            raise ConnectionError(f"{state.left} PubAcks overdue after {timeout}s") from None
+        except ConnectionError:
+            self._forget(tokens)
+            raise  # in doubt: the engine starts over and reads back what was taken
         mark = self._mark
-        for i, f in enumerate(futs):
-            if f is None:
-                continue
-            if isinstance(exc := f.exception(), ConnectionError):
-                self._forget(tokens)
-                for other in futs:  # their errors are this one: seen
-                    if other is not None and other.done():
-                        other.exception()
-                raise exc  # in doubt: the engine starts over and reads back what was taken
-            if exc is not None:
-                failed[i] = exc if isinstance(exc, Exception) else RetryableError(repr(exc))
-            else:
-                stream, seq = f.result()
+        failed: dict[int, Exception] = {}
+        for i, result in enumerate(state.results):
+            if isinstance(result, Exception):
+                failed[i] = result
+            elif result is not None:
+                stream, seq = result
                 if seq > mark.get(stream, 0):
                     mark[stream] = seq
         if failed:
