@@ -397,7 +397,8 @@ CREATE TABLE {s}.event_batches (
     version_seq         bigint[],
     PRIMARY KEY (sync_id, first_seq)
 );
-ALTER TABLE {s}.event_batches ALTER COLUMN data SET STORAGE EXTERNAL;
+ALTER TABLE {s}.event_batches ALTER COLUMN data SET STORAGE EXTERNAL,
+    ALTER COLUMN version_pos SET STORAGE EXTERNAL, ALTER COLUMN version_seq SET STORAGE EXTERNAL;
 CREATE INDEX event_batches_last ON {s}.event_batches (sync_id, last_seq);
 CREATE INDEX event_batches_inserted_at ON {s}.event_batches USING brin (inserted_at);
 CREATE INDEX event_batches_committed_at ON {s}.event_batches USING brin (last_committed_at);

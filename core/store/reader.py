@@ -23,11 +23,10 @@ from psycopg import sql
 from core.config.base import SeqStart, TimeStart
 from core.envelope import (
     Message,
+    Payloads,
     collection_prefix,
     event_key,
-    event_payload,
     record_key,
-    record_payload,
     record_token,
 )
 from core.shards import UNSPLIT, Resplit, Shard, shard_of
@@ -84,6 +83,7 @@ class StreamReader:
         self.cursors = Cursors(store, name, shard, sync_id, stream)
         self.resplits: list[Resplit] = []
         self.batches = Batches(store, sync_id)
+        self.payloads = Payloads(sync_id, provider)
         self._prefixes: dict[str, str] = {}
         self._times: dict[str, float] = {}
         self._conn: AConn | None = None
@@ -302,19 +302,23 @@ class StreamReader:
         return prefix
 
     def _at(self, ts: str) -> float:
-        at = self._times.get(ts)
-        if at is None:
-            if len(self._times) > 10_000:
+        """Epoch seconds of a time as messages write it (``...T10:00:00.123456Z``): its second
+        read once for all the commits in it."""
+        if len(ts) != 27:
+            return _epoch(ts)
+        second = self._times.get(ts[:19])
+        if second is None:
+            if len(self._times) > 1000:
                 self._times.clear()
-            at = self._times[ts] = _epoch(ts)
-        return at
+            second = self._times[ts[:19]] = _epoch(ts[:19] + "Z")
+        return second + int(ts[20:26]) / 1_000_000
 
     def event(self, e: Entries, i: int, seq: int) -> Message:
         sid, coll, rid, action, lsn, ts = (self.sync_id, e.coll[i], e.rid[i], e.action[i],
                                            e.lsn[i], e.ts[i])  # fmt: skip
         key = event_key(sid, lsn, e.idx[i])
-        payload = event_payload(sid, self.provider, seq, coll, rid, action, key, lsn, ts,
-                                e.record[i], e.changes[i])  # fmt: skip
+        payload = self.payloads.event(seq, coll, rid, action, key, lsn, ts, e.record[i],
+                                      e.changes[i])  # fmt: skip
         group = self._prefix(coll) + record_token(rid)
         return Message(sid, self.provider, seq, coll, action, group, key, payload, self._at(ts))
 
@@ -322,8 +326,8 @@ class StreamReader:
         sid = self.sync_id
         group = self._prefix(v.coll) + record_token(v.rid)
         key = record_key(group, v.version)
-        payload = record_payload(sid, self.provider, v.seq, v.coll, v.rid, key, v.version, v.ts,
-                                 v.deleted, v.record)  # fmt: skip
+        payload = self.payloads.record(v.seq, v.coll, v.rid, key, v.version, v.ts, v.deleted,
+                                       v.record)  # fmt: skip
         return Message(sid, self.provider, v.seq, v.coll, None, group, key, payload,
                        self._at(v.ts) if v.ts else 0.0)  # fmt: skip
 

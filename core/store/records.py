@@ -110,15 +110,16 @@ LEFT JOIN LATERAL (
 
 # One events batch of a source, and the newest version of each record it changes indexed (a
 # version not newer than the indexed one is refused), numbered with consecutive seqs in their
-# order; the source's counters move past both. Run holding the source's row lock (its writers
-# take it first: ``_lock_source``). Params by name: sid, the versions' collections (c), record
+# order; the source's counters move past both, its checkpoint to (commit, end) unless they are
+# null, and its readers hear of it at commit. It takes the source's row lock, which every
+# writer takes (``_lock_source``). Params by name: sid, the versions' collections (c), record
 # tokens (t), versions (v), version_idxs (i), deleted (d) and entry positions (p), the batch's
-# entries (n), first and last commit times, data. Yields the source's events and records seqs
-# now, and the versions' positions and seqs.
+# entries (n), first and last commit times, data, commit, end. Yields the source's events and
+# records seqs now, and the versions' positions and seqs.
 WRITE_BATCH = (
     """
 WITH src AS (
-    SELECT events_seq, records_seq FROM {sources} WHERE sync_id = %(sid)s
+    SELECT events_seq, records_seq FROM {sources} WHERE sync_id = %(sid)s FOR UPDATE
 ), incoming AS (
     SELECT u.*
     FROM unnest(%(c)s::text[], %(t)s::text[], %(v)s::int8[], %(i)s::int4[], %(d)s::bool[],
@@ -145,10 +146,17 @@ WITH src AS (
     SELECT %(sid)s, src.events_seq + 1, src.events_seq + %(n)s, %(first)s, %(last)s, %(data)s,
            versions.pos, versions.seq
     FROM src, versions
+), moved AS (
+    UPDATE {sources} s SET events_seq = s.events_seq + %(n)s, records_seq = s.records_seq + v.n,
+        commit_lsn = coalesce(%(commit)s::int8, s.commit_lsn),
+        end_lsn = coalesce(%(end)s::int8, s.end_lsn),
+        updated_at = now()
+    FROM versions v WHERE s.sync_id = %(sid)s
+    RETURNING s.sync_id, s.events_seq, s.records_seq, v.pos, v.seq
 )
-UPDATE {sources} s SET events_seq = s.events_seq + %(n)s, records_seq = s.records_seq + v.n
-FROM versions v WHERE s.sync_id = %(sid)s
-RETURNING s.events_seq, s.records_seq, v.pos, v.seq
+SELECT events_seq, records_seq, pos, seq,
+       pg_notify({channel}, sync_id::text || ':' || events_seq || ':' || records_seq)
+FROM moved
 """
 )
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from core.envelope import dumps, record_token
 from core.ids import schema_table_of
@@ -127,7 +128,7 @@ class SourceWriter:
         self._checkpoint = _advance(store, ("commit_lsn", "end_lsn")).as_bytes(conn)
         self._write_batch = sql.SQL(WRITE_BATCH).format(
             sources=sources, index=store.table("record_index"),
-            events=store.table("event_batches"),
+            events=store.table("event_batches"), channel=sql.Literal(NOTIFY_CHANNEL),
         ).as_bytes(conn)  # fmt: skip
         self._refused: list[tuple[Change, str]] = []
         self._advance = sql.SQL(
@@ -254,8 +255,11 @@ class SourceWriter:
     def write_commit(self, changes: list[Change], commit_lsn: int, end_lsn: int) -> None:
         """``write`` then ``commit``: capture's usual flush. When nothing in it needs the store's
         answer before the next statement (one batch, no truncate, no column to take from a
-        stored version), its statements go out pipelined, one round trip in all."""
-        batches = [] if self._open or self._drops else list(self._batches(changes))
+        stored version) and no transaction is open, it is one statement, which commits by
+        itself: one round trip (~0.3 ms of CPU here, against ~0.8 for a transaction of a few
+        statements, pipelined or not)."""
+        idle = self.conn.info.transaction_status == TransactionStatus.IDLE
+        batches = list(self._batches(changes)) if idle and not self._drops else []
         if len(batches) != 1 or batches[0][2] is not None or self._refused:
             self._refused.clear()
             self.write(changes)
@@ -267,18 +271,18 @@ class SourceWriter:
             self.commit(commit_lsn, end_lsn)
             return
         self._fill(latest, rows, lambda keys: {})
+        params = self._params(rows, latest) | {"commit": commit_lsn, "end": end_lsn}
         try:
-            with self.conn.pipeline():
-                self.conn.execute(self._lock_row, (self.sync_id,))
-                written = self.conn.execute(self._write_batch, self._params(rows, latest))
-                self.conn.execute(self._checkpoint, (commit_lsn, end_lsn, self.sync_id))
-                self.conn.commit()
-            row: Any = written.fetchone()
+            self.conn.autocommit = True
+            try:
+                row: Any = self.conn.execute(self._write_batch, params).fetchone()
+            finally:
+                if not self.conn.closed:
+                    self.conn.autocommit = False
         except psycopg.Error as e:
             if self.conn.closed or (e.sqlstate or "")[:2] not in REFUSED:
                 raise
-            self.conn.rollback()  # refused: again a change at a time, naming the one refused
-            self.write(changes)
+            self.write(changes)  # refused (and undone): a change at a time, naming the one
             self.commit(commit_lsn, end_lsn)
             return
         self.events_seq, self.records_seq = int(row[0]), int(row[1])
@@ -345,7 +349,7 @@ class SourceWriter:
         """The parameters of ``WRITE_BATCH``."""
         keys, versions = list(latest), list(latest.values())
         ts = [r[5] for r in rows]
-        return {"sid": self.sync_id, "c": texts([c for c, _ in keys]),
+        return {"sid": self.sync_id, "commit": None, "end": None, "c": texts([c for c, _ in keys]),
                 "t": texts([record_token(r) for _, r in keys]),
                 "v": ints([v.version for v in versions]), "i": ints([v.idx for v in versions]),
                 "d": "{" + ",".join(["t" if v.deleted else "f" for v in versions]) + "}",

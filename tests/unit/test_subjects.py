@@ -3,10 +3,13 @@ subjects overlap its own, by the intersection of the two patterns."""
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
 from connectors.nats.sink import intersect
+from core.envelope import Payloads
+from core.ids import schema_table_of
 
 _TOKEN = st.sampled_from(["a", "b", "c"])
 _PATTERN = (
@@ -43,3 +46,42 @@ def test_per_table_streams_meet_the_connectors_subjects() -> None:
         "sequin-events.ns.sid.postgres.public:a.>"
     )
     assert intersect(mine, "sequin-records.>") is None
+
+
+_MAYBE = st.one_of(st.none(), st.text())
+
+
+@given(st.sampled_from(["postgres", "stripe"]), st.text(min_size=1), _MAYBE,
+       st.integers(0, 2**63 - 1), _MAYBE, st.integers(1, 2**63 - 1), st.text(),
+       st.booleans())  # fmt: skip
+def test_payloads_are_the_documented_objects(
+    provider: str, coll: str, rid: str | None, lsn: int, ts: str | None, seq: int, key: str,
+    deleted: bool,
+) -> None:  # fmt: skip
+    """A payload is the JSON object DESIGN.md section 4 shows, in its key order, with the
+    stored record and changes spliced in as they are."""
+    sid = "902261b0-6b22-48a0-8d6b-2fdb16cf8402"
+    meta: dict[str, object] = {"sync_id": sid, "provider": provider, "collection_id": coll,
+                               "record_id": rid}  # fmt: skip
+    if provider == "postgres":
+        schema, table = schema_table_of(coll)
+        meta |= {"table_schema": schema, "table_name": table, "commit_timestamp": ts,
+                 "commit_lsn": lsn}  # fmt: skip
+    meta |= {"upstream_updated_at": ts, "seq": seq, "idempotency_key": key}
+    record, changes = b'{"id": 1, "n": 1.10}', b'{"n":2}'
+    payloads = Payloads(sid, provider)
+    event = payloads.event(seq, coll, rid, "update", key, lsn, ts, record, changes)  # type: ignore[arg-type]
+    assert event == b'{"record":' + record + b',"changes":' + changes + \
+        b',"action":"update","metadata":' + orjson.dumps(meta) + b"}"  # fmt: skip
+    assert orjson.loads(payloads.event(seq, coll, rid, "truncate", key, lsn, ts, None, None))[  # type: ignore[arg-type]
+        "record"] is None  # fmt: skip
+    got = payloads.record(seq, coll, rid or "r", key, lsn, ts, deleted, record)
+    meta["record_id"] = rid or "r"
+    assert (
+        got
+        == b'{"record":'
+        + record
+        + b',"metadata":'
+        + orjson.dumps(meta | {"deleted": deleted})
+        + b"}"
+    )

@@ -46,7 +46,7 @@ BUSY_WAIT = 0.002  # seconds between looks at a busy store thread while a batch 
 # cost one wakeup, not one each (each wakeup and socket read costs ~50 us of this process's
 # CPU; 5,000 single-row transactions/s cost 96 us of CPU a change without, 71 with 5 ms).
 GATHER = 0.005
-FLUSH_AFTER = 0.01  # seconds: the youngest a batch goes while the stream keeps coming
+FLUSH_AFTER = 0.015  # seconds: the youngest a batch goes while the stream keeps coming
 ADVANCE_EVERY = 1.0  # seconds between positions written for the slot while nothing is captured
 _ACTIONS = {"I": "insert", "U": "update", "D": "delete"}
 
