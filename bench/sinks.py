@@ -1,12 +1,14 @@
-"""Kafka and SQS sinks against their raw clients, on the same broker in the same run.
+"""Kafka, SQS and webhook sinks against their raw clients, on the same broker in the same run.
 
 For each broker: N events are captured into the store first (no connector running); then a
 connector forwards that backlog, timed from its start until its cursor reaches N. The raw
 client sends N messages of the same size in a plain loop: confluent-kafka ``produce`` with
-delivery reports (idempotent, acks=all, as Weir's producer), and boto3 ``send_message_batch``
-of 10 to a FIFO queue. The ratio is Weir over raw (target >= 0.8, DESIGN.md section 12).
+delivery reports (idempotent, acks=all, as Weir's producer), boto3 ``send_message_batch`` of
+10 to a FIFO queue, and httpx POSTs of 500 messages, 8 at a time (as the webhook sink sends
+them), to a receiver in a process of its own. The ratio is Weir over raw (target with one
+shard >= 0.5, issue 30; DESIGN.md section 12: 0.8 with shards).
 
-    .venv/bin/python bench/sinks.py [--kafka-n 100000] [--sqs-n 3000]
+    .venv/bin/python bench/sinks.py [--kafka-n 100000] [--sqs-n 3000] [--webhook-n 100000]
 
 The brokers are the test ones (tansu in memory; moto, whose queues slow down with every message
 they hold, so SQS runs a smaller N to a fresh queue for each side). Prints one JSON line and
@@ -16,8 +18,10 @@ appends it to bench/results/sinks.jsonl.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import boto3
+import httpx
 import psycopg
 from common import new_db, record
 from confluent_kafka import Producer
@@ -32,21 +37,28 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from core.config.model import WeirConfig
 from core.runtime.service import prepare, serve
+from core.store.batches import Entries
 from devkit.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
 
 
-def run_for(cfg: WeirConfig, done: Any, timeout: float = 900) -> float:
-    """Serve ``cfg`` until ``done()``; seconds from start to done."""
+def run_for(cfg: WeirConfig, progress: Any, n: int, timeout: float = 900) -> float:
+    """Serve ``cfg`` until ``progress()`` reaches ``n``; the rate from the first progress on
+    (starting up, which takes leases and connects, is not counted)."""
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=(cfg, stop), daemon=True)
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     thread.start()
     try:
-        while not done():
-            if time.perf_counter() - t0 > timeout:
+        while (first := progress()) == 0:
+            if time.perf_counter() - start > timeout:
+                raise TimeoutError("the bench did not start")
+            time.sleep(0.002)
+        t0 = time.perf_counter()
+        while (last := progress()) < n:
+            if time.perf_counter() - start > timeout:
                 raise TimeoutError("the bench did not finish")
-            time.sleep(0.1)
-        return time.perf_counter() - t0
+            time.sleep(0.05)
+        return (last - first) / (time.perf_counter() - t0)
     finally:
         stop.set()
         thread.join(120)
@@ -76,13 +88,14 @@ def weir_rate(
                 (lo + 1, min(n, lo + 10_000)),
             )
     with psycopg.connect(url, autocommit=True) as conn:  # one connection polls
-        run_for(capture, lambda: scalar(conn, "SELECT count(*) FROM weir.events") >= n)
-        size = int(scalar(conn, "SELECT avg(length(record::text)) FROM weir.events") or 0) + 450
+        run_for(capture, lambda: scalar(conn, "SELECT events_seq FROM weir.sources"), n)
+        first = Entries.decode(scalar(conn, "SELECT data FROM weir.event_batches LIMIT 1"))
+        size = sum(len(r or b"") for r in first.record) // len(first) + 450
         cfg = WeirConfig.model_validate({"sources": [source], "connectors": [connector]})
         prepare(cfg)
         cursor = f"SELECT seq FROM weir.cursors WHERE connector = '{connector['name']}'"
-        seconds = run_for(cfg, lambda: (scalar(conn, cursor) or 0) >= n)
-    return n / seconds, size
+        rate = run_for(cfg, lambda: scalar(conn, cursor) or 0, n)
+    return rate, size
 
 
 def raw_kafka(bootstrap: str, topic: str, n: int, size: int) -> float:
@@ -122,10 +135,70 @@ def raw_sqs(client: Any, url: str, n: int, size: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+# A webhook receiver in a process of its own: answers 200 to every POST and counts the messages
+# it was sent (by their idempotency keys), which GET / returns.
+RECEIVER = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+taken = [0]
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        taken[0] += body.count(b'"idempotency_key"')
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def do_GET(self):
+        out = str(taken[0]).encode()
+        self.send_response(200); self.send_header("content-length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *args): pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def taken(self) -> int:
+        return int(httpx.get(self.url).text)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def raw_webhook(url: str, n: int, size: int) -> float:
+    """Bodies of 500 messages, 8 requests at a time, as the webhook sink sends them."""
+    body = b'{"data":[' + b",".join([b'{"idempotency_key":"k","x":"' + b"x" * size + b'"}'] * 500)
+    body += b"]}"
+
+    async def post_all() -> float:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=8)) as client:
+            sem = asyncio.Semaphore(8)
+
+            async def post() -> None:
+                async with sem:
+                    json = {"content-type": "application/json"}
+                    resp = await client.post(url, content=body, headers=json)
+                    resp.raise_for_status()
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(post() for _ in range(n // 500)))
+            return time.perf_counter() - t0
+
+    return (n // 500) * 500 / asyncio.run(post_all())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kafka-n", type=int, default=100_000)
     ap.add_argument("--sqs-n", type=int, default=3000)
+    ap.add_argument("--webhook-n", type=int, default=100_000)
     args = ap.parse_args()
     result: dict[str, Any] = {
         "bench": "sinks",
@@ -156,6 +229,20 @@ def main() -> int:
         raw = raw_sqs(client, sqs.queue_url("raw-bench.fifo"), args.sqs_n, size)
         result["sqs"] = {"n": args.sqs_n, "weir_per_s": round(weir), "raw_per_s": round(raw),
                          "ratio": round(weir / raw, 3), "bytes": size}  # fmt: skip
+
+        for_weir, for_raw = Receiver(), Receiver()
+        try:
+            wconn = {"name": "to-webhook", "type": "webhook", "stream": "events",
+                     "webhook": {"url": for_weir.url + "/hook"}}  # fmt: skip
+            weir, size = weir_rate(pg, "wbench", args.webhook_n, wconn)
+            assert for_weir.taken() >= args.webhook_n
+            raw = raw_webhook(for_raw.url + "/hook", args.webhook_n, size)
+        finally:
+            for_weir.close()
+            for_raw.close()
+        result["webhook"] = {"n": args.webhook_n, "weir_per_s": round(weir),
+                             "raw_per_s": round(raw), "ratio": round(weir / raw, 3),
+                             "bytes": size}  # fmt: skip
     record(result)
     return 0
 

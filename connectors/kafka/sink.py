@@ -138,6 +138,7 @@ class KafkaSink:
         self._mark: BrokerMark = {}
         self._broken: KafkaError | None = None
         self._pending: set[_Batch] = set()  # batches waiting for delivery reports
+        self._headers: dict[tuple[str, str | None], list[tuple[str, str | bytes | None]]] = {}
         self._waiting = asyncio.Event()  # set while there are any
 
     @property
@@ -223,19 +224,22 @@ class KafkaSink:
         self._pending.add(state)
         self._waiting.set()
         failed: dict[int, Exception] = {}
-        records = self.cfg.stream == "records"
-        topic_of = self.topics.render
+        topic_of, shared, report = self.topics.render, self._headers, self._report
         for i, m in enumerate(batch):
+            # The headers a collection's (events: and action's) messages share, made once.
+            common = shared.get((m.collection_id, m.action))
+            if common is None:
+                common = [("collection_id", m.collection_id.encode())]
+                if m.action is not None:
+                    common.append(("action", m.action.encode()))
+                shared[(m.collection_id, m.action)] = common
             headers: list[tuple[str, str | bytes | None]] = [
-                ("idempotency_key", m.key.encode()),
-                       ("collection_id", m.collection_id.encode())]  # fmt: skip
-            if not records:
-                headers.append(("action", (m.action or "").encode()))
-            report = functools.partial(self._report, state, i)
+                ("idempotency_key", m.key.encode()), *common]  # fmt: skip
+            on_delivery = functools.partial(report, state, i)
             while True:
                 try:
                     producer.produce(topic_of(m), m.payload, m.group.encode(),
-                                     on_delivery=report, headers=headers)  # fmt: skip
+                                     on_delivery=on_delivery, headers=headers)  # fmt: skip
                     break
                 except BufferError:  # the local queue is full: wait for reports to free it
                     await asyncio.sleep(POLL_BUSY)

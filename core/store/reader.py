@@ -14,7 +14,7 @@ import contextlib
 import select
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 import psycopg
@@ -40,6 +40,7 @@ from core.store.writer import NOTIFY_CHANNEL
 
 BATCHES = 16  # events batches read per query
 Entry = tuple[int, str, str | None, bytes | None]  # seq, collection, record id, record JSON
+T = TypeVar("T")
 
 
 class Found(NamedTuple):
@@ -212,34 +213,40 @@ class StreamReader:
         """Messages with ``after < seq <= upto`` that the connector takes, in seq order: at most
         ``limit``, and when fewer, every message up to ``upto`` was looked at."""
         out: list[Message] = []
-        async for seq, item, i in self._selected(after, upto, limit):
-            out.append(self.record(item) if i < 0 else self.event(item, i, seq))
-            if len(out) == limit:
-                break
+        async for page in self._pages(after, upto, limit, self.event, self.record):
+            out += page
+            if len(out) >= limit:
+                return out[:limit]
         return out
 
     async def entries(self, after: int, upto: int, limit: int) -> list[Entry]:
         """As :meth:`fetch`, the messages' (seq, collection, record id, record JSON)."""
         out: list[Entry] = []
-        async for seq, item, i in self._selected(after, upto, limit):
-            if i < 0:
-                out.append((seq, item.coll, item.rid, item.record))
-            else:
-                out.append((seq, item.coll[i], item.rid[i], item.record[i]))
-            if len(out) == limit:
-                break
+
+        def event(e: Entries, i: int, seq: int) -> Entry:
+            return seq, e.coll[i], e.rid[i], e.record[i]
+
+        def record(v: Version) -> Entry:
+            return v.seq, v.coll, v.rid, v.record
+
+        async for page in self._pages(after, upto, limit, event, record):
+            out += page
+            if len(out) >= limit:
+                return out[:limit]
         return out
 
-    async def _selected(self, after: int, upto: int, page: int) -> AsyncIterator[Any]:
-        """What the connector takes after ``after`` up to ``upto``, in seq order: (seq, events
-        batch, position) or (seq, version, -1), reading ``page`` versions at a time."""
-        takes = self._takes
+    async def _pages(self, after: int, upto: int, page: int,
+                     event: Callable[[Entries, int, int], T],
+                     record: Callable[[Version], T]) -> AsyncIterator[list[T]]:  # fmt: skip
+        """What the connector takes after ``after`` up to ``upto``, in seq order, a batch (or a
+        page of ``page`` versions) at a time: ``event(batch, position, seq)`` of each event,
+        ``record(version)`` of each version."""
+        takes = None if self._all() else self._takes
         if self.stream == "records":
             while after < upto:
                 found = await self._versions(self._page, (self.sync_id, after, upto, page))
-                for seq, v in found:
-                    if takes(v.coll, v.rid, "delete" if v.deleted else "upsert", v.record, seq):
-                        yield seq, v, -1
+                yield [record(v) for seq, v in found if takes is None or takes(
+                    v.coll, v.rid, "delete" if v.deleted else "upsert", v.record, seq)]  # fmt: skip
                 if len(found) < page:
                     return
                 after = found[-1][0]
@@ -251,11 +258,18 @@ class StreamReader:
                 return
             for first, data in rows:
                 e = Entries.decode(data)
-                coll, rid, action, record = e.coll, e.rid, e.action, e.record
-                for i in range(max(0, after + 1 - first), min(len(e), upto + 1 - first)):
-                    if takes(coll[i], rid[i], action[i], record[i], first + i):
-                        yield first + i, e, i
+                wanted = range(max(0, after + 1 - first), min(len(e), upto + 1 - first))
+                if takes is None:
+                    yield [event(e, i, first + i) for i in wanted]
+                else:
+                    coll, rid, action, rec = e.coll, e.rid, e.action, e.record
+                    yield [event(e, i, first + i) for i in wanted
+                           if takes(coll[i], rid[i], action[i], rec[i], first + i)]  # fmt: skip
                 after = min(upto, first + len(e) - 1)
+
+    def _all(self) -> bool:
+        """Whether the connector takes every message (no selection, shard or re-split)."""
+        return self.select.everything and self.shard.of == 1 and not self.resplits
 
     async def _versions(self, query: sql.Composed, params: Any) -> list[tuple[int, Version]]:
         """The records-stream versions a query of the index names, with their entries: asked
