@@ -109,7 +109,7 @@ class PostgresSource(SourceBase):
     create_publication: bool = True
     on_unstorable: Literal["stop", "fail"] = Field(
         "stop",
-        description="a change the store cannot hold (a record over 256 MiB as jsonb): stop "
+        description="a change the store cannot hold (a record whose JSON is over 255 MiB): stop "
         "naming it, or put it on the source's failed list (weir.source_failures) and go on",
     )
     on_slot_loss: Literal["stop", "backfill"] = Field(

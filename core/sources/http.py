@@ -60,11 +60,9 @@ class IngestRecord(BaseModel):
         if v is None:
             return v
         try:
-            text = orjson.dumps(v)
+            orjson.dumps(v)
         except TypeError as e:  # integers beyond 64 bits
             raise ValueError(f"cannot be stored: {e}; send such numbers as strings") from None
-        if b"\\u0000" in text and _has_nul(v):
-            raise ValueError("must not contain the NUL character (Postgres cannot store it)")
         return v
 
     @model_validator(mode="after")
@@ -154,16 +152,6 @@ class Ingest:
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
-
-
-def _has_nul(v: Any) -> bool:
-    if isinstance(v, str):
-        return "\x00" in v
-    if isinstance(v, dict):
-        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
-    if isinstance(v, list):
-        return any(_has_nul(x) for x in v)
-    return False
 
 
 def _micros(ts: datetime) -> int:

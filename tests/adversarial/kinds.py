@@ -209,7 +209,8 @@ def _portable(value: Any) -> bool:
 
 
 def _clean(s: str) -> bool:
-    return "\x00" not in s and not any(0xD800 <= ord(c) <= 0xDFFF for c in s)
+    """No lone surrogate (parsers refuse one); NUL is JSON's like any character."""
+    return not any(0xD800 <= ord(c) <= 0xDFFF for c in s)
 
 
 def exact_json(text: str | bytes) -> Any:

@@ -147,7 +147,7 @@ def test_a_change_too_large_for_the_store(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A record over the store's jsonb limit (here lowered to 1 MiB, as 256 MiB values are too
+    """A record over the store's limit (here lowered to 1 MiB, as 255 MiB values are too
     heavy for a test) stops capture naming it, or goes to the source's failed list with its
     reason while the rest is captured."""
     monkeypatch.setattr("core.store.writer.MAX_JSON", 1 << 20)

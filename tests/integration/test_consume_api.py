@@ -346,7 +346,9 @@ def test_http_ingest_keeps_the_newest_version(table: str) -> None:
             return dict(r.json())
 
         sub = {"collection_id": "stripe:subscription", "record_id": "sub_1"}
-        assert push({**sub, "data": {"plan": "a"}, "version": 1}) == {"accepted": 1, "skipped": 0}
+        # NUL is a character like any other: the store keeps JSON as text
+        assert push({**sub, "data": {"plan": "a\x00"}, "version": 1}) == {"accepted": 1,
+                                                                          "skipped": 0}  # fmt: skip
         assert push({**sub, "data": {"plan": "b"}, "version": 3},
                     {**sub, "data": {"plan": "old"}, "version": 2}) == {"accepted": 1,
                                                                         "skipped": 1}  # fmt: skip
@@ -354,8 +356,8 @@ def test_http_ingest_keeps_the_newest_version(table: str) -> None:
         assert push({**sub, "deleted": True, "version": 4}) == {"accepted": 1, "skipped": 0}
         events = receive_all(client, "w", 3)
         assert [(m["record"]["action"], m["record"]["data"], m["record"]["changes"])
-                for m in events] == [("insert", {"plan": "a"}, None),
-                                     ("update", {"plan": "b"}, {"plan": "a"}),
+                for m in events] == [("insert", {"plan": "a\x00"}, None),
+                                     ("update", {"plan": "b"}, {"plan": "a\x00"}),
                                      ("delete", {"plan": "b"}, None)]  # fmt: skip
         assert {m["record"]["provider"] for m in events} == {"stripe"}
         assert len({m["record"]["id"] for m in events}) == 3

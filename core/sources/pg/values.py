@@ -4,8 +4,8 @@ The one place that decides how a Postgres value becomes JSON, for capture, backf
 job alike. Its promise: every value comes through, losslessly, and none can stop capture.
 
 - json/jsonb pass through as their own text (:class:`RawJson`), so numbers keep every digit.
-  JSON that parsers refuse (``\\u0000``, numbers beyond the range of a double, nesting deeper
-  than 1024) arrives as a string holding the Postgres text instead.
+  JSON that parsers refuse (numbers beyond the range of a double, lone surrogates, nesting
+  deeper than 1024) arrives as a string holding the Postgres text instead.
 - A value whose text a converter cannot read (a type we did not foresee, an odd spelling)
   arrives as its Postgres text: ``sources.pg.relations.row_values`` falls back to :func:`to_text`.
 - Text is read in the database's own encoding (:func:`text_decoder`); bytes that encoding has no
@@ -20,11 +20,9 @@ A converter is chosen once per column when a Relation message arrives; the hot p
 from __future__ import annotations
 
 import base64
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -63,60 +61,18 @@ def to_float(b: bytes) -> float | str:
     return v if math.isfinite(v) else b.decode()
 
 
-def to_jsonb(b: bytes) -> RawJson | str:
-    """jsonb: its own text when JSON parsers read it as it is, else the text as a string.
+def to_json(b: bytes) -> RawJson | str:
+    """json/jsonb: its own text when JSON parsers read it as it is, else the text as a string.
 
-    orjson is the judge: it refuses numbers beyond a double's range and nesting deeper than
-    1024. (A jsonb cannot hold ``\\u0000``, lone surrogates or numbers the store's jsonb
-    cannot: ``to_json`` looks for those in json's text.)
+    orjson is the judge: it refuses numbers beyond a double's range, lone surrogates and
+    nesting deeper than 1024. (The store keeps the text as it is, so ``\\u0000`` and numbers
+    of any scale pass.)
     """
     try:
         orjson.loads(b)
     except orjson.JSONDecodeError:
         return to_text(b)
     return RawJson(b)
-
-
-def to_json(b: bytes) -> RawJson | str:
-    """json: as ``to_jsonb``, and the text as a string when the store's jsonb could not hold it
-    (``\\u0000``, more than 16383 digits after a number's point)."""
-    try:
-        parsed = orjson.loads(b)
-    except orjson.JSONDecodeError:
-        return to_text(b)
-    if b.find(b"\\u0000") >= 0 and _has_nul(parsed):  # find: a third of `in`'s time here
-        return to_text(b)
-    risky = b.find(b"e-") >= 0 or b.find(b"E-") >= 0 or len(b) > MAX_SCALE
-    if risky and not _fits_numeric(b):
-        return to_text(b)
-    return RawJson(b)
-
-
-MAX_SCALE = 16383  # digits after a number's point that the store's jsonb (numeric) holds
-
-
-def _scale(literal: str) -> Decimal:
-    if -Decimal(literal).as_tuple().exponent > MAX_SCALE:  # type: ignore[operator]
-        raise ValueError(literal)
-    return Decimal(0)
-
-
-def _fits_numeric(b: bytes) -> bool:
-    try:
-        json.loads(b, parse_float=_scale)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _has_nul(v: Any) -> bool:
-    if isinstance(v, str):
-        return "\x00" in v
-    if isinstance(v, dict):
-        return any("\x00" in k or _has_nul(x) for k, x in v.items())
-    if isinstance(v, list):
-        return any(_has_nul(x) for x in v)
-    return False
 
 
 def to_bytea(b: bytes) -> str:
@@ -202,7 +158,7 @@ _BY_OID: dict[int, Converter] = {
     INT4: int,
     OID: int,
     JSON: to_json,
-    JSONB: to_jsonb,
+    JSONB: to_json,
     FLOAT4: to_float,
     FLOAT8: to_float,
     TIMESTAMP: to_timestamp,
@@ -236,7 +192,7 @@ _ISO_SQL = (
     "CASE WHEN {c} >= '0001-01-01' AND {c} < 'infinity' "
     "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
 )
-# jsonb as to_jsonb keeps it: itself, unless it holds a number beyond a double's range (at or
+# jsonb as to_json keeps it: itself, unless it holds a number beyond a double's range (at or
 # above 2**1024 - 2**970 in size, which rounds to infinity) or nests deeper than 1024, then its
 # text. (A jsonb cannot hold the other things to_json refuses; json can, so json columns are
 # converted in Python.) Braces are doubled for sql.SQL.format.
@@ -354,7 +310,7 @@ class TypeCatalog:
             return to_array
         # numeric, uuid, text, enums, dates, times, intervals, ranges, unknown types: the text
         conv = _BY_OID.get(t, to_text)
-        if text is to_text or conv not in (to_text, to_json, to_jsonb):
+        if text is to_text or conv not in (to_text, to_json):
             return conv  # UTF-8, or a type whose text is ASCII
         if conv is to_text:
             return text
