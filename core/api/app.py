@@ -20,13 +20,16 @@ with a 4xx status.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import threading
 from typing import Annotated, Any
 
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
 
@@ -44,6 +47,44 @@ from core.store import SESSION, Store
 log = logging.getLogger("weir.api")
 
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+
+
+def _number(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text} is beyond a double's range: send such numbers as strings")
+    return v
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: send it as a string")
+
+
+class _JsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = (await self.body()).decode("utf-8", "replace")
+            try:
+                self._json = json.loads(body, parse_float=_number, parse_constant=_constant)
+            except json.JSONDecodeError:
+                raise
+            except (ValueError, RecursionError) as e:  # FastAPI answers this one with a 422
+                raise json.JSONDecodeError(str(e), body, 0) from None
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    """Request bodies read as JSON every parser reads: ``NaN``, ``Infinity`` and numbers beyond
+    a double's range are refused (422, ``json_invalid`` and why) instead of read as floats Weir
+    would have to send as ``null``."""
+
+    def get_route_handler(self) -> Any:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(_JsonRequest(request.scope, request.receive))
+
+        return route
 
 
 def build_app(
@@ -73,6 +114,7 @@ def build_app(
         redoc_url=None,
     )
     api = APIRouter(
+        route_class=JsonRoute,
         dependencies=[Depends(authorized)],
         responses={code: {"model": Refused, "description": text}
                    for code, text in refusals.REFUSALS},

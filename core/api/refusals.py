@@ -104,7 +104,8 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
+        # what was wrong and where, not the input again (it can be large or nested deep)
+        errors = [{k: v for k, v in err.items() if k != "input"} for err in e.errors()]
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
         detail = redacted(jsonable_encoder(errors))

@@ -29,6 +29,14 @@ from core.store.change import Change
 from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
 
+# What to do about a record orjson cannot write, by its error.
+_FIXES = (
+    ("Integer", "send such numbers as strings"),
+    ("Recursion", "nest it at most 254 deep"),
+    ("surrogates", "send text as Unicode (no lone surrogates)"),
+    ("", "change it"),
+)
+
 
 class IngestRecord(BaseModel):
     """One record as an API sync pushes it."""
@@ -61,8 +69,9 @@ class IngestRecord(BaseModel):
             return v
         try:
             orjson.dumps(v)
-        except TypeError as e:  # integers beyond 64 bits
-            raise ValueError(f"cannot be stored: {e}; send such numbers as strings") from None
+        except TypeError as e:  # an integer beyond 64 bits, nesting beyond 254, a lone surrogate
+            fix = next(f for k, f in _FIXES if k in str(e))
+            raise ValueError(f"cannot be stored: {e}; {fix}") from None
         return v
 
     @model_validator(mode="after")

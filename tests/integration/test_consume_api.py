@@ -293,9 +293,26 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
             (client.post("/v1/sources/stripe/records", json={"records": [
                 {"collection_id": "c", "record_id": "1"}]}), 422, "data is required"),
         ]  # fmt: skip
+
+        # What JSON parsers refuse, or the store cannot hold, is refused naming why, never
+        # stored as something else (NaN and 1e400 were stored as null)
+        def ingest(data: str) -> httpx.Response:
+            body = '{"records": [{"collection_id": "c", "record_id": "1", "data": ' + data + "}]}"
+            return client.post("/v1/sources/stripe/records", content=body.encode(),
+                               headers={"content-type": "application/json"})  # fmt: skip
+
+        cases += [
+            (ingest('{"x": NaN}'), 422, "json_invalid"),
+            (ingest('{"x": -Infinity}'), 422, "json_invalid"),
+            (ingest('{"x": 1e400}'), 422, "beyond a double"),
+            (ingest('{"x": "\\ud800"}'), 422, "surrogate"),
+            (ingest('{"x": %s}' % ("[" * 600 + "]" * 600)), 422, "at most 254 deep"),
+            (ingest('{"x": 123456789012345678901234567890}'), 422, "as strings"),
+        ]
         for r, status, reason in cases:
             assert r.status_code == status, (r.request.url, r.text)
             assert reason in r.text, (r.request.url, r.text)
+        assert client.get("/v1/http-consumers/w").json()["info"]["num_pending"] == 0
 
 
 def test_consumers_are_managed_over_http(table: str) -> None:
