@@ -6,6 +6,8 @@ import collections
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import nats
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devkit/ is not installed
+from core.config.model import WeirConfig
+from core.runtime.service import serve
 from devkit.embedded import EmbeddedPostgres
 
 RESULTS = Path(__file__).parent / "results"
@@ -80,3 +84,26 @@ async def make_stream(url: str, stream: str, subject: str) -> None:
     nc = await nats.connect(url)
     await nc.jetstream().add_stream(name=stream, subjects=[subject])
     await nc.close()
+
+
+def run_for(cfg: WeirConfig, progress: Any, n: int, timeout: float = 900) -> float:
+    """Serve ``cfg`` until ``progress()`` reaches ``n``; the rate from the first progress on
+    (starting up, which takes leases and connects, is not counted)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(cfg, stop), daemon=True)
+    start = time.perf_counter()
+    thread.start()
+    try:
+        while (first := progress()) == 0:
+            if time.perf_counter() - start > timeout:
+                raise TimeoutError("the bench did not start")
+            time.sleep(0.002)
+        t0 = time.perf_counter()
+        while (last := progress()) < n:
+            if time.perf_counter() - start > timeout:
+                raise TimeoutError("the bench did not finish")
+            time.sleep(0.05)
+        return (last - first) / (time.perf_counter() - t0)
+    finally:
+        stop.set()
+        thread.join(120)

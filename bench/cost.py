@@ -19,14 +19,18 @@ and WAL that Weir adds a change (``added``). Target (issue 30): Postgres ≤ 25 
 on single-row transactions (bulk: ≤ 15 µs, ≤ 1x), Weir ≤ 30 µs (bulk 25), p99 ≤ 100 ms.
 
     .venv/bin/python bench/cost.py [--rate 5000] [--seconds 20] [--bulk] [--phases alone,weir]
+                                   [--profile]
 
-Prints one JSON line and appends it to bench/results/cost.jsonl.
+Prints one JSON line and appends it to bench/results/cost.jsonl. ``--profile`` samples Weir's
+processes with py-spy during the load into bench/results/cost-profile.txt (self time by
+function, per process); a profiled run is marked and is not a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -45,7 +49,7 @@ from typing import Any
 import nats
 import orjson
 import psycopg
-from common import make_stream, new_db, record
+from common import RESULTS, make_stream, new_db, py_spy, record
 
 from devkit import procs
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
@@ -225,6 +229,9 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
         base = sub.count if sub else 0
         if sub:
             sub.measure = True
+        spy = None
+        if weir and args.profile:
+            spy = py_spy(weir.pid, args.seconds, workdir / f"{name}.spy", subprocesses=True)
         t0 = time.perf_counter()
         if args.bulk:
             bulk(url)
@@ -232,6 +239,9 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
             pgbench(url, args.rate, args.seconds)
         load_s = time.perf_counter() - t0
         n = int(scalar(url, "SELECT count(*) FROM bench")) - int(before)
+        if spy:
+            spy.wait(60)
+            by_process(workdir / f"{name}.spy", RESULTS / "cost-profile.txt", name)
         if sub:
             sub.wait_for(base + n, timeout=300)
         drain_s = time.perf_counter() - t0
@@ -268,13 +278,32 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
     return out
 
 
+def by_process(spy: Path, out: Path, phase: str, top: int = 30) -> None:
+    """py-spy's raw stacks of a process tree as self time by function, per process."""
+    own: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for line in spy.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            frames = stack.split(";")
+            own[frames[0]][frames[-1]] += int(count)
+    with out.open("a") as f:
+        for proc, counts in sorted(own.items(), key=lambda kv: -sum(kv[1].values())):
+            total = sum(counts.values())
+            f.write(f"phase {phase}: {proc}, {total} samples\n")
+            f.writelines(f"{100 * n / total:5.1f}%  {fn}\n" for fn, n in counts.most_common(top))
+            f.write("\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--bulk", action="store_true")
     parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
+    if args.profile:
+        (RESULTS / "cost-profile.txt").unlink(missing_ok=True)
     phases = args.phases.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="weir-bench-"))
     settings = {"full_page_writes": "on", "max_wal_size": "8GB", "checkpoint_timeout": "30min"}
@@ -297,6 +326,8 @@ def main() -> None:
         "load": "bulk 30 x 10k" if args.bulk else f"{args.rate}/s single-row for {args.seconds:g}s",
         **results,
     }
+    if args.profile:
+        result["profiled"] = True
     record(result)
 
 

@@ -4,9 +4,10 @@ For each broker: N events are captured into the store first (no connector runnin
 connector forwards that backlog, timed from its start until its cursor reaches N. The raw
 client sends N messages of the same size in a plain loop: confluent-kafka ``produce`` with
 delivery reports (idempotent, acks=all, as Weir's producer), boto3 ``send_message_batch`` of
-10 to a FIFO queue, and httpx POSTs of 500 messages, 8 at a time (as the webhook sink sends
-them), to a receiver in a process of its own. The ratio is Weir over raw (target with one
-shard >= 0.5, issue 30; DESIGN.md section 12: 0.8 with shards).
+10 to a FIFO queue, and httpx POSTs of 100 messages, 8 at a time (as the webhook sink sends
+them by default), to a receiver in a process of its own. The ratio is Weir over raw (target
+with one shard >= 0.5, issue 30; DESIGN.md section 12: 0.8 with shards). A broker whose N is
+0 is left out.
 
     .venv/bin/python bench/sinks.py [--kafka-n 100000] [--sqs-n 3000] [--webhook-n 100000]
 
@@ -23,7 +24,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -31,37 +31,15 @@ from typing import Any
 import boto3
 import httpx
 import psycopg
-from common import new_db, record
+from common import new_db, record, run_for
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from connectors.webhook.config import WebhookConnector
 from core.config.model import WeirConfig
-from core.runtime.service import prepare, serve
+from core.runtime.service import prepare
 from core.store.batches import Entries
 from devkit.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedSqs
-
-
-def run_for(cfg: WeirConfig, progress: Any, n: int, timeout: float = 900) -> float:
-    """Serve ``cfg`` until ``progress()`` reaches ``n``; the rate from the first progress on
-    (starting up, which takes leases and connects, is not counted)."""
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(cfg, stop), daemon=True)
-    start = time.perf_counter()
-    thread.start()
-    try:
-        while (first := progress()) == 0:
-            if time.perf_counter() - start > timeout:
-                raise TimeoutError("the bench did not start")
-            time.sleep(0.002)
-        t0 = time.perf_counter()
-        while (last := progress()) < n:
-            if time.perf_counter() - start > timeout:
-                raise TimeoutError("the bench did not finish")
-            time.sleep(0.05)
-        return (last - first) / (time.perf_counter() - t0)
-    finally:
-        stop.set()
-        thread.join(120)
 
 
 def scalar(conn: psycopg.Connection[Any], sql: str) -> Any:
@@ -173,8 +151,9 @@ class Receiver:
 
 
 def raw_webhook(url: str, n: int, size: int) -> float:
-    """Bodies of 500 messages, 8 requests at a time, as the webhook sink sends them."""
-    body = b'{"data":[' + b",".join([b'{"idempotency_key":"k","x":"' + b"x" * size + b'"}'] * 500)
+    """Bodies of the webhook sink's default batch, 8 requests at a time, as it sends them."""
+    per = WebhookConnector.model_fields["batch"].default.max_messages
+    body = b'{"data":[' + b",".join([b'{"idempotency_key":"k","x":"' + b"x" * size + b'"}'] * per)
     body += b"]}"
 
     async def post_all() -> float:
@@ -188,10 +167,10 @@ def raw_webhook(url: str, n: int, size: int) -> float:
                     resp.raise_for_status()
 
             t0 = time.perf_counter()
-            await asyncio.gather(*(post() for _ in range(n // 500)))
+            await asyncio.gather(*(post() for _ in range(n // per)))
             return time.perf_counter() - t0
 
-    return (n // 500) * 500 / asyncio.run(post_all())
+    return (n // per) * per / asyncio.run(post_all())
 
 
 def main() -> int:
@@ -207,44 +186,55 @@ def main() -> int:
         "cpus": os.cpu_count(),
     }
     with EmbeddedPostgres() as pg, EmbeddedKafka() as kafka, EmbeddedSqs() as sqs:
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        for f in admin.create_topics([NewTopic(t, num_partitions=6)
-                                      for t in ("weir-bench", "raw-bench")]).values():  # fmt: skip
-            f.result(30)
-        kafka_cfg = {"bootstrap_servers": kafka.bootstrap, "topic": "weir-bench"}
-        kconn = {"name": "to-kafka", "type": "kafka", "stream": "events", "kafka": kafka_cfg}
-        weir, size = weir_rate(pg, "kbench", args.kafka_n, kconn)
-        raw = raw_kafka(kafka.bootstrap, "raw-bench", args.kafka_n, size)
-        result["kafka"] = {"n": args.kafka_n, "weir_per_s": round(weir), "raw_per_s": round(raw),
-                           "ratio": round(weir / raw, 3), "bytes": size}  # fmt: skip
-
-        client = boto3.client("sqs", region_name="us-east-1", endpoint_url=sqs.url,
-                               aws_access_key_id="k", aws_secret_access_key="s")  # fmt: skip
-        for q in ("weir-bench.fifo", "raw-bench.fifo"):
-            client.create_queue(QueueName=q, Attributes={"FifoQueue": "true"})
-        sconn = {"name": "to-sqs", "type": "sqs", "stream": "events",
-                 "sqs": {"queue_url": sqs.queue_url("weir-bench.fifo"), "endpoint_url": sqs.url,
-                         "access_key_id": "k", "secret_access_key": "s"}}  # fmt: skip
-        weir, size = weir_rate(pg, "sbench", args.sqs_n, sconn)
-        raw = raw_sqs(client, sqs.queue_url("raw-bench.fifo"), args.sqs_n, size)
-        result["sqs"] = {"n": args.sqs_n, "weir_per_s": round(weir), "raw_per_s": round(raw),
-                         "ratio": round(weir / raw, 3), "bytes": size}  # fmt: skip
-
-        for_weir, for_raw = Receiver(), Receiver()
-        try:
-            wconn = {"name": "to-webhook", "type": "webhook", "stream": "events",
-                     "webhook": {"url": for_weir.url + "/hook"}}  # fmt: skip
-            weir, size = weir_rate(pg, "wbench", args.webhook_n, wconn)
-            assert for_weir.taken() >= args.webhook_n
-            raw = raw_webhook(for_raw.url + "/hook", args.webhook_n, size)
-        finally:
-            for_weir.close()
-            for_raw.close()
-        result["webhook"] = {"n": args.webhook_n, "weir_per_s": round(weir),
-                             "raw_per_s": round(raw), "ratio": round(weir / raw, 3),
-                             "bytes": size}  # fmt: skip
+        if args.kafka_n:
+            result["kafka"] = kafka_part(pg, kafka, args.kafka_n)
+        if args.sqs_n:
+            result["sqs"] = sqs_part(pg, sqs, args.sqs_n)
+        if args.webhook_n:
+            result["webhook"] = webhook_part(pg, args.webhook_n)
     record(result)
     return 0
+
+
+def ratio(n: int, weir: float, raw: float, size: int) -> dict[str, Any]:
+    return {"n": n, "weir_per_s": round(weir), "raw_per_s": round(raw),
+            "ratio": round(weir / raw, 3), "bytes": size}  # fmt: skip
+
+
+def kafka_part(pg: EmbeddedPostgres, kafka: EmbeddedKafka, n: int) -> dict[str, Any]:
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for f in admin.create_topics([NewTopic(t, num_partitions=6)
+                                  for t in ("weir-bench", "raw-bench")]).values():  # fmt: skip
+        f.result(30)
+    kafka_cfg = {"bootstrap_servers": kafka.bootstrap, "topic": "weir-bench"}
+    kconn = {"name": "to-kafka", "type": "kafka", "stream": "events", "kafka": kafka_cfg}
+    weir, size = weir_rate(pg, "kbench", n, kconn)
+    return ratio(n, weir, raw_kafka(kafka.bootstrap, "raw-bench", n, size), size)
+
+
+def sqs_part(pg: EmbeddedPostgres, sqs: EmbeddedSqs, n: int) -> dict[str, Any]:
+    client = boto3.client("sqs", region_name="us-east-1", endpoint_url=sqs.url,
+                           aws_access_key_id="k", aws_secret_access_key="s")  # fmt: skip
+    for q in ("weir-bench.fifo", "raw-bench.fifo"):
+        client.create_queue(QueueName=q, Attributes={"FifoQueue": "true"})
+    sconn = {"name": "to-sqs", "type": "sqs", "stream": "events",
+             "sqs": {"queue_url": sqs.queue_url("weir-bench.fifo"), "endpoint_url": sqs.url,
+                     "access_key_id": "k", "secret_access_key": "s"}}  # fmt: skip
+    weir, size = weir_rate(pg, "sbench", n, sconn)
+    return ratio(n, weir, raw_sqs(client, sqs.queue_url("raw-bench.fifo"), n, size), size)
+
+
+def webhook_part(pg: EmbeddedPostgres, n: int) -> dict[str, Any]:
+    for_weir, for_raw = Receiver(), Receiver()
+    try:
+        wconn = {"name": "to-webhook", "type": "webhook", "stream": "events",
+                 "webhook": {"url": for_weir.url + "/hook"}}  # fmt: skip
+        weir, size = weir_rate(pg, "wbench", n, wconn)
+        assert for_weir.taken() >= n
+        return ratio(n, weir, raw_webhook(for_raw.url + "/hook", n, size), size)
+    finally:
+        for_weir.close()
+        for_raw.close()
 
 
 if __name__ == "__main__":
