@@ -9,6 +9,7 @@ NATS, and the admin requests' timeouts for Kafka.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from urllib.parse import urlsplit
 
@@ -29,10 +30,20 @@ def bound_postgres_connects() -> None:
 
 class Unreachable(Exception):
     """A server could not be reached or refused the credentials; ``str()`` is the one line
-    to print: ``cannot reach WHAT at HOST:PORT: REASON; check CHECK``."""
+    to print: ``cannot reach WHAT at HOST:PORT: REASON; check CHECK``. ``for_good``: the
+    server answered and refused (a wrong password, a database or role that does not exist, a
+    host pg_hba.conf does not let in): trying again will not help until someone fixes it."""
 
-    def __init__(self, what: str, where: str, reason: str, check: str) -> None:
+    def __init__(
+        self, what: str, where: str, reason: str, check: str, for_good: bool = False
+    ) -> None:
         super().__init__(redact(f"cannot reach {what} at {where}: {reason}; check {check}"))
+        self.for_good = for_good
+
+
+# What a Postgres server refuses a connection for until someone changes something.
+REFUSED_FOR_GOOD = ("authentication failed", "does not exist", "no pg_hba.conf entry",
+                    "permission denied for database")  # fmt: skip
 
 
 def postgres_address(url: str) -> str:
@@ -55,13 +66,18 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
         text = "no answer in time (connect_timeout)"
     else:
         text = text.rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip()
+    missing = re.search(r'database "(.+)" does not exist', text)
     if "password" in text or "authentication" in text:
         check = "the user and password of its url"
+    elif missing:
+        check = (f"the database name of its url, or create the database: CREATE DATABASE "
+                 f"{missing[1]} (createdb {missing[1]})")  # fmt: skip
     elif "does not exist" in text:
         check = "the database and user names of its url"
     else:
         check = "that PostgreSQL runs there and accepts connections from this host"
-    return Unreachable(what, postgres_address(url), text, check)
+    for_good = bool(lines) and any(r in text for r in REFUSED_FOR_GOOD)
+    return Unreachable(what, postgres_address(url), text, check, for_good)
 
 
 def reach_postgres(url: str, what: str) -> None:

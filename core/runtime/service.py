@@ -192,13 +192,17 @@ def _source_works(
 def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
     """Wait until the store answers, or ``stop`` is set (then False). A service often starts
     before its database (systemd, compose): say once what it waits for, then retry with
-    backoff, saying it again only when the reason changes.
+    backoff, saying it again only when the reason changes. A refusal for good (a wrong
+    password, a database that does not exist) raises :class:`Unreachable`: ``weir run`` exits
+    1 with its line.
     """
     said, delay = "", STORE_RETRY_FIRST
     while not stop.is_set():
         try:
             reach_postgres(cfg.store_url, "the store")
         except Unreachable as e:
+            if e.for_good:
+                raise
             if str(e) != said:
                 log.warning("%s; retrying until it answers", e)
                 said = str(e)

@@ -154,3 +154,24 @@ def test_run_stopped_while_waiting_for_its_store_exits_0(tmp_path: Path) -> None
     finally:
         run.kill()
         run.wait()
+
+
+def test_run_stops_when_its_store_refuses_for_good(tmp_path: Path, db_url: str) -> None:
+    """A store database or role that does not exist will not come by itself: `weir run` says
+    what to do in one line and exits 1 instead of retrying for ever."""
+    base, _, _ = db_url.rpartition("/")
+    host = base.rpartition("@")[2]
+    cases = {
+        f"{base}/weir_store": f"weir run: cannot reach the store at {host}: database "
+        '"weir_store" does not exist; check the database name of its url, or create the '
+        "database: CREATE DATABASE weir_store (createdb weir_store)",
+        f"postgresql://nobody_here@{host}/postgres": f"weir run: cannot reach the store at "
+        f'{host}: role "nobody_here" does not exist; check the database and user names',
+    }
+    source = {"name": "app", "kind": "postgres", "url": db_url, "schemas": ["public"]}
+    for store, line in cases.items():
+        path = config(tmp_path, {"store": {"url": store}, "sources": [source]})
+        code, out, seconds = weir("run", "--config", path)
+        assert code == 1 and seconds < 30, out
+        assert out.strip().splitlines()[-1].startswith(line), out
+        assert "Traceback" not in out
