@@ -147,11 +147,15 @@ WITH src AS (
            versions.pos, versions.seq
     FROM src, versions
 ), moved AS (
-    UPDATE {sources} s SET events_seq = s.events_seq + %(n)s, records_seq = s.records_seq + v.n,
+    -- reads src, so that src is read (and locked) before this changes its row: a row the
+    -- statement changed is one FOR UPDATE skips, and then batch, when no version made up
+    -- read src first (a truncate alone), inserted nothing
+    UPDATE {sources} s SET events_seq = src.events_seq + %(n)s,
+        records_seq = src.records_seq + v.n,
         commit_lsn = coalesce(%(commit)s::int8, s.commit_lsn),
         end_lsn = coalesce(%(end)s::int8, s.end_lsn),
         updated_at = now()
-    FROM versions v WHERE s.sync_id = %(sid)s
+    FROM versions v, src WHERE s.sync_id = %(sid)s
     RETURNING s.sync_id, s.events_seq, s.records_seq, v.pos, v.seq
 )
 SELECT events_seq, records_seq, pos, seq,

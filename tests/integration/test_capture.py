@@ -70,6 +70,25 @@ def test_insert_update_delete_truncate_in_commit_order(db_url: str) -> None:
     assert seqs == sorted(set(seqs))
 
 
+def test_a_truncate_that_starts_a_store_write_is_stored(db_url: str) -> None:
+    """A TRUNCATE makes no record version of its own: alone in a store write, or first in it,
+    it was lost while its seq was used (found by an outside tryout)."""
+    execute(db_url, "CREATE TABLE users (id int PRIMARY KEY, name text)")
+    src = pg_source(db_url)
+    with capturing(src):
+        execute(db_url, "INSERT INTO users VALUES (1, 'a')")
+        wait_for(lambda: count_events(db_url) == 1, what="the insert")
+        execute(db_url, "TRUNCATE users")
+        wait_for(lambda: count_events(db_url) == 2, what="the truncate alone")
+        execute(db_url, "TRUNCATE users; INSERT INTO users VALUES (2, 'b')")
+        wait_for(lambda: count_events(db_url) == 4, what="the truncate and the insert")
+    got = [(e["seq"], e["action"], e["record_id"]) for e in events(db_url)]
+    assert got == [(1, "insert", "1"), (2, "truncate", None), (3, "truncate", None),
+                   (4, "insert", "2")]  # fmt: skip
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT events_seq FROM weir.sources").fetchone() == (4,)
+
+
 def test_every_value_type_is_encoded_as_documented(db_url: str) -> None:
     execute(db_url, *KINDS_DDL)
     src = pg_source(db_url)
