@@ -5,6 +5,7 @@ Connector packages import these to declare their settings; ``core.config.model``
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -153,7 +154,24 @@ class Filter(Model):
             raise ValueError(f"op {self.op!r} needs a single value")
         if self.op == "like" and not isinstance(self.value, str):
             raise ValueError("op 'like' needs a text pattern")
+        _json_value(self.value)
         return self
+
+
+def _json_value(v: Any) -> None:
+    """Refuse what a record's JSON cannot hold, so a filter never compares with it: YAML reads
+    ``.nan`` and ``.inf`` as floats and ``2026-11-22`` as a date."""
+    if isinstance(v, list):
+        for x in v:
+            _json_value(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _json_value(x)
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"value {v} is no JSON number: compare with a number, or quote it")
+    elif not isinstance(v, (str, int, float, type(None))):
+        raise ValueError(f"value {v} is a YAML {type(v).__name__}: quote it ('{v}') to compare "
+                         "it with the record's text")  # fmt: skip
 
 
 class SeqStart(Model):

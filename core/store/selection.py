@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
 from core.config.base import Action, Filter
+
+# A record holds JSON nested up to 1024 deep (core/sources/pg/values.py); reading it with exact
+# numbers, comparing or writing it recurses about once a level, beyond the default limit (1000).
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 4000))
 
 Test = Callable[[dict[str, Any]], bool]
 _MISSING = object()

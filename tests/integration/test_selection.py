@@ -109,3 +109,25 @@ def test_jsonb_text_is_how_postgres_writes_a_parsed_value(db_url: str) -> None:
             assert jsonb_text(parse(text.encode())) == row[0]
 
         check()
+
+
+def test_values_nested_as_deep_as_capture_keeps_them(db_url: str) -> None:
+    """Capture keeps JSON nested up to 1024 deep as JSON: a filter reads such a record (it
+    stopped every filtered connector for good with a RecursionError)."""
+    deep = "[" * 1024 + "]" * 1024
+    text = b'{"a": ' + deep.encode() + b', "b": 1}'
+    chosen = [
+        [Filter(column="b", op="=", value=1)],
+        [Filter(column="a", op="is_not_null")],
+        [Filter(column="a", op="in", value=[[[]], 1])],
+        [Filter(column="a", op="like", value="[[%")],
+    ]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for filters in chosen:
+            clauses = [oracle(f) for f in filters]
+            query = f"SELECT {clauses[0][0]} FROM (SELECT %s::jsonb AS r) q"
+            row = conn.execute(query, [*clauses[0][1], text.decode()]).fetchone()
+            assert row is not None
+            assert Selection(filters=filters)("c", "1", "insert", text) is row[0], filters
+        row = conn.execute("SELECT (%s::jsonb)::text", (deep,)).fetchone()
+        assert row is not None and jsonb_text(parse(deep.encode())) == row[0]

@@ -10,6 +10,7 @@ import pytest
 
 from core.config.load import ConfigError, load_config
 from core.config.model import PostgresSource
+from core.config.settings import settings_or_exit
 
 
 def _write(tmp_path: Path, text: str) -> Path:
