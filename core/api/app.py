@@ -23,9 +23,11 @@ import asyncio
 import json
 import logging
 import math
+import re
 import threading
 from typing import Annotated, Any
 
+import orjson
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
@@ -60,23 +62,28 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON: send it as a string")
 
 
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # the escape of half a UTF-16 pair
+
+
 class _JsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = (await self.body()).decode("utf-8", "replace")
             try:
                 self._json = json.loads(body, parse_float=_number, parse_constant=_constant)
-            except json.JSONDecodeError:
+                if _SURROGATE.search(body):  # orjson refuses a lone one (text is Unicode)
+                    orjson.loads(body)
+            except json.JSONDecodeError:  # orjson's too: FastAPI answers it with a 422
                 raise
-            except (ValueError, RecursionError) as e:  # FastAPI answers this one with a 422
+            except (ValueError, RecursionError) as e:
                 raise json.JSONDecodeError(str(e), body, 0) from None
         return self._json
 
 
 class JsonRoute(APIRoute):
-    """Request bodies read as JSON every parser reads: ``NaN``, ``Infinity`` and numbers beyond
-    a double's range are refused (422, ``json_invalid`` and why) instead of read as floats Weir
-    would have to send as ``null``."""
+    """Request bodies read as JSON every parser reads: ``NaN``, ``Infinity``, numbers beyond a
+    double's range and lone surrogates are refused (422, ``json_invalid`` and why) instead of
+    read as values Weir would send as ``null`` or could not encode."""
 
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()

@@ -30,12 +30,7 @@ from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
 
 # What to do about a record orjson cannot write, by its error.
-_FIXES = (
-    ("Integer", "send such numbers as strings"),
-    ("Recursion", "nest it at most 254 deep"),
-    ("surrogates", "send text as Unicode (no lone surrogates)"),
-    ("", "change it"),
-)
+_FIXES = (("Integer", "send such numbers as strings"), ("Recursion", "nest it at most 254 deep"))
 
 
 class IngestRecord(BaseModel):
@@ -69,8 +64,8 @@ class IngestRecord(BaseModel):
             return v
         try:
             orjson.dumps(v)
-        except TypeError as e:  # an integer beyond 64 bits, nesting beyond 254, a lone surrogate
-            fix = next(f for k, f in _FIXES if k in str(e))
+        except TypeError as e:  # an integer beyond 64 bits, nesting beyond 254
+            fix = next((f for k, f in _FIXES if k in str(e)), "change it")
             raise ValueError(f"cannot be stored: {e}; {fix}") from None
         return v
 

@@ -306,6 +306,17 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
             (ingest('{"x": -Infinity}'), 422, "json_invalid"),
             (ingest('{"x": 1e400}'), 422, "beyond a double"),
             (ingest('{"x": "\\ud800"}'), 422, "surrogate"),
+            (ingest('{"pair": "\\ud83d\\ude00", "x": "\\udc00"}'), 422, "surrogate"),
+            (
+                client.post(
+                    "/v1/sources/stripe/records",
+                    content=b'{"records": [{"collection_id":'
+                    b' "c", "record_id": "\\udc00x", "data": {}}]}',
+                    headers={"content-type": "application/json"},
+                ),
+                422,
+                "surrogate",
+            ),
             (ingest('{"x": %s}' % ("[" * 600 + "]" * 600)), 422, "at most 254 deep"),
             (ingest('{"x": 123456789012345678901234567890}'), 422, "as strings"),
         ]
@@ -313,6 +324,9 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
             assert r.status_code == status, (r.request.url, r.text)
             assert reason in r.text, (r.request.url, r.text)
         assert client.get("/v1/http-consumers/w").json()["info"]["num_pending"] == 0
+        ok = ingest('{"pair": "\\ud83d\\ude00"}')  # a whole pair is a character
+        assert ok.status_code == 200 and ok.json()["accepted"] == 1, ok.text
+        assert receive_one(client)["record"]["data"] == {"pair": "\U0001f600"}  # type: ignore[index]
 
 
 def test_consumers_are_managed_over_http(table: str) -> None:
