@@ -12,8 +12,14 @@ import traceback
 from types import FrameType
 
 from core.cli_operate import add_commands as add_operate_commands
-from core.commands import load_or_exit, postgres_source_or_exit, source_problems, table_arg
-from core.config.settings import WeirSettings
+from core.commands import (
+    load_or_exit,
+    postgres_source_or_exit,
+    reach_store,
+    source_problems,
+    table_arg,
+)
+from core.config.settings import settings_or_exit
 from core.failures import bound_postgres_connects, reach_postgres
 from core.redact import first_line, redact, setup_logging
 from core.registry import connector_specs, setup_of, spec_of
@@ -35,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from core.runtime.supervisor import Supervisor, die_with_parent, worker_named
 
     cfg = load_or_exit(args.config)
-    grace = WeirSettings().shutdown_grace
+    grace = settings_or_exit().shutdown_grace
     if args.worker is not None:  # SIGINT (a terminal's ^C) is the supervisor's to forward
         die_with_parent(args.parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -124,6 +130,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
     try:  # with an API, connectors made over it need their streams or topics too
         if cfg.api is not None:
             cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
+    except psycopg.errors.UndefinedTable:
+        pass  # no `weir run` has made the store yet, so no connector was made over the API
     except psycopg.Error as e:
         print(f"weir {args.command} setup: cannot read the connectors made over the API from "
               f"the store ({type(e).__name__}): only the file's", file=sys.stderr)  # fmt: skip
@@ -149,11 +157,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     ``--watch`` a reading every interval until ^C (core/status_view.py draws them).
     """
     from core.status_view import show
-    from core.store import Store
 
     cfg = load_or_exit(args.config)
-    reach_postgres(cfg.store_url, "the store")
-    return show(cfg, Store(cfg.store_url, cfg.store.schema_), args.interval, args.watch)
+    return show(cfg, reach_store(cfg), args.interval, args.watch)
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_seed)
 
     args = parser.parse_args(argv)
-    settings = WeirSettings()
+    settings = settings_or_exit()
     if "config" in args and args.config is None:  # every command that reads one
         if settings.config is None:
             parser.error(f"{args.command}: give --config FILE (or set WEIR_CONFIG)")

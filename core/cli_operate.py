@@ -16,9 +16,8 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 
-from core.commands import load_or_exit
+from core.commands import load_or_exit, reach_store
 from core.config.model import WeirConfig
-from core.failures import reach_postgres
 from core.store import SESSION, AConn, Store
 from core.store import status as stored
 from core.store.connectors import with_api_connectors
@@ -29,8 +28,7 @@ T = TypeVar("T")
 
 
 def _on_store(cfg: WeirConfig, act: Callable[[Operations, AConn], Awaitable[T]]) -> T:
-    reach_postgres(cfg.store_url, "the store")
-    store = Store(cfg.store_url, cfg.store.schema_)
+    store = reach_store(cfg)
 
     async def run() -> T:
         async with await psycopg.AsyncConnection.connect(
@@ -50,8 +48,7 @@ def _list_or_exit(cfg: WeirConfig, name: str) -> str:
         print(f"weir: no HTTP pull consumer named {name.removeprefix(CONSUMER_PREFIX)!r} in the "
               "store", file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
-    reach_postgres(cfg.store_url, "the store")
-    cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
+    cfg = with_api_connectors(cfg, reach_store(cfg))
     if name in {c.name for c in cfg.connectors}:
         return name
     known = ", ".join(c.name for c in cfg.connectors) or "none"

@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from psycopg import sql
+
 from core.config.load import ConfigError, load_config
 from core.config.model import PostgresSource, WeirConfig
+from core.failures import postgres_address, reach_postgres
+from core.store import Store, StoreError
 from core.tables import parse_table, table_name
 
 
@@ -18,6 +22,21 @@ def load_or_exit(path: str) -> WeirConfig:
     except ConfigError as e:
         print(f"weir: invalid config:\n{e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def reach_store(cfg: WeirConfig) -> Store:
+    """The store of a command that reads it: it answers, and a ``weir run`` has made its
+    schema (else :class:`StoreError`, one line saying so)."""
+    reach_postgres(cfg.store_url, "the store")
+    store = Store(cfg.store_url, cfg.store.schema_)
+    with store.connect() as conn:
+        name = sql.Identifier(store.schema, "schema_migrations").as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()
+    if row is None or row[0] is None:
+        where = postgres_address(cfg.store_url)
+        raise StoreError(f"the store at {where} has no schema {store.schema} yet: `weir run` "
+                         "makes it when it first starts")  # fmt: skip
+    return store
 
 
 def table_arg(text: str) -> str:

@@ -175,3 +175,16 @@ def test_run_stops_when_its_store_refuses_for_good(tmp_path: Path, db_url: str) 
         assert code == 1 and seconds < 30, out
         assert out.strip().splitlines()[-1].startswith(line), out
         assert "Traceback" not in out
+
+
+def test_commands_before_the_first_run_say_the_store_is_not_made_yet(
+    tmp_path: Path, db_url: str
+) -> None:
+    host = db_url.rpartition("/")[0].rpartition("@")[2]
+    source = {"name": "app", "kind": "postgres", "url": db_url, "schemas": ["public"]}
+    path = config(tmp_path, {"sources": [source]})
+    for args in (["status"], ["failed", "list", "c"], ["connector", "pause", "c"]):
+        code, out, _ = weir(*args, "--config", path)
+        assert code == 1, out
+        assert out.strip() == (f"weir {args[0]}: the store at {host} has no schema weir yet: "
+                               "`weir run` makes it when it first starts")  # fmt: skip

@@ -125,6 +125,32 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
     ]
 
 
+def test_filter_values_a_record_cannot_hold_are_named(tmp_path: Path) -> None:
+    """YAML reads .nan and .inf as floats and an unquoted date as a date: such a filter
+    compared with nothing and its connector stopped without a word."""
+    path = _write(
+        tmp_path,
+        "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
+        "connectors:\n"
+        "  - name: c1\n"
+        "    type: nats\n"
+        "    stream: events\n"
+        "    filters: [{column: v, op: '>', value: .nan}, {column: d, op: in, value: [1, .inf]},\n"
+        "              {column: d, op: '=', value: 2026-11-22}, {column: d, op: '=', value: 1.5}]\n"
+        "    nats: {url: 'nats://x:4222'}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "6: connectors[0].filters[0]: Value error, value nan is no JSON number: compare with a "
+        "number, or quote it",
+        "6: connectors[0].filters[1]: Value error, value inf is no JSON number: compare with a "
+        "number, or quote it",
+        "7: connectors[0].filters[2]: Value error, value 2026-11-22 is a YAML date: quote it "
+        "('2026-11-22') to compare it with the record's text",
+    ]
+
+
 def test_a_missing_kind_or_type_names_the_choices(tmp_path: Path) -> None:
     """The registry's connector types (and the source kinds) are what the error offers."""
     path = _write(
@@ -243,4 +269,20 @@ def test_a_port_out_of_range_is_named(tmp_path: Path) -> None:
         load_config(path)
     assert e.value.problems == [
         "1: store.url: Value error, not a valid PostgreSQL URL: a port is not in 1-65535"
+    ]
+
+
+def test_weir_settings_read_any_case_and_name_a_wrong_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WEIR_LOG_LEVEL", "INFO")  # a crash with a traceback before
+    assert settings_or_exit().log_level == "info"
+    monkeypatch.setenv("WEIR_LOG_LEVEL", "loud")
+    monkeypatch.setenv("WEIR_SHUTDOWN_GRACE", "-1")
+    with pytest.raises(SystemExit) as e:
+        settings_or_exit()
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "weir: WEIR_LOG_LEVEL=loud: Input should be 'debug', 'info', 'warning' or 'error'",
+        "weir: WEIR_SHUTDOWN_GRACE=-1: Input should be greater than 0",
     ]
