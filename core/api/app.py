@@ -53,7 +53,8 @@ Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_
 
 def _number(text: str) -> float:
     v = float(text)
-    if not math.isfinite(v):
+    digits = text.lower().partition("e")[0]
+    if not math.isfinite(v) or (v == 0 and any(c in "123456789" for c in digits)):  # 1e-400
         raise ValueError(f"{text} is beyond a double's range: send such numbers as strings")
     return v
 
@@ -68,7 +69,12 @@ _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # the escape of half a UTF-16 pai
 class _JsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            body = (await self.body()).decode("utf-8", "replace")
+            raw = await self.body()
+            try:
+                body = raw.decode()
+            except UnicodeDecodeError as e:
+                why = f"byte {raw[e.start]:#04x} is not UTF-8"
+                raise json.JSONDecodeError(why, "", e.start) from None
             try:
                 self._json = json.loads(body, parse_float=_number, parse_constant=_constant)
                 if _SURROGATE.search(body):  # orjson refuses a lone one (text is Unicode)
@@ -81,9 +87,9 @@ class _JsonRequest(Request):
 
 
 class JsonRoute(APIRoute):
-    """Request bodies read as JSON every parser reads: ``NaN``, ``Infinity``, numbers beyond a
-    double's range and lone surrogates are refused (422, ``json_invalid`` and why) instead of
-    read as values Weir would send as ``null`` or could not encode."""
+    """Request bodies read as JSON every parser reads: bytes that are not UTF-8, ``NaN``,
+    ``Infinity``, numbers beyond a double's range (``1e400``, ``1e-400``) and lone surrogates
+    are refused (422, ``json_invalid`` and why) instead of read as other values."""
 
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()

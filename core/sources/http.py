@@ -30,7 +30,10 @@ from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
 
 # What to do about a record orjson cannot write, by its error.
-_FIXES = (("Integer", "send such numbers as strings"), ("Recursion", "nest it at most 254 deep"))
+_FIXES = (
+    ("Integer", "send such numbers as strings"),
+    ("Recursion", "nest it at most 254 levels deep, counting data itself"),
+)
 
 
 class IngestRecord(BaseModel):

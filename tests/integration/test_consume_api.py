@@ -305,6 +305,17 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
             (ingest('{"x": NaN}'), 422, "json_invalid"),
             (ingest('{"x": -Infinity}'), 422, "json_invalid"),
             (ingest('{"x": 1e400}'), 422, "beyond a double"),
+            (ingest('{"x": 1E-400}'), 422, "beyond a double"),  # was stored as 0.0
+            (
+                client.post(
+                    "/v1/sources/stripe/records",
+                    content=b'{"records": [{"collection_id":'
+                    b' "c", "record_id": "1", "data": {"s": "a\xffb"}}]}',
+                    headers={"content-type": "application/json"},
+                ),
+                422,
+                "byte 0xff is not UTF-8",
+            ),  # was stored as U+FFFD
             (ingest('{"x": "\\ud800"}'), 422, "surrogate"),
             (ingest('{"pair": "\\ud83d\\ude00", "x": "\\udc00"}'), 422, "surrogate"),
             (
@@ -317,7 +328,7 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
                 422,
                 "surrogate",
             ),
-            (ingest('{"x": %s}' % ("[" * 600 + "]" * 600)), 422, "at most 254 deep"),
+            (ingest('{"x": %s}' % ("[" * 600 + "]" * 600)), 422, "at most 254 levels deep"),
             (ingest('{"x": 123456789012345678901234567890}'), 422, "as strings"),
         ]
         for r, status, reason in cases:
