@@ -18,7 +18,7 @@ from typing import Any
 
 from core.config.base import Action, Filter
 
-# A record holds JSON nested up to 1024 deep (core/sources/pg/values.py); reading it with exact
+# A record holds JSON nested up to 1000 deep (core/sources/pg/values.py); reading it with exact
 # numbers, comparing or writing it recurses about once a level, beyond the default limit (1000).
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 4000))
 

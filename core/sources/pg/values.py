@@ -5,7 +5,7 @@ job alike. Its promise: every value comes through, losslessly, and none can stop
 
 - json/jsonb pass through as their own text (:class:`RawJson`), so numbers keep every digit.
   JSON that parsers refuse (numbers beyond the range of a double, lone surrogates, nesting
-  deeper than 1024) arrives as a string holding the Postgres text instead.
+  deeper than ``MAX_DEPTH``) arrives as a string holding the Postgres text instead.
 - A value whose text a converter cannot read (a type we did not foresee, an odd spelling)
   arrives as its Postgres text: ``sources.pg.relations.row_values`` falls back to :func:`to_text`.
 - Text is read in the database's own encoding (:func:`text_decoder`); bytes that encoding has no
@@ -65,14 +65,19 @@ def to_json(b: bytes) -> RawJson | str:
     """json/jsonb: its own text when JSON parsers read it as it is, else the text as a string.
 
     orjson is the judge: it refuses numbers beyond a double's range, lone surrogates and
-    nesting deeper than 1024. (The store keeps the text as it is, so ``\\u0000`` and numbers
-    of any scale pass.)
+    nesting deeper than 1024, of which a value may take ``MAX_DEPTH``: the rest is for the
+    envelopes around it (a message, a webhook's or the Consume API's body). (The store keeps
+    the text as it is, so ``\\u0000`` and numbers of any scale pass.)
     """
     try:
-        orjson.loads(b)
+        orjson.loads(_ENVELOPED % b if b.count(b"[") + b.count(b"{") > MAX_DEPTH else b)
     except orjson.JSONDecodeError:
         return to_text(b)
     return RawJson(b)
+
+
+MAX_DEPTH = 1000  # levels of nesting a json value keeps as JSON
+_ENVELOPED = b"[" * (1024 - MAX_DEPTH) + b"%b" + b"]" * (1024 - MAX_DEPTH)
 
 
 def to_bytea(b: bytes) -> str:
@@ -193,14 +198,14 @@ _ISO_SQL = (
     "THEN to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US%s') ELSE {c}::text END"
 )
 # jsonb as to_json keeps it: itself, unless it holds a number beyond a double's range (at or
-# above 2**1024 - 2**970 in size, which rounds to infinity) or nests deeper than 1024, then its
+# above 2**1024 - 2**970 in size, which rounds to infinity) or nests deeper than MAX_DEPTH, then its
 # text. (A jsonb cannot hold the other things to_json refuses; json can, so json columns are
 # converted in Python.) Braces are doubled for sql.SQL.format.
 _DOUBLE_OVERFLOW = 2**1024 - 2**970
 _JSONB_SQL = (
     'CASE WHEN jsonb_path_exists({c}, \'strict $.** ? (@.type() == "number"'
     f" && (@ >= {_DOUBLE_OVERFLOW} || @ <= -{_DOUBLE_OVERFLOW}))')"
-    " OR jsonb_path_exists({c}, 'strict $.**{{1024 to last}}"
+    f" OR jsonb_path_exists({{c}}, 'strict $.**{{{{{MAX_DEPTH} to last}}}}"
     ' ? (@.type() == "array" || @.type() == "object")\')'
     " THEN to_jsonb({c}::text) ELSE {c} END"
 )
