@@ -160,7 +160,7 @@ class Filter(Model):
 
 def _json_value(v: Any) -> None:
     """Refuse what a record's JSON cannot hold, so a filter never compares with it: YAML reads
-    ``.nan`` and ``.inf`` as floats and ``2026-11-22`` as a date."""
+    ``.nan`` and ``.inf`` as floats, ``!!binary`` as bytes."""
     if isinstance(v, list):
         for x in v:
             _json_value(x)
@@ -170,8 +170,8 @@ def _json_value(v: Any) -> None:
     elif isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"value {v} is no JSON number: compare with a number, or quote it")
     elif not isinstance(v, (str, int, float, type(None))):
-        raise ValueError(f"value {v} is a YAML {type(v).__name__}: quote it ('{v}') to compare "
-                         "it with the record's text")  # fmt: skip
+        raise ValueError(f"value {v!r} is no JSON value: write it as text, a number, true, "
+                         "false or null")  # fmt: skip
 
 
 class SeqStart(Model):

@@ -30,7 +30,30 @@ class ConfigError(Exception):
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 Lines = dict[tuple[str | int, ...], int]
-_SCALARS = yaml.SafeLoader("")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2's core schema for plain scalars: ``true``/``false`` are booleans, numbers are
+    decimal, and ``yes``, ``no``, ``on``, ``off``, ``010``, ``0x1F``, ``1:30`` and
+    ``2026-11-22`` stay text (YAML 1.1 reads them as booleans, octal, hex, base 60 and dates: a
+    filter's ``value: NO`` compared with false, its ``value: 010`` with 8). Models parse
+    booleans, numbers and times from text where they expect them."""
+
+
+_RESOLVED = ("bool", "int", "float", "timestamp")
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag.rpartition(":")[2] not in _RESOLVED]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _rx, _first in (
+    ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    ("int", r"[-+]?(?:0|[1-9][0-9]*)", "-+0123456789"),
+    ("float", r"[-+]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", "-+0123456789."),
+):  # fmt: skip
+    _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_rx})$"),
+                                  list(_first))  # fmt: skip
+_SCALARS = _Loader("")
 
 
 def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs: list[str]) -> Any:
@@ -112,7 +135,7 @@ def load_config(path: str | Path) -> WeirConfig:
     except OSError as e:
         raise ConfigError(path, [f"0: cannot read the file: {e.strerror}"]) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else 1

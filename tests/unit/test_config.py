@@ -125,29 +125,34 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
     ]
 
 
-def test_filter_values_a_record_cannot_hold_are_named(tmp_path: Path) -> None:
-    """YAML reads .nan and .inf as floats and an unquoted date as a date: such a filter
-    compared with nothing and its connector stopped without a word."""
-    path = _write(
-        tmp_path,
+def test_filter_values_are_json_as_written(tmp_path: Path) -> None:
+    """A filter value is what the record's JSON holds: YAML 1.1's readings of NO (false), 010
+    (8), 1:30 (90) and an unquoted date silently selected nothing; .nan and .inf compared
+    with nothing and stopped the connector without a word."""
+    head = (
         "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
         "connectors:\n"
         "  - name: c1\n"
         "    type: nats\n"
         "    stream: events\n"
-        "    filters: [{column: v, op: '>', value: .nan}, {column: d, op: in, value: [1, .inf]},\n"
-        "              {column: d, op: '=', value: 2026-11-22}, {column: d, op: '=', value: 1.5}]\n"
-        "    nats: {url: 'nats://x:4222'}\n",
+        "    nats: {url: 'nats://x:4222', token: t}\n"
     )
+    ok = _write(tmp_path, head + "    filters: [{column: v, op: in, value: [NO, 010, 0x1F, 1:30, "
+                "2026-11-22, yes, on, 1.5, 10, true, null]}]\n")  # fmt: skip
+    values = load_config(ok).connectors[0].filters[0].value
+    assert values == ["NO", "010", "0x1F", "1:30", "2026-11-22", "yes", "on", 1.5, 10, True, None]
+    bad = _write(tmp_path, head + "    filters: [{column: v, op: '>', value: .nan},\n"
+                 "              {column: d, op: in, value: [1, .inf]}, {column: b, op: '=',"
+                 " value: !!binary aGk=}]\n")  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        load_config(path)
+        load_config(bad)
     assert e.value.problems == [
-        "6: connectors[0].filters[0]: Value error, value nan is no JSON number: compare with a "
+        "7: connectors[0].filters[0]: Value error, value nan is no JSON number: compare with a "
         "number, or quote it",
-        "6: connectors[0].filters[1]: Value error, value inf is no JSON number: compare with a "
+        "8: connectors[0].filters[1]: Value error, value inf is no JSON number: compare with a "
         "number, or quote it",
-        "7: connectors[0].filters[2]: Value error, value 2026-11-22 is a YAML date: quote it "
-        "('2026-11-22') to compare it with the record's text",
+        "8: connectors[0].filters[2]: Value error, value b'hi' is no JSON value: write it as "
+        "text, a number, true, false or null",
     ]
 
 
