@@ -94,7 +94,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
     reach_postgres(src.url.get_secret_value(), f"source {src.name}")
-    reach_postgres(cfg.store_url, "the store")
+    reach_postgres(cfg.store_url, cfg.store_named)
     try:
         store = open_store(cfg)
         tables = args.table or configured_tables(src)
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # its reader went away (weir status --watch | head): done
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as e:  # one line, without secrets; the traceback at the debug level (-v)
-        if log.isEnabledFor(logging.DEBUG):
+    except Exception as e:  # one line, without secrets; the traceback with -v only
+        if args.verbose:
             print(redact(traceback.format_exc()), file=sys.stderr, end="")
         print(f"weir {args.command}: {first_line(e)}", file=sys.stderr)
         return 1

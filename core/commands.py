@@ -27,7 +27,7 @@ def load_or_exit(path: str) -> WeirConfig:
 def reach_store(cfg: WeirConfig) -> Store:
     """The store of a command that reads it: it answers, and a ``weir run`` has made its
     schema (else :class:`StoreError`, one line saying so)."""
-    reach_postgres(cfg.store_url, "the store")
+    reach_postgres(cfg.store_url, cfg.store_named)
     store = Store(cfg.store_url, cfg.store.schema_)
     with store.connect() as conn:
         name = sql.Identifier(store.schema, "schema_migrations").as_string(conn)

@@ -282,6 +282,14 @@ class WeirConfig(Model):
         pg = next(s for s in self.sources if isinstance(s, PostgresSource))
         return pg.url.get_secret_value()
 
+    @property
+    def store_named(self) -> str:
+        """The store as messages name it: without ``store.url``, it is a source's database."""
+        if self.store.url is not None:
+            return "the store"
+        pg = next(s for s in self.sources if isinstance(s, PostgresSource))
+        return f"the store (source {pg.name}'s database: no store.url)"
+
     def sources_of(
         self, connector: Connector | ConsumerConfig
     ) -> list[PostgresSource | HttpSource]:

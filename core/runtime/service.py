@@ -199,7 +199,7 @@ def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
     said, delay = "", STORE_RETRY_FIRST
     while not stop.is_set():
         try:
-            reach_postgres(cfg.store_url, "the store")
+            reach_postgres(cfg.store_url, cfg.store_named)
         except Unreachable as e:
             if e.for_good:
                 raise

@@ -53,7 +53,8 @@ def weir(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, float
 
 
 POSTGRES_DOWN = {  # a command: the line it ends with, before ": <reason>; check <what>"
-    "status": "weir status: cannot reach the store at 127.0.0.1:{port}",
+    "status": "weir status: cannot reach the store (source app's database: no store.url) at "
+    "127.0.0.1:{port}",
     "backfill": "weir backfill: cannot reach source app at 127.0.0.1:{port}",
     "seed": "weir seed: cannot reach source app at 127.0.0.1:{port}",
 }
@@ -73,7 +74,8 @@ def test_postgres_nobody_listens_on(command: str, tmp_path: Path) -> None:
 
 def test_postgres_that_never_answers_is_given_up_on(tmp_path: Path, silent_port: int) -> None:
     code, out, seconds = weir("status", "--config", pg_config(tmp_path, silent_port))
-    assert (code, out) == (1, f"weir status: cannot reach the store at 127.0.0.1:{silent_port}: "
+    assert (code, out) == (1, "weir status: cannot reach the store (source app's database: no "
+                              f"store.url) at 127.0.0.1:{silent_port}: "
                               "no answer in time (connect_timeout); check that PostgreSQL runs "
                               "there and accepts connections from this host\n")  # fmt: skip
     assert 9 < seconds < 30  # core.failures.CONNECT_TIMEOUT: 10s
@@ -123,7 +125,8 @@ def test_run_waits_for_its_store_and_starts_when_it_is_up(tmp_path: Path) -> Non
         assert run.stderr is not None
         first = run.stderr.readline()
         assert first.rstrip().endswith(
-            f"WARNING weir: cannot reach the store at 127.0.0.1:{port}: Connection refused; "
+            "WARNING weir: cannot reach the store (source app's database: no store.url) at "
+            f"127.0.0.1:{port}: Connection refused; "
             "check that PostgreSQL runs there and accepts connections from this host; "
             "retrying until it answers"
         )
