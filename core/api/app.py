@@ -59,6 +59,13 @@ def _number(text: str) -> float:
     return v
 
 
+def _integer(text: str) -> int:
+    v = int(text)
+    if not -(2**63) <= v < 2**64:
+        raise ValueError(f"{text} is beyond 64 bits: send such numbers as strings")
+    return v
+
+
 def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON: send it as a string")
 
@@ -76,7 +83,9 @@ class _JsonRequest(Request):
                 why = f"byte {raw[e.start]:#04x} is not UTF-8"
                 raise json.JSONDecodeError(why, "", e.start) from None
             try:
-                self._json = json.loads(body, parse_float=_number, parse_constant=_constant)
+                self._json = json.loads(
+                    body, parse_float=_number, parse_int=_integer, parse_constant=_constant
+                )
                 if _SURROGATE.search(body):  # orjson refuses a lone one (text is Unicode)
                     orjson.loads(body)
             except json.JSONDecodeError:  # orjson's too: FastAPI answers it with a 422
@@ -88,8 +97,9 @@ class _JsonRequest(Request):
 
 class JsonRoute(APIRoute):
     """Request bodies read as JSON every parser reads: bytes that are not UTF-8, ``NaN``,
-    ``Infinity``, numbers beyond a double's range (``1e400``, ``1e-400``) and lone surrogates
-    are refused (422, ``json_invalid`` and why) instead of read as other values."""
+    ``Infinity``, numbers beyond a double's range (``1e400``, ``1e-400``), integers beyond 64
+    bits and lone surrogates are refused (422, ``json_invalid`` and why) instead of read as
+    other values or failing later (a 500)."""
 
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()

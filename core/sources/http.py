@@ -29,12 +29,6 @@ from core.store.change import Change
 from core.store.ingest import current_records, lock_batch
 from core.store.writer import SourceWriter
 
-# What to do about a record orjson cannot write, by its error.
-_FIXES = (
-    ("Integer", "send such numbers as strings"),
-    ("Recursion", "nest it at most 254 levels deep, counting data itself"),
-)
-
 
 class IngestRecord(BaseModel):
     """One record as an API sync pushes it."""
@@ -67,9 +61,9 @@ class IngestRecord(BaseModel):
             return v
         try:
             orjson.dumps(v)
-        except TypeError as e:  # an integer beyond 64 bits, nesting beyond 254
-            fix = next((f for k, f in _FIXES if k in str(e)), "change it")
-            raise ValueError(f"cannot be stored: {e}; {fix}") from None
+        except TypeError as e:  # nested beyond orjson's 254 levels (the API refuses the rest)
+            raise ValueError(f"cannot be stored: {e}; nest it at most 254 levels deep, "
+                             "counting data itself") from None  # fmt: skip
         return v
 
     @model_validator(mode="after")

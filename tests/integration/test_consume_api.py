@@ -329,7 +329,18 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
                 "surrogate",
             ),
             (ingest('{"x": %s}' % ("[" * 600 + "]" * 600)), 422, "at most 254 levels deep"),
-            (ingest('{"x": 123456789012345678901234567890}'), 422, "as strings"),
+            (ingest('{"x": 123456789012345678901234567890}'), 422, "beyond 64 bits"),
+            (
+                client.post(
+                    "/v1/connectors",
+                    content=b'{"name": "k", "type": "webhook", "stream":'
+                    b' "events", "webhook": {"url": "http://127.0.0.1:1/x"}, "retry":'
+                    b' {"max_attempts": 293075731846141743676306657116160}}',
+                    headers={"content-type": "application/json"},
+                ),
+                422,
+                "beyond 64 bits",
+            ),  # a 500 when the connector was kept
         ]
         for r, status, reason in cases:
             assert r.status_code == status, (r.request.url, r.text)
