@@ -19,6 +19,7 @@ from pydantic import (
     Discriminator,
     Field,
     PlainSerializer,
+    SecretStr,
     Tag,
     model_validator,
 )
@@ -85,6 +86,25 @@ def check_http_url(v: str, example: str) -> str:
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> Self:
+        """No setting holds a NUL character: Postgres keeps none in text (a connector or
+        consumer made over the API is kept there). Nested models checked themselves."""
+        for name in type(self).model_fields:
+            stack = [getattr(self, name)]
+            while stack:
+                v = stack.pop()
+                if isinstance(v, SecretStr):
+                    v = v.get_secret_value()
+                if isinstance(v, str) and "\x00" in v:
+                    raise ValueError(f"{name}: holds a NUL character (\\u0000), which no "
+                                     "setting may")  # fmt: skip
+                if isinstance(v, dict):
+                    stack += [*v.keys(), *v.values()]
+                elif isinstance(v, (list, tuple)):
+                    stack += v
+        return self
 
 
 class TlsFiles(Model):

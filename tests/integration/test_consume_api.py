@@ -341,6 +341,20 @@ def test_bad_requests_get_a_4xx_with_a_reason(table: str) -> None:
                 422,
                 "beyond 64 bits",
             ),  # a 500 when the connector was kept
+            (
+                client.post(
+                    "/v1/connectors",
+                    json={
+                        "name": "k",
+                        "type": "webhook",
+                        "stream": "events",
+                        "collections": ["a\x00"],
+                        "webhook": {"url": "http://127.0.0.1:1/x"},
+                    },
+                ),
+                422,
+                "collections: holds a NUL character",
+            ),  # a 500 from the store's jsonb
         ]
         for r, status, reason in cases:
             assert r.status_code == status, (r.request.url, r.text)
