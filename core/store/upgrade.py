@@ -22,6 +22,7 @@ from core.store.batches import Entries, Version
 log = logging.getLogger("weir.store")
 
 CHUNK = 1000  # entries per batch made from the old rows
+PROGRESS_EVERY = 10.0  # seconds between progress lines
 ISO = """to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 
@@ -46,7 +47,20 @@ def to_batches(conn: Any, schema: str) -> None:
     def t(name: str) -> sql.Identifier:
         return sql.Identifier(schema, name)
 
-    started, moved = time.monotonic(), 0
+    started = said = time.monotonic()
+    moved = 0
+    row = conn.execute(sql.SQL("SELECT (SELECT count(*) FROM {}) + (SELECT count(*) FROM {})")
+                       .format(t("events"), t("records"))).fetchone()  # fmt: skip
+    total = row[0] if row else 0
+
+    def progress(n: int) -> None:  # a line every 10 s: a large store takes minutes
+        nonlocal moved, said
+        moved += n
+        if time.monotonic() - said >= PROGRESS_EVERY:
+            said = time.monotonic()
+            log.info("store: upgrading: moved %d of %d events and records into batches (%d%%)",
+                     moved, total, 100 * moved // max(total, 1))  # fmt: skip
+
     events = sql.SQL(
         "SELECT sync_id, seq, collection_id, record_id, action, commit_lsn, commit_idx, "
         + ISO.format("committed_at")
@@ -74,7 +88,7 @@ def to_batches(conn: Any, schema: str) -> None:
                 e.encode(),
             ),
         )
-        moved += len(rows)
+        progress(len(rows))
     records = sql.SQL(
         "SELECT sync_id, collection_id, coalesce(full_record_id, record_id), seq, version,"
         " version_idx, deleted, " + ISO.format("upstream_updated_at") + ", record::text,"
@@ -107,7 +121,7 @@ def to_batches(conn: Any, schema: str) -> None:
                 copy.write_row(
                     (sid, r[1], record_token(r[2]), r[3], r[4], r[5], r[6], r[9], -n, pos)
                 )
-        moved += len(rows)
+        progress(len(rows))
     for sid, n in counts.items():
         conn.execute(
             sql.SQL("UPDATE {} SET record_batches = %s WHERE sync_id = %s").format(t("sources")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -75,6 +76,7 @@ def test_a_row_per_change_store_is_upgraded_under_load(
     _, old, new = weir.log_text().split("weir: instance ")
     assert "applying migration 11" in old and "applying migration 12" not in old
     assert "applying migration 12" in new
+    assert re.search(r"store: moved \d+ events and records into batches in [\d.]+s", new), new
     assert count_events(db_url) == len(expected)
     check_delivered(db_url, *consumed(broker, events, records), expected)
     with psycopg.connect(db_url) as conn:
