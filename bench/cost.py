@@ -3,6 +3,8 @@
 One embedded Postgres (full_page_writes on) and one nats-server; each phase on a fresh
 database of that server, after a CHECKPOINT:
 - ``alone``: the load with nothing capturing it;
+- ``floor``: ``pg_recvlogical`` reading the load's changes (pgoutput) and writing them nowhere:
+  what any logical-decoding consumer costs Postgres (its walsender), Weir's floor;
 - ``weir``: `weir run` (its default process layout) capturing the load with one NATS events
   connector, the store in the source's database (the quickstart's layout);
 - ``own_db``: the same with the store in a database of its own on the same server;
@@ -15,8 +17,9 @@ Per phase: WAL bytes a change (``pg_current_wal_lsn()``), CPU µs a change of ev
 (Postgres by role: the load's backends and the others that ended, the walsender, Weir's store
 connections, the rest; Weir's by worker; nats-server), commit → subscriber latency p50/p99 (a
 core NATS subscriber takes ``now - commit_timestamp``), and against ``alone``: the Postgres CPU
-and WAL that Weir adds a change (``added``). Target (issue 30): Postgres ≤ 25 µs and WAL ≤ 1x
-on single-row transactions (bulk: ≤ 15 µs, ≤ 1x), Weir ≤ 30 µs (bulk 25), p99 ≤ 100 ms.
+and WAL that Weir adds a change (``added``), and against ``floor`` the Postgres CPU that Weir
+adds beyond any logical-decoding reader (``beyond_floor``). Target (issue 30): Postgres ≤ 25 µs
+and WAL ≤ 1x on single-row transactions (bulk: ≤ 15 µs, ≤ 1x), Weir ≤ 30 µs (bulk 25), p99 ≤ 100 ms.
 
     .venv/bin/python bench/cost.py [--rate 5000] [--seconds 20] [--bulk] [--phases alone,weir]
                                    [--profile]
@@ -58,7 +61,7 @@ TABLE = (
     "CREATE TABLE bench (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v int NOT NULL,"
     " name text)"
 )
-PHASES = ("alone", "weir", "own_db", "single")
+PHASES = ("alone", "floor", "weir", "own_db", "single")
 
 
 def scalar(url: str, query: str) -> Any:
@@ -192,8 +195,11 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
     sub = None
     weir = None
     ctx = None
+    recv = None
     try:
-        if name != "alone":
+        if name == "floor":
+            recv = floor_reader(pg, url)
+        elif name != "alone":
             store_url = url
             if name == "own_db":
                 with psycopg.connect(pg.url, autocommit=True) as conn:
@@ -239,6 +245,15 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
             pgbench(url, args.rate, args.seconds)
         load_s = time.perf_counter() - t0
         n = int(scalar(url, "SELECT count(*) FROM bench")) - int(before)
+        if recv:  # until the reader confirmed the whole load
+            end = scalar(url, "SELECT pg_current_wal_lsn()::text")
+            confirmed = ("SELECT confirmed_flush_lsn >= '" + end + "'::pg_lsn FROM "
+                         "pg_replication_slots WHERE slot_name = 'floor'")  # fmt: skip
+            deadline = time.monotonic() + 120
+            while not scalar(url, confirmed):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("pg_recvlogical did not confirm the load")
+                time.sleep(0.2)
         if spy:
             spy.wait(60)
             by_process(workdir / f"{name}.spy", RESULTS / "cost-profile.txt", name)
@@ -248,6 +263,8 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
         wal = int(scalar(pg.url, "SELECT pg_current_wal_lsn() - '0/0'")) - int(wal0)
         cpu1 = cpu.read()
         used = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+        if recv:
+            used["pg_recvlogical"] = procs.cpu_seconds(recv.pid)
         used |= {k: sum(map(procs.cpu_seconds, procs.tree(p))) - other0[k]
                  for k, p in servers.items()} if weir else {}  # fmt: skip
         if weir:
@@ -273,9 +290,24 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
+        if recv:
+            recv.terminate()
+            recv.wait(30)
         if sub:
             sub.close()
     return out
+
+
+def floor_reader(pg: EmbeddedPostgres, url: str) -> subprocess.Popen[bytes]:
+    """pg_recvlogical on a pgoutput slot of the load's table, confirming every second."""
+    scalar(url, "CREATE PUBLICATION floor FOR TABLE bench")
+    scalar(url, "SELECT pg_create_logical_replication_slot('floor', 'pgoutput')")
+    cmd = [str(pg.bindir / "pg_recvlogical"), "-d", url, "--slot", "floor", "--start", "-o",
+           "proto_version=1", "-o", "publication_names=floor", "-s", "1", "-F", "1", "-f",
+           os.devnull]  # fmt: skip
+    recv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    return recv
 
 
 def by_process(spy: Path, out: Path, phase: str, top: int = 30) -> None:
@@ -318,6 +350,12 @@ def main() -> None:
                 pg_us = r["postgres_us_per_change"] - alone["postgres_us_per_change"]
                 wal_x = r["wal_bytes_per_change"] / alone["wal_bytes_per_change"] - 1
                 r["added"] = {"postgres_us_per_change": round(pg_us, 1), "wal_x": round(wal_x, 2)}
+    floor = results.get("floor")
+    if floor:  # what Weir adds beyond any logical-decoding reader of the same load
+        for name, r in results.items():
+            if name not in ("alone", "floor"):
+                pg_us = r["postgres_us_per_change"] - floor["postgres_us_per_change"]
+                r["beyond_floor"] = {"postgres_us_per_change": round(pg_us, 1)}
     result = {
         "bench": "cost",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
