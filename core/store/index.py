@@ -138,11 +138,13 @@ class Batches:
     or minus a records batch's id): the last ``size`` read are kept, and those ``pinned`` (a
     batch being written) always are."""
 
-    def __init__(self, store: Store, sync_id: Any, size: int = 64) -> None:
+    def __init__(self, store: Store, sync_id: Any, size: int = 64, entries: int = 50_000) -> None:
         self.sync_id = sync_id
         self.size = size
+        self.entries = entries  # and at most about this many entries (memory)
         self.pinned: dict[int, Entries] = {}
         self._cache: OrderedDict[int, Entries] = OrderedDict()
+        self._count = 0  # entries in the cache
         self.queries = (
             sql.SQL(
                 "SELECT first_seq, data, version_pos, version_seq FROM {}"
@@ -154,10 +156,11 @@ class Batches:
         )
 
     def put(self, key: int, entries: Entries) -> None:
+        old = self._cache.pop(key, None)
+        self._count += len(entries) - (len(old) if old is not None else 0)
         self._cache[key] = entries
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.size:
-            self._cache.popitem(last=False)
+        while len(self._cache) > 1 and (len(self._cache) > self.size or self._count > self.entries):
+            self._count -= len(self._cache.popitem(last=False)[1])
 
     def get(self, key: int) -> Entries | None:
         return self.pinned.get(key) or self._cache.get(key)

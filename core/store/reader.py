@@ -296,9 +296,11 @@ class StreamReader:
                 action = "delete" if v.deleted else "upsert"
                 out[seq] = Found(self.record(v), v.record, None, action, v.rid, v.deleted, v.ts)
             return out
-        query, params = streams.events_at(self.store), (self.sync_id, self.sync_id, want)
-        rows = await (await self.conn.execute(query, params)).fetchall()
-        held = {first: Entries.decode(data) for first, data in rows}
+        # the batches by their first seqs, then from the cache (a receive of the Consume API
+        # wants a few of a batch's messages, and the next receive the next few)
+        query, params = streams.events_at(self.store), (self.sync_id, want)
+        firsts = [r[0] for r in await (await self.conn.execute(query, params)).fetchall()]
+        held = await self.batches.aload(self.conn, (f for f in firsts if f is not None))
         for seq in want:
             for first, e in held.items():
                 if first <= seq < first + len(e):

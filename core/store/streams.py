@@ -53,9 +53,8 @@ def record_seqs(store: Store) -> sql.Composed:
 
 
 def events_at(store: Store) -> sql.Composed:
-    """The events batches holding these seqs: params sync_id, seqs."""
+    """The first seqs of the events batches holding these seqs: params sync_id, seqs."""
     return sql.SQL(
-        "SELECT b.first_seq, b.data FROM {} b WHERE b.sync_id = %s AND b.first_seq IN"
-        " (SELECT (SELECT max(first_seq) FROM {} x WHERE x.sync_id = %s AND x.first_seq <= s)"
-        "  FROM unnest(%s::int8[]) s)"
-    ).format(store.table("event_batches"), store.table("event_batches"))
+        "SELECT DISTINCT (SELECT max(first_seq) FROM {} x WHERE x.sync_id = %s AND"
+        " x.first_seq <= s) FROM unnest(%s::int8[]) s"
+    ).format(store.table("event_batches"))
