@@ -31,8 +31,11 @@ def _fragment(value: Any) -> orjson.Fragment:
 
 
 def dumps(record: Any) -> bytes:
-    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are."""
-    return orjson.dumps(record, default=_fragment)
+    """A record (or changes) as JSON bytes, :class:`RawJson` values spliced in as they are.
+
+    Copied to its own size: orjson's bytes keep the 4 KiB buffer they were written in, and a
+    store batch keeps thousands of records (a 1M-change backlog took 2 GB in capture)."""
+    return memoryview(orjson.dumps(record, default=_fragment)).tobytes()
 
 
 def utc_iso(at: datetime) -> str:

@@ -135,14 +135,14 @@ def rebuild(conn: Conn, store: Store) -> None:
 
 class Batches:
     """Decoded batches of one source by their index location key (an events batch's first seq,
-    or minus a records batch's id): the last ``size`` read are kept, and those ``pinned`` (a
-    batch being written) always are."""
+    or minus a records batch's id): the last ``size`` read or written are kept, up to about
+    ``entries`` entries. A writer's cache may hold batches of its open transaction, which its
+    own connection reads too: it starts a new cache when it rolls back."""
 
-    def __init__(self, store: Store, sync_id: Any, size: int = 64, entries: int = 50_000) -> None:
+    def __init__(self, store: Store, sync_id: Any, size: int = 64, entries: int = 20_000) -> None:
         self.sync_id = sync_id
         self.size = size
         self.entries = entries  # and at most about this many entries (memory)
-        self.pinned: dict[int, Entries] = {}
         self._cache: OrderedDict[int, Entries] = OrderedDict()
         self._count = 0  # entries in the cache
         self.queries = (
@@ -163,7 +163,7 @@ class Batches:
             self._count -= len(self._cache.popitem(last=False)[1])
 
     def get(self, key: int) -> Entries | None:
-        return self.pinned.get(key) or self._cache.get(key)
+        return self._cache.get(key)
 
     def _held(self, keys: Iterable[int]) -> tuple[dict[int, Entries], list[list[int]]]:
         """Those of ``keys`` held, and those to read: (events batches' first seqs, records

@@ -72,7 +72,7 @@ class SnapshotWriter:
             return 0, 0
         w = self._writer
         w._begin()  # the source's lock, until the caller commits
-        w.batches.pinned.clear()  # what the last transaction wrote is committed, or gone
+        w.batches = index.Batches(w.store, w.sync_id)  # the last transaction's: committed, or gone
         tokens = [record_token(rid) for rid, _ in rows]
         accepted = None
         if self._all_new:

@@ -286,7 +286,6 @@ class SourceWriter:
             self.commit(commit_lsn, end_lsn)
             return
         self.events_seq, self.records_seq = int(row[0]), int(row[1])
-        self.batches.pinned.clear()
 
     def refuse(self, version: int, idx: int, collection_id: str, action: str, reason: str,
                record_id: str | None = None) -> None:  # fmt: skip
@@ -361,7 +360,7 @@ class SourceWriter:
         row: Any = self.conn.execute(self._write_batch, self._params(rows, latest)).fetchone()
         self.events_seq, self.records_seq = int(row[0]), int(row[1])
         entries = Entries.from_rows(rows).numbered(row[2], row[3])
-        self.batches.pinned[self.events_seq - len(rows) + 1] = entries
+        self.batches.put(self.events_seq - len(rows) + 1, entries)
 
     def _fill(self, latest: Versions, rows: Rows, lookup: Lookup) -> None:
         """A version whose record is not its change's own (columns it lacked taken from the
@@ -440,7 +439,7 @@ class SourceWriter:
         for _, v in versions:
             entries.add_version(v)
         key = -self.record_batches
-        self.batches.pinned[key] = entries
+        self.batches.put(key, entries)
         self.conn.execute(self._insert_records, (self.sync_id, self.record_batches,
                                                  len(entries), entries.encode()))  # fmt: skip
         if new:
@@ -481,7 +480,6 @@ class SourceWriter:
         self.conn.execute(self._checkpoint, (commit_lsn, end_lsn, self.sync_id))
         self.conn.commit()
         self._open = False
-        self.batches.pinned.clear()
 
     def rollback(self) -> None:
         self._open = False
