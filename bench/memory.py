@@ -1,5 +1,5 @@
 """Weir's memory with a backlog of 1M changes: the peak RSS of `weir run`, its supervisor and
-worker processes together (DESIGN.md section 12: under 300 MB), while it captures the backlog
+worker processes together (README “Performance”: under 300 MB), while it captures the backlog
 and forwards it.
 
 The backlog is in the WAL before Weir starts (the slot is made first): half of it one

@@ -1,5 +1,5 @@
 """A sharded connector against one shard: 2 shards on 2 connectors workers against 1 on 1,
-draining the same backlog of the events stream to JetStream (DESIGN.md section 12: at least 1.7
+draining the same backlog of the events stream to JetStream (README “Performance”: at least 1.7
 times, where the broker is not the limit).
 
 The backlog (``--rows`` inserts) is captured into the store first, so that capture is idle

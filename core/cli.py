@@ -1,4 +1,4 @@
-"""The ``weir`` command line (DESIGN.md section 10)."""
+"""The ``weir`` command line (README “Management API and CLI”)."""
 
 from __future__ import annotations
 

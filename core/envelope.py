@@ -1,5 +1,5 @@
-"""Messages, group keys, subjects and payloads as subscribers see them (DESIGN.md sections 4
-and 5, contract): pure data, built from store rows when a message leaves Weir.
+"""Messages, group keys, subjects and payloads as subscribers see them (README “Guarantees”,
+“Guarantees”, contract): pure data, built from store rows when a message leaves Weir.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def record_subject(namespace: str, key: str) -> str:
 
 
 class Payloads:
-    """The payloads of one source's messages (DESIGN.md section 4): JSON objects whose
+    """The payloads of one source's messages (README “Guarantees”): JSON objects whose
     ``record`` and ``changes`` are the stored JSON texts, spliced in without re-parsing, and
     whose ``metadata`` is written piece by piece, what one collection's messages share made
     once (the same bytes ``orjson`` writes for the metadata as a dict, a third of the time).
@@ -174,8 +174,8 @@ BrokerMark = dict[str, int]
 
 @dataclass(slots=True, eq=False)
 class Message:
-    """One message leaving Weir, built from a store row (core/store/reader.py; DESIGN.md
-    section 4).
+    """One message leaving Weir, built from a store row (core/store/reader.py; README
+    “Guarantees”).
 
     ``group`` is the group key (unit of order, :func:`group_key`), ``key`` the idempotency key,
     ``payload`` the JSON a subscriber receives. ``action`` is the event's action (``None`` on the

@@ -1,7 +1,7 @@
 """Identifiers users and subscribers see: sync ids, collection ids, record ids, subject tokens.
 
-DESIGN.md sections 3 and 5 (contract). One place for each rule: the capture path, HTTP ingest,
-the Spark seed job and the connectors all call these.
+README “Source database”, “Guarantees” (contract). One place for each rule: the capture
+path, HTTP ingest, the Spark seed job and the connectors all call these.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets out of everything Weir prints (DESIGN.md section 7.7): logs, CLI errors, config
+"""Secrets out of everything Weir prints (README “Guarantees”): logs, CLI errors, config
 errors and the HTTP API's error bodies all pass through :func:`redact`.
 
 Two rules, so that a secret is hidden whatever error carries it:

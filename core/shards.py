@@ -1,4 +1,4 @@
-"""Sharded connectors (DESIGN.md section 13): a connector with ``shards: N`` is N units of work,
+"""Sharded connectors (README “Operations”): a connector with ``shards: N`` is N units of work,
 each with its own cursor, broker mark and read-back, and a lease of its own, so that one
 connector spreads over worker processes and ``weir run`` instances.
 

@@ -1,4 +1,4 @@
-"""The Spark seed job: source tables into the records stream, in parallel (DESIGN.md section 13).
+"""The Spark seed job: source tables into the records stream, in parallel (README “Operations”).
 
     weir seed --config FILE --source S --table T [--table T2] [--master URL] [--jdbc-jar JAR]
     spark-submit --py-files weir.zip spark/seed.py --config FILE --source S --table T

@@ -1,4 +1,4 @@
-"""The ``kafka`` connector's settings (DESIGN.md sections 6 and 9)."""
+"""The ``kafka`` connector's settings (README “Configuration”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``nats`` connector's settings (DESIGN.md sections 5 and 9)."""
+"""The ``nats`` connector's settings (README “Guarantees”, “Configuration”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``sqs`` connector's settings (DESIGN.md sections 6 and 9)."""
+"""The ``sqs`` connector's settings (README “Configuration”)."""
 
 from __future__ import annotations
 

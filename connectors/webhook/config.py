@@ -1,4 +1,4 @@
-"""The ``webhook`` connector's settings (DESIGN.md sections 8 and 9)."""
+"""The ``webhook`` connector's settings (README “Consume API”, “Configuration”)."""
 
 from __future__ import annotations
 

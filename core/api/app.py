@@ -1,4 +1,4 @@
-"""The HTTP API of ``weir run`` (DESIGN.md section 8): one app factory over the route modules,
+"""The HTTP API of ``weir run`` (README “Consume API”): one app factory over the route modules,
 and the server that runs it.
 
 - core/api/consume_routes.py: management of HTTP pull consumers, the Consume API in its three

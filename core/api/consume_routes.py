@@ -1,4 +1,4 @@
-"""The routes of HTTP pull consumers (DESIGN.md section 8): their management, and the Consume
+"""The routes of HTTP pull consumers (README “Consume API”): their management, and the Consume
 API in its three route families over one engine (core/api/consume.py).
 
 Added to the API's token-guarded router by ``build_app`` (core/api/app.py). The receive routes

@@ -1,4 +1,4 @@
-"""The management API's engine (DESIGN.md section 15): where sources, connectors (by shard) and
+"""The management API's engine (README “Operations”): where sources, connectors (by shard) and
 HTTP pull consumers stand, a connector's throughput and lag over the last hour, and the
 operator's actions (pause, resume; retry and discard on failed lists). The routes are
 core/api/manage_routes.py; the web console (core/api/console/) shows the same.

@@ -1,4 +1,4 @@
-"""The management routes (DESIGN.md section 15), over core/api/manage.py: sources, connectors
+"""The management routes (README “Operations”), over core/api/manage.py: sources, connectors
 and their shards (state, lag, rate; pause and resume), a connector's last hour, and the failed
 lists of connectors and of HTTP pull consumers (page, show, retry, discard). Added to the
 API's token-guarded router by ``build_app`` (core/api/app.py); ``weir failed`` and

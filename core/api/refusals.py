@@ -1,4 +1,4 @@
-"""How the HTTP API refuses a request (DESIGN.md sections 7.6 and 7.7): always JSON
+"""How the HTTP API refuses a request (README “Guarantees”): always JSON
 ``{"detail": ...}``, never with a secret in it, and 413 for a body beyond
 ``api.max_body_bytes`` before that body is read into memory. The one place where the domain's
 refusals (core/errors.py) become HTTP statuses.

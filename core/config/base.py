@@ -1,4 +1,4 @@
-"""Config building blocks shared by core and every connector package (DESIGN.md section 9).
+"""Config building blocks shared by core and every connector package (README “Configuration”).
 
 Connector packages import these to declare their settings; ``core.config.model`` assembles the file.
 """

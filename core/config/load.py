@@ -1,5 +1,5 @@
 """Reading the YAML config file: ${VAR} substitution, then the models of core/config/model.py,
-with errors that name the file, line and key path of every problem (DESIGN.md section 9).
+with errors that name the file, line and key path of every problem (README “Configuration”).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The forwarding engine: moves a connector's stream from the store to its sink (DESIGN.md
-section 7, CONVENTIONS.md items 2-7).
+"""The forwarding engine: moves a connector's stream from the store to its sink (README
+“Guarantees”).
 
 Rules it keeps, for every sink alike:
 - per-record order: at most one unacknowledged message per group key; the group's next

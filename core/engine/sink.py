@@ -1,4 +1,4 @@
-"""The sink contract every connector implements (CONVENTIONS.md items 2, 3 and 9).
+"""The sink contract every connector implements (README “Guarantees”).
 
 The engine (engine/forwarder.py) owns ordering, batching, retries, cursors and the failed list; a
 sink only moves one batch to its broker and says which messages did not make it, and why.
@@ -43,7 +43,7 @@ class Sink(Protocol):
     ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
     JetStream stream sequences): everything published after the call lands after it.
     ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
-    broker took after ``mark``, so that a restart resends none of them (DESIGN.md section 7.2).
+    broker took after ``mark``, so that a restart resends none of them (README “Guarantees”).
     """
 
     async def connect(self) -> None: ...

@@ -1,4 +1,5 @@
-"""``weir run``: a supervisor of worker processes, so that Weir uses every core (DESIGN.md 13).
+"""``weir run``: a supervisor of worker processes, so that Weir uses every core (README
+“Operations”).
 
 What runs in which process (``weir run --single-process`` runs all of it in one):
 

@@ -1,4 +1,4 @@
-"""Connectors made over the management API (DESIGN.md section 15), kept in the store's
+"""Connectors made over the management API (README “Operations”), kept in the store's
 ``api_connectors`` table as the JSON of their config: ``weir run`` runs them beside the file's
 (core/config/model.py ``WeirConfig.with_stored``) and picks changes up at its lease polls,
 through the table's version (core/store/leases.py reads it with the heartbeat).

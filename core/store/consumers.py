@@ -1,4 +1,4 @@
-"""HTTP pull consumers in the store (DESIGN.md section 8): their declarations (``consumers``),
+"""HTTP pull consumers in the store (README “Consume API”): their declarations (``consumers``),
 their queues (``consumer_messages``) and what filling, a receive, an ack, a nack or a sweep does
 to those. Called by the consume engine (core/api/consume.py), which decides when.
 

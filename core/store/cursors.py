@@ -1,5 +1,5 @@
 """Connector cursors: where a connector, or each of its shards (core/shards.py), is in a source's
-stream, and where the broker was then (DESIGN.md sections 7 and 13).
+stream, and where the broker was then (README “Guarantees”, “Operations”).
 
 The cursors of a connector's shards are made together, by the first shard that starts, so that
 all of them start where ``start_position`` said at that one moment. When the connector's number

@@ -341,7 +341,7 @@ ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
         "consumer queue rows say whether they are outstanding: max_ack_pending is a hard cap",
         """
 -- Outstanding: delivered and neither acked nor nacked, whether or not its visibility timeout
--- ran out (DESIGN.md section 8). Set on delivery, cleared by nack; ack deletes the row. A
+-- ran out (README “Consume API”). Set on delivery, cleared by nack; ack deletes the row. A
 -- nacked row and one whose visibility ran out looked alike (both visible), yet only the nacked
 -- one takes room under max_ack_pending when delivered again. Rows delivered before count as
 -- outstanding while their visibility lasts. The partial index serves the count of a receive.

@@ -1,4 +1,4 @@
-"""What an operator does to the store (DESIGN.md section 15): page through a failed list, show
+"""What an operator does to the store (README “Operations”): page through a failed list, show
 one entry, ask for retries, discard, pause and resume a connector. The one place these are
 done, for the management API (core/api/manage.py) and the CLI (core/cli_operate.py) alike.
 

@@ -1,5 +1,5 @@
 """Writes rows read from a source table (the seed job, backfills) into a source's records
-stream, with the snapshot version guard (DESIGN.md section 13): a row never replaces a newer
+stream, with the snapshot version guard (README “Operations”): a row never replaces a newer
 live change.
 
 Snapshot rows carry version (L, -1): they replace only records older than L. A chunk of rows

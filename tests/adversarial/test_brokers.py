@@ -1,6 +1,6 @@
 """Brokers that refuse messages, close connections because of one, are down at start, or are
 shared by connectors: every change reaches the subscriber, or the failed list with its reason,
-and the connector goes on (DESIGN.md sections 5 and 7.5)."""
+and the connector goes on (README “Guarantees”)."""
 
 from __future__ import annotations
 

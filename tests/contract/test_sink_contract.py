@@ -1,4 +1,4 @@
-"""What every sink guarantees (DESIGN.md section 7), checked against its real broker."""
+"""What every sink guarantees (README “Guarantees”), checked against its real broker."""
 
 from __future__ import annotations
 

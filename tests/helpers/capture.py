@@ -15,7 +15,7 @@ from core.sources.pg.capture import PostgresCapture
 from core.store import Store
 from tests.helpers import stored
 
-# A table with a column of every kind of type, and a row of awkward values (DESIGN.md 4).
+# A table with a column of every kind of type, and a row of awkward values (README “Guarantees”).
 KINDS_DDL = (
     "CREATE TYPE mood AS ENUM ('sad', 'happy')",
     "CREATE DOMAIN posint AS int CHECK (VALUE > 0)",

@@ -1,4 +1,4 @@
-"""An in-memory broker and its sink, for unit tests of the forwarding engine only (DESIGN.md
+"""An in-memory broker and its sink, for unit tests of the forwarding engine only (the project
 allows fakes in unit tests, never in integration tests).
 
 Modelled on faststream's ``TestNatsBroker``/``FakeProducer``: the engine keeps its real code path

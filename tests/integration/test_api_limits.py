@@ -1,5 +1,5 @@
 """Request bodies beyond ``api.max_body_bytes`` get 413 before they are read into memory
-(DESIGN.md section 7.6), whether they declare their length or come in chunks.
+(README “Guarantees”), whether they declare their length or come in chunks.
 """
 
 from __future__ import annotations

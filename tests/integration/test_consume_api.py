@@ -1,4 +1,4 @@
-"""The Consume API through real HTTP against `weir run` (DESIGN.md section 8)."""
+"""The Consume API through real HTTP against `weir run` (README “Consume API”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Subject tokens and record ids (DESIGN.md sections 3 and 5)."""
+"""Subject tokens and record ids (README “Source database”, “Guarantees”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The layout's promises (DESIGN.md section 2) that a careless import would break silently."""
+"""The layout's promises (README “Layout”) that a careless import would break silently."""
 
 import ast
 import tomllib

@@ -1,6 +1,6 @@
 """Reading a source table as records-stream rows: the Spark seed job and backfills.
 
-A row read from a table must never overwrite a newer live change (DESIGN.md section 13). Every
+A row read from a table must never overwrite a newer live change (README “Operations”). Every
 row read here is written with the version ``(L, -1)``, where L is a WAL position taken by
 :func:`snapshot_point` before any row is read, after every transaction that could commit below
 L has ended. So:
