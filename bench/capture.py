@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 
 import psycopg
-from common import record
+from common import record, single_row_backlog
 
 from core.config.model import PostgresSource
 from core.sources.pg.capture import PostgresCapture
@@ -36,12 +36,7 @@ def make_backlog(url: str, n: int) -> None:
         conn.execute("CREATE PUBLICATION weir_pub FOR TABLE bench")
         for slot in ("raw_slot", "weir_slot"):
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        conn.execute(
-            "CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$ BEGIN "
-            "FOR i IN 1..n LOOP INSERT INTO bench VALUES (i, i, 'name-' || i); COMMIT; END LOOP; "
-            "END $$"
-        )
-        conn.execute("CALL load(%s)", (n,))
+        single_row_backlog(conn, n)
 
 
 def raw_read(url: str, n: int) -> float:

@@ -36,6 +36,24 @@ def new_db(
     return url
 
 
+def insert_rows(conn: psycopg.Connection[Any], n: int) -> None:
+    """Rows 1..n into ``bench``, in transactions of 10,000 (an autocommit ``conn``)."""
+    for lo in range(0, n, 10_000):
+        rows = (lo + 1, min(n, lo + 10_000))
+        conn.execute("INSERT INTO bench SELECT g, g, 'name-' || g FROM "
+                     "generate_series(%s::bigint, %s::bigint) g", rows)  # fmt: skip
+
+
+def single_row_backlog(conn: psycopg.Connection[Any], n: int) -> None:
+    """n single-row transactions into ``bench`` (rows 1..n), by a procedure that commits each."""
+    conn.execute(
+        "CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$ BEGIN "
+        "FOR i IN 1..n LOOP INSERT INTO bench VALUES (i, i, 'name-' || i); COMMIT; END LOOP; "
+        "END $$"
+    )
+    conn.execute("CALL load(%s)", (n,))
+
+
 def py_spy(
     pid: int, seconds: float, out: Path, *, subprocesses: bool = False
 ) -> subprocess.Popen[bytes]:

@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from common import new_db, record
+from common import new_db, record, single_row_backlog
 from cost import PostgresCpu
 
 from core.config.model import PostgresSource
@@ -63,12 +63,7 @@ def backlog(url: str, n: int, slot: str, publication: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE bench")
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        conn.execute(
-            "CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$ BEGIN "
-            "FOR i IN 1..n LOOP INSERT INTO bench VALUES (i, i, 'name-' || i); COMMIT; END LOOP; "
-            "END $$"
-        )
-        conn.execute("CALL load(%s)", (n,))
+        single_row_backlog(conn, n)
 
 
 def pg_us(used: dict[str, float], n: int, roles: tuple[str, ...]) -> float:

@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 
 import psycopg
-from common import new_db, record, run_for
+from common import insert_rows, new_db, record, run_for
 
 from core.config.model import WeirConfig
 from core.runtime.service import prepare
@@ -43,12 +43,7 @@ def main() -> int:
         cfg = WeirConfig.model_validate({"sources": [source]})
         prepare(cfg)
         with psycopg.connect(url, autocommit=True) as conn:
-            for lo in range(0, n, 10_000):
-                conn.execute(
-                    "INSERT INTO bench SELECT g, g, 'name-' || g FROM "
-                    "generate_series(%s::bigint, %s::bigint) g",
-                    (lo + 1, min(n, lo + 10_000)),
-                )
+            insert_rows(conn, n)
             head = "SELECT records_seq FROM weir.sources"
             rate = run_for(cfg, lambda: conn.execute(head).fetchone()[0], n)  # type: ignore[index]
         store = Store(url)

@@ -31,7 +31,7 @@ from typing import Any
 import boto3
 import httpx
 import psycopg
-from common import new_db, record, run_for
+from common import insert_rows, new_db, record, run_for
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -59,12 +59,7 @@ def weir_rate(
     capture = WeirConfig.model_validate({"sources": [source]})
     prepare(capture)
     with psycopg.connect(url, autocommit=True) as conn:
-        for lo in range(0, n, 10_000):
-            conn.execute(
-                "INSERT INTO bench SELECT g, g, 'name-' || g FROM "
-                "generate_series(%s::bigint, %s::bigint) g",
-                (lo + 1, min(n, lo + 10_000)),
-            )
+        insert_rows(conn, n)
     with psycopg.connect(url, autocommit=True) as conn:  # one connection polls
         run_for(capture, lambda: scalar(conn, "SELECT events_seq FROM weir.sources"), n)
         first = Entries.decode(scalar(conn, "SELECT data FROM weir.event_batches LIMIT 1"))
