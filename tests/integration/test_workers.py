@@ -55,6 +55,8 @@ def test_a_worker_killed_alone_is_restarted_and_nothing_is_lost_or_doubled(
     victims = iter(["connectors-0", "sources-0"])
     with WeirProcess(_config(tmp_path, db_url, [events, records]), tmp_path / "weir.log") as weir:
         wait_for(lambda: len(weir.workers()) == 3, what="three workers")
+        wait_for(lambda: "leases: connector:events is" in weir.log_text(), timeout=30,
+                 what="connectors-0 to take its lease before it is killed")  # fmt: skip
         first = weir.workers()
 
         def kill_a_worker() -> None:

@@ -55,17 +55,21 @@ class CaptureError(SourceSchemaError):
     """A change could not be read; the message names the table and LSN."""
 
 
-_second: list[Any] = [None, ""]  # the last second _iso wrote, and its text
+_second: tuple[int, str] = (-1, "")  # the last second _iso wrote and its text, swapped whole
+# (one tuple, so that sources streaming in threads of one process never pair a second with
+# another's text)
 
 
 def _iso(us: int) -> str:
     """A commit timestamp (microseconds since the Unix epoch) as messages write it
     (core/envelope.py ``utc_iso``); the text of a second is made once for all its commits."""
+    global _second
     second, fraction = divmod(us, 1_000_000)
-    if _second[0] != second:
-        at = _EPOCH + timedelta(seconds=second)
-        _second[0], _second[1] = second, at.strftime("%Y-%m-%dT%H:%M:%S.")
-    return f"{_second[1]}{fraction:06d}Z"
+    last = _second
+    if last[0] != second:
+        last = (second, (_EPOCH + timedelta(seconds=second)).isoformat()[:19] + ".")
+        _second = last
+    return f"{last[1]}{fraction:06d}Z"
 
 
 class SlotPosition:
