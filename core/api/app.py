@@ -23,7 +23,9 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
+import socket
 import threading
 from typing import Annotated, Any
 
@@ -158,6 +160,19 @@ def build_app(
     return app
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket, or an error that says who may hold the port."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        raise OSError(
+            f"cannot listen on {host}:{port}: {why}; another weir run or another program may "
+            "hold the port: stop it, or set api.listen to a free one"
+        ) from None
+
+
 class ApiServer:
     """The API in a thread of its own: ``start()`` returns once it listens; ``stop()`` drains."""
 
@@ -190,6 +205,7 @@ class ApiServer:
 
     async def _serve(self) -> None:
         assert self.cfg.api is not None
+        sock = _listen(self.host, self.port)  # before anything else: a port in use is said at once
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             self.store.url,
             min_size=2,
@@ -216,12 +232,12 @@ class ApiServer:
                 lifespan="off", timeout_graceful_shutdown=5,
             )  # fmt: skip
             self._server = uvicorn.Server(config)
-            serving = asyncio.create_task(self._server.serve())
+            serving = asyncio.create_task(self._server.serve(sockets=[sock]))
             while not self._server.started and not serving.done():
                 await asyncio.sleep(0.02)
             if serving.done():
                 serving.result()
-                raise OSError(f"api: cannot listen on {self.cfg.api.listen}")
+                raise OSError(f"cannot serve on {self.cfg.api.listen}")
             log.info("api: listening on http://%s:%d", self.host, self.port)
             self._ready.set()
             await serving

@@ -207,10 +207,12 @@ class Supervisor:
         """Start the workers once the store answers, keep them running, then drain them all:
         0 after a signal, 1 when a worker failed for good (a source's FATAL error)."""
         from core.runtime.service import wait_for_store
+        from core.store import open_store
 
         if not wait_for_store(self.cfg, self.stop):
             log.info("weir: stopped before the store answered")
             return 0
+        open_store(self.cfg)  # made or migrated once, here: what stops it is said once, exit 1
         self.metrics = MetricsDir()
         try:
             self._supervise()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.redact import first_line
 from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
@@ -120,10 +121,24 @@ class Store:
                     f"store's ({', '.join(taken)}): give the store a schema of its own (store: "
                     "schema:)"
                 )
-            migrate(conn, self.schema)
+            try:
+                migrate(conn, self.schema)
+            except psycopg.errors.InsufficientPrivilege as e:
+                raise StoreError(_may_not_create(conn, self.schema, e)) from None
             self._warn_shadowing(conn)
             for src in sources:
                 conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))
+
+
+def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error) -> str:
+    """Why the store role cannot make or change the store's schema, and the GRANT that lets it."""
+    user, db = conn.execute("SELECT quote_ident(current_user), quote_ident(current_database())"
+                            ).fetchone() or ("ROLE", "DATABASE")  # fmt: skip
+    return (
+        f"role {user} may not make the store's schema {schema} in database {db} "
+        f"({first_line(e)}): as the database's owner run GRANT CREATE ON DATABASE {db} TO "
+        f"{user}; or give store.url a database the role owns (createdb -O {user} weir_store)"
+    )
 
 
 def open_store(cfg: WeirConfig) -> Store:

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from core.config.model import PostgresSource
+from core.failures import postgres_unreachable
 from core.ids import lsn_to_str
 from core.metrics import Metrics
 from core.sources.pg import snapshot
@@ -90,7 +91,7 @@ class PostgresCapture:
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 stop.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 30.0)
+                delay = min(delay * 2, 25.0)  # said at least every 30 s
 
     def _unreadable(self, error: str) -> bool:
         """The slot can never be read past where it is (core/sources/pg/slot.py ``unreadable``)."""
@@ -112,10 +113,14 @@ class PostgresCapture:
         """
         src = self.src
         url = src.url.get_secret_value()
-        with (
-            snapshot.connect(url, "weir-catalog") as catalog,
-            self.store.connect() as store_conn,
-        ):  # fmt: skip
+        try:
+            source_conn = snapshot.connect(url, "weir-catalog")
+        except psycopg.OperationalError as e:  # refused for good: only the user can fix it
+            refused = postgres_unreachable(e, url, f"source {src.name}")
+            if refused.for_good:
+                raise SourceSetupError(str(refused)) from None
+            raise
+        with source_conn as catalog, self.store.connect() as store_conn:
             writer = SourceWriter(store_conn, self.store, src.sync_id, src.on_unstorable)
             # Step 1: one capture per source, whatever the slot says.
             writer.lock(src.name)

@@ -248,14 +248,15 @@ def _ensure_publication(
     via_root = sql.SQL("WITH (publish_via_partition_root = true)")
     if row is None:
         listed = sql.SQL(" FOR TABLE {}").format(idents) if missing else sql.SQL("")
+        create = sql.SQL("CREATE PUBLICATION {}{} {}").format(pub, listed, via_root)
         try:
-            conn.execute(sql.SQL("CREATE PUBLICATION {}{} {}").format(pub, listed, via_root))
+            conn.execute(create)
         except psycopg.errors.InsufficientPrivilege as e:
             raise SourceSetupError(
-                f"source {src.name!r}: cannot create publication {src.publication} "
-                f"({str(e).strip().splitlines()[0]}): the source's role needs CREATE on the "
-                "database and to own the tables; or have it created (CREATE PUBLICATION ... "
-                "WITH (publish_via_partition_root)) and set create_publication: false"
+                f"source {src.name!r}: role {role_of(conn)} cannot create publication "
+                f"{src.publication} ({str(e).strip().splitlines()[0]}): as the tables' owner run "
+                f"{create.as_string(conn)}; and set create_publication: false (or make the "
+                "role own the tables, with CREATE on the database)"
             ) from None
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
@@ -287,6 +288,12 @@ def _ensure_publication(
             src.publication,
         )
     return []
+
+
+def role_of(conn: psycopg.Connection[Any]) -> str:
+    """The connection's role, as a GRANT names it."""
+    row = conn.execute("SELECT quote_ident(current_user)").fetchone()
+    return str(row[0]) if row else "?"
 
 
 def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:

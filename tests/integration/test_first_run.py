@@ -1,0 +1,230 @@
+"""A first run as the README's quickstart has it, against a database whose tables belong to the
+application: the DBA's SQL and the config as written work, and each mistake a new user makes
+gives one line that names the fix; a permanent one ends `weir run` with exit 1 within 30 s."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from tests.helpers.brokers import NatsHarness
+from tests.helpers.capture import wait_for
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+WEIR = [sys.executable, "-m", "core.cli"]
+ROLE, PASSWORD = "weir_cdc", "change-me"  # the quickstart's
+
+
+def quickstart() -> dict[str, str]:
+    """The quickstart's code blocks by language (sql, yaml, sh), as the README writes them."""
+    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```(\w+)\n(.*?)```", section, re.S))
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[EmbeddedPostgres, EmbeddedNats]]:
+    """A server whose database ``app`` and its tables belong to the role ``app``, where Weir's
+    role logs in with a password; the DBA's SQL of the quickstart run on it as written."""
+    with EmbeddedPostgres() as pg, EmbeddedNats() as ns:
+        hba = pg.data / "pg_hba.conf"
+        hba.write_text(f"host all {ROLE} 127.0.0.1/32 scram-sha-256\n"
+                       f"host replication {ROLE} 127.0.0.1/32 scram-sha-256\n"
+                       + hba.read_text())  # fmt: skip
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE app LOGIN")
+            conn.execute("CREATE DATABASE app OWNER app")
+            conn.execute("SELECT pg_reload_conf()")
+        with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+            conn.execute("SET ROLE app")
+            conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text)")
+            conn.execute("CREATE TABLE orders (id int PRIMARY KEY, user_id int, total numeric)")
+            conn.execute("INSERT INTO users VALUES (1, 'ann')")
+            for statement in _statements(quickstart()["sql"]):
+                if statement.startswith("CREATE PUBLICATION"):  # as the tables' owner
+                    conn.execute(statement)
+            conn.execute("RESET ROLE")
+            for statement in _statements(quickstart()["sql"]):
+                if not statement.startswith("CREATE PUBLICATION"):  # as a superuser
+                    conn.execute(statement)
+        yield pg, ns
+
+
+def _db(pg: EmbeddedPostgres, db: str, user: str = "postgres", password: str = "") -> str:
+    login = f"{user}:{password}" if password else user
+    return f"postgresql://{login}@127.0.0.1:{pg.port}/{db}"
+
+
+def _statements(sql: str) -> list[str]:
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
+
+
+def _config(tmp_path: Path, ns: EmbeddedNats, **source: object) -> str:
+    """The quickstart's weir.yaml, with the test's NATS and the API on a free port."""
+    spec = yaml.safe_load(quickstart()["yaml"])
+    spec["connectors"][0]["nats"]["url"] = ns.url
+    spec["sources"][0].update(source)
+    spec["api"] = {"listen": f"127.0.0.1:{free_port()}", "tokens": ["a-token-of-24-characters"]}
+    path = tmp_path / "weir.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def _env(
+    pg: EmbeddedPostgres, password: str = PASSWORD, store: str = "weir_store"
+) -> dict[str, str]:
+    """The quickstart's exports, against the test's server."""
+    return os.environ | {"APP_DB_URL": _db(pg, "app", ROLE, password),
+                         "WEIR_STORE_URL": _db(pg, store, ROLE, PASSWORD)}  # fmt: skip
+
+
+def _fails(config: str, env: dict[str, str], *args: str) -> str:
+    """A command that must fail for good: exit 1 within 30 s; its lines that are errors."""
+    started = time.monotonic()
+    out = subprocess.run([*WEIR, *args, "--config", config], capture_output=True, text=True,
+                         timeout=60, env=env)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert time.monotonic() - started < 30, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    return "\n".join(line for line in out.stderr.splitlines() if "INFO" not in line)
+
+
+def test_the_quickstart_as_written(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """Its commands in order; a change of the application's reaches the NATS stream, and
+    nothing is logged above INFO."""
+    pg, ns = servers
+    config, env = _config(tmp_path, ns), _env(pg)
+    for command in quickstart()["sh"].splitlines():
+        args = [a.replace("weir.yaml", config) for a in command.split("#")[0].split()]
+        if args[:1] == [".venv/bin/weir"] and args[1] in ("config", "nats"):
+            out = subprocess.run([*WEIR, *args[1:]], capture_output=True, text=True, env=env,
+                                 timeout=60)  # fmt: skip
+            assert out.returncode == 0, out.stdout + out.stderr
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", config], env=env, stderr=f)
+    connector = yaml.safe_load(Path(config).read_text())["connectors"][0]
+    connector["nats"]["events_stream"] = {"name": "SEQUIN-EVENTS"}
+    try:
+        wait_for(lambda: "streaming from slot" in log.read_text(), timeout=60, what="capture")
+        with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (1, 1, 9.5)")
+        wait_for(lambda: len(NatsHarness(ns).read(connector)) == 1, timeout=60,
+                 what="the order in the NATS stream")  # fmt: skip
+        assert (
+            NatsHarness(ns).read(connector)[0].payload["record"]["total"] == "9.5"
+        )  # numeric: its text
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert run.returncode == 0, log.read_text()
+    assert " ERROR " not in log.read_text() and " WARNING " not in log.read_text()
+
+
+def test_a_wrong_password(tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]) -> None:
+    pg, ns = servers
+    err = _fails(_config(tmp_path, ns), _env(pg, password="not-it"), "run")
+    assert (f'cannot reach source app-db at 127.0.0.1:{pg.port}: password authentication failed '
+            f'for user "{ROLE}"; check the user and password of its url') in err, err  # fmt: skip
+
+
+def test_a_store_the_role_may_not_make(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """The store left in the source's database, where the role has no CREATE: the GRANT is
+    named, and once it is run as written, `weir run` makes the store."""
+    pg, ns = servers
+    spec = yaml.safe_load(Path(_config(tmp_path, ns)).read_text())
+    del spec["store"]
+    config = tmp_path / "no-store.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    err = _fails(str(config), _env(pg), "run")
+    grant = f"GRANT CREATE ON DATABASE app TO {ROLE}"
+    assert f"role {ROLE} may not make the store's schema weir in database app" in err, err
+    assert grant in err and len(err.splitlines()) == 1, err
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute(grant)
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", str(config)], env=_env(pg), stderr=f)
+    try:
+        wait_for(lambda: "supervising" in log.read_text(), timeout=60, what="the store made")
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert "applying migration 1 " in log.read_text()
+
+
+def test_a_publication_the_role_may_not_make(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """``create_publication`` left true by a role that does not own the tables: the SQL to
+    run as their owner is printed, and it works as printed."""
+    pg, ns = servers
+    config = _config(tmp_path, ns, create_publication=True, publication="weir_pub2")
+    err = _fails(config, _env(pg), "run")
+    sql = re.search(r"as the tables' owner run (CREATE PUBLICATION .*?); and set", err)
+    assert sql is not None, err
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute("SET ROLE app")
+        conn.execute(sql[1])
+    assert "weir_pub2" in sql[1]
+
+
+def test_a_table_the_role_may_not_read(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """A backfill of a table without SELECT: the GRANT is named, and works as printed."""
+    pg, ns = servers
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY)")
+        conn.execute("ALTER TABLE notes OWNER TO app")
+    config = _config(tmp_path, ns)
+    err = _fails(config, _env(pg), "backfill", "--source", "app-db", "--table", "public.notes")
+    grant = re.search(r"as its owner run (GRANT SELECT ON .*)$", err)
+    assert grant is not None and f"role {ROLE} may not read table public.notes" in err, err
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute(grant[1])
+    out = subprocess.run([*WEIR, "backfill", "--source", "app-db", "--table", "public.notes",
+                          "--config", config], capture_output=True, text=True, env=_env(pg),
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_second_run_on_the_same_api_port(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    pg, ns = servers
+    config, env = _config(tmp_path, ns), _env(pg)
+    port = yaml.safe_load(Path(config).read_text())["api"]["listen"]
+    first = subprocess.Popen([*WEIR, "run", "--config", config], env=env,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: _answers(f"http://{port}/health"), timeout=60,
+                 what="the first weir run's API")  # fmt: skip
+        err = _fails(config, env, "run", "--single-process")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+    assert f"cannot listen on {port}: Address already in use; another weir run" in err, err
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.TransportError:
+        return False
