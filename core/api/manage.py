@@ -27,6 +27,7 @@ from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConf
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
 from core.redact import masks_in, shown, unmasked
+from core.sources.pg.selected import selection_problems
 from core.store import Store
 from core.store import connectors as api_connectors
 from core.store import status as stored
@@ -239,7 +240,10 @@ class Operations:
         if not done:
             raise Conflict(f"a connector named {c.name!r} exists")
         log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
-        return self.described(c)
+        unmatched = await asyncio.to_thread(selection_problems, self.cfg, c)
+        for problem in unmatched:
+            log.warning("%s", problem)
+        return {**self.described(c), "warnings": unmatched}
 
     async def delete(self, name: str) -> None:
         if name in {f.name for f in self.cfg.connectors}:

@@ -65,6 +65,11 @@ class ConsumerStateOut(Out):
 class ConnectorConfigOut(Out):
     origin: str = Field(description="config: the YAML file's (read-only here); api")
     config: dict[str, Any] = Field(description="as the YAML file gives it; secrets masked")
+    warnings: list[str] = Field(
+        [],
+        description="made or changed: what its selection names that its sources do not have "
+        "(a collection pattern or filter column that matches nothing), with the closest name",
+    )
 
 
 class Sample(Out):

@@ -116,6 +116,8 @@ def serve(
     connectors = ConnectorWorks(cfg, store, metrics, worker)
     leases = Leases(store, len(works), "all" if worker is None else worker.name)
     scheduler = jobs.start(cfg, store) if worker is None or worker.jobs else None
+    if worker is None or worker.jobs:  # once an instance, beside the start
+        threading.Thread(target=_say_unmatched, args=(cfg,), daemon=True).start()
     tune_gc()
     if worker is None:
         log.info(
@@ -187,6 +189,15 @@ def _source_works(
             works[f"source:{src.name}"] = _SourceWork(src, store, metrics)
             works[f"backfill:{src.name}"] = _BackfillWork(src, store)
     return works
+
+
+def _say_unmatched(cfg: WeirConfig) -> None:
+    """What the file's connectors select that their sources do not have (a typo sends nothing)."""
+    from core.sources.pg.selected import selection_problems
+
+    for connector in cfg.connectors:
+        for problem in selection_problems(cfg, connector):
+            log.warning("%s", problem)
 
 
 def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:

@@ -228,3 +228,44 @@ def _answers(url: str) -> bool:
         return httpx.get(url).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_selection_that_matches_nothing(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """A typo'd collection or filter column is said at start, and when a connector is made
+    over the API, with the closest name (it would send nothing, for ever)."""
+    pg, ns = servers
+    config = _config(tmp_path, ns)
+    spec = yaml.safe_load(Path(config).read_text())
+    spec["connectors"][0] |= {"collections": ["public:odrers"], "stream": "events",
+                              "filters": [{"column": "totl", "op": ">", "value": 1}]}  # fmt: skip
+    Path(config).write_text(yaml.safe_dump(spec))
+    api = f"http://{spec['api']['listen']}"
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
+    try:
+        wait_for(lambda: "did you mean 'public:orders'?" in log.read_text(), timeout=60,
+                 what="the warning on the file's connector")  # fmt: skip
+        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        made = httpx.post(f"{api}/v1/connectors", json={
+            "name": "by-api", "type": "nats", "stream": "records", "nats": {"url": ns.url},
+            "collections": ["public:users", "publc:*"],
+            "filters": [{"column": "nmae", "op": "=", "value": "ann"}],
+        }, headers={"Authorization": "Bearer a-token-of-24-characters"})  # fmt: skip
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    text = log.read_text()
+    assert ("connector events-to-nats: collections: 'public:odrers' matches none of its "
+            "sources' tables (did you mean 'public:orders'?)") in text  # fmt: skip
+    assert ("connector events-to-nats: filters: column 'totl' is in none of the tables it "
+            "selects (did you mean 'total'?)") in text  # fmt: skip
+    assert made.status_code == 201, made.text
+    assert made.json()["warnings"] == [
+        "connector by-api: collections: 'publc:*' matches none of its sources' tables (did you "
+        "mean 'public:users'?)",
+        "connector by-api: filters: column 'nmae' is in none of the tables it selects (did you "
+        "mean 'name'?)",
+    ]

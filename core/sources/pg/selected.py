@@ -1,0 +1,90 @@
+"""Whether a connector's selection can match anything its Postgres sources capture: each
+collection pattern against their tables, each filter's column against the columns of the
+tables it selects. A typo there (``public:custmers``, a filter on ``stauts``) would otherwise
+send nothing, for ever, while the connector shows ``streaming``: what matches nothing is said
+at start and on every change over the API, with the closest name.
+
+Said, not refused: a table may be created after the connector (a followed schema).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from core.config.base import ConnectorBase, Filter
+from core.config.model import PostgresSource, WeirConfig
+from core.ids import collection_id_of
+from core.sources.pg import snapshot
+from core.sources.pg.setup import SourceSetupError, tables_of
+from core.store.selection import glob
+
+COLUMNS_SQL = """
+SELECT n.nspname, c.relname, a.attname FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY n.nspname, c.relname, a.attnum
+"""
+
+
+def catalog(src: PostgresSource) -> dict[str, list[str]]:
+    """The collections ``src`` captures (its ``tables:`` and followed ``schemas:``), each
+    with its columns."""
+    with snapshot.connect(src.url.get_secret_value(), "weir-catalog") as conn:
+        tables = tables_of(conn, src)
+        rows = conn.execute(
+            COLUMNS_SQL, ([s for s, _ in tables], [t for _, t in tables])
+        ).fetchall()
+    known: dict[str, list[str]] = {collection_id_of(s, t): [] for s, t in tables}
+    for schema, table, column in rows:
+        known[collection_id_of(schema, table)].append(column)
+    return known
+
+
+def unmatched(
+    collections: Sequence[str], filters: Sequence[Filter], known: dict[str, list[str]]
+) -> list[str]:
+    """What in a selection matches nothing of ``known`` (collection -> columns), each said
+    with the closest name."""
+    problems = []
+    for pattern in collections:
+        match = glob([pattern])
+        if match is not None and not any(match(c) for c in known):
+            problems.append(f"collections: {pattern!r} matches none of its sources' tables"
+                            + _closest(pattern, known))  # fmt: skip
+    match = glob(collections)
+    # the tables it selects; when none (a typo above), any of its sources'
+    selected = [cols for c, cols in known.items() if match is None or match(c)] or known.values()
+    columns = {col for cols in selected for col in cols}
+    for f in filters:
+        if columns and f.column not in columns:
+            problems.append(f"filters: column {f.column!r} is in none of the tables it "
+                            "selects" + _closest(f.column, columns))  # fmt: skip
+    return problems
+
+
+def _closest(name: str, names: Any) -> str:
+    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def selection_problems(cfg: WeirConfig, connector: ConnectorBase) -> list[str]:
+    """``unmatched`` for ``connector`` against the catalogs of its sources, when they are all
+    Postgres sources that answer (an ``http`` source's collections are whatever is sent; one
+    that does not answer is capture's to report)."""
+    sources = [s for s in cfg.sources if connector.sources is None or s.name in connector.sources]
+    if not sources or not all(isinstance(s, PostgresSource) for s in sources):
+        return []
+    known: dict[str, list[str]] = {}
+    try:
+        for src in sources:
+            assert isinstance(src, PostgresSource)
+            known |= catalog(src)
+    except (psycopg.Error, SourceSetupError):
+        return []
+    return [f"connector {connector.name}: {p}" for p in unmatched(
+        connector.collections, connector.filters, known)]  # fmt: skip
