@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # SIGTERM may come twice, from the supervisor and to the process group (systemctl
         # stop, a terminal's ^C): a worker drains on the first; only the supervisor's second
         # signal exits at once (and takes the workers with it).
-        stop = _stop_on_signals((signal.SIGTERM,), again_exits=False)
+        stop = _stop_on_signals((signal.SIGTERM,), again_exits=False, say=False)
         try:
             return serve(cfg, stop, grace, worker)
         except Exception as e:
@@ -70,9 +70,11 @@ WORKER_CRASHED = 3  # a worker's exit status for an error serve did not handle
 def _stop_on_signals(
     signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
     again_exits: bool = True,
+    say: bool = True,
 ) -> threading.Event:
     """An event these signals set, to drain and stop; a second signal exits at once (unless
-    ``again_exits`` is False: then it is ignored)."""
+    ``again_exits`` is False: then it is ignored). ``say``: log the signal (a worker's is
+    the supervisor's to say)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -81,7 +83,8 @@ def _stop_on_signals(
                 log.warning("second signal: exiting at once")
                 os._exit(1)
             return
-        log.info("signal %s: draining", signal.Signals(signum).name)
+        if say:
+            log.info("signal %s: draining", signal.Signals(signum).name)
         stop.set()
 
     for s in signals:

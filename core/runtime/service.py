@@ -87,12 +87,12 @@ def serve(
 
     remember(secrets_of(cfg))
     if not wait_for_store(cfg, stop):
-        log.info("weir: stopped before the store answered")
+        log.info("stopped before the store answered")
         return 0
     store = open_store(cfg)
     if clash := api_connectors.clashes(cfg, store):
         log.error(
-            "weir: the config file declares connectors that were made over the API: %s; each"
+            "the config file declares connectors that were made over the API: %s; each"
             " name's cursors belong to one connector: give the file's another name, or take it"
             " out of the file and DELETE /v1/connectors/NAME",
             ", ".join(clash),
@@ -121,11 +121,11 @@ def serve(
     tune_gc()
     if worker is None:
         log.info(
-            "weir: instance %s serving %d sources, %d connectors and %d consumers",
+            "instance %s serving %d sources, %d connectors and %d consumers",
             leases.instance, len(cfg.sources), len(cfg.connectors), len(cfg.consumers),
         )  # fmt: skip
     else:
-        log.info("weir: worker %s is instance %s", worker.name, leases.instance)
+        log.info("worker %s is instance %s", worker.name, leases.instance)
     failed = False
     reported: dict[str, tuple[str, str]] = {}  # what weir status was last told, by work
     try:
@@ -173,7 +173,8 @@ def serve(
             scheduler.shutdown(wait=False)
         if api is not None:
             api.stop()
-    log.info("weir: stopped")
+    if worker is None:  # a worker's end the supervisor says ("worker … drained")
+        log.info("stopped")
     return 1 if failed else 0
 
 
@@ -221,7 +222,7 @@ def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
             delay = min(delay * 2, STORE_RETRY_MAX)
             continue
         if said:
-            log.info("weir: the store answers")
+            log.info("the store answers")
         return True
     return False
 

@@ -210,7 +210,7 @@ class Supervisor:
         from core.store import open_store
 
         if not wait_for_store(self.cfg, self.stop):
-            log.info("weir: stopped before the store answered")
+            log.info("stopped before the store answered")
             return 0
         open_store(self.cfg)  # made or migrated once, here: what stops it is said once, exit 1
         self.metrics = MetricsDir()
@@ -218,11 +218,11 @@ class Supervisor:
             self._supervise()
         finally:
             self.metrics.remove()
-        log.info("weir: stopped")
+        log.info("stopped")
         return 1 if self.failed else 0
 
     def _supervise(self) -> None:
-        log.info("weir: instance %d supervising %s", os.getpid(),
+        log.info("instance %d supervising %s", os.getpid(),
                  ", ".join(c.worker.name for c in self.children) or "no worker")  # fmt: skip
         for child in self.children:
             self._start(child)
@@ -244,7 +244,7 @@ class Supervisor:
             env={**os.environ, SHARED_DIR: self.metrics.path},
         )  # fmt: skip
         child.started = time.monotonic()
-        log.info("weir: worker %s started (pid %d)", child.worker.name, child.proc.pid)
+        log.info("worker %s started (pid %d)", child.worker.name, child.proc.pid)
 
     def _exited(self, child: _Child, status: int) -> None:
         """A worker ended while it should run: stop everything when it failed for good,
@@ -254,7 +254,7 @@ class Supervisor:
         child.proc = None
         self.metrics.dead(pid)
         if status in FAILED_FOR_GOOD:
-            log.error("weir: worker %s (pid %d) %s: failed for good; stopping every worker",
+            log.error("worker %s (pid %d) %s: failed for good; stopping every worker",
                       name, pid, describe(status))  # fmt: skip
             self.failed = True
             return
@@ -263,7 +263,7 @@ class Supervisor:
         delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (child.restarts - 1))
         delay *= random.uniform(0.5, 1.0)
         child.restart_at = now + delay
-        log.warning("weir: worker %s (pid %d) %s; restarting it in %.1fs", name, pid,
+        log.warning("worker %s (pid %d) %s; restarting it in %.1fs", name, pid,
                     describe(status), delay)  # fmt: skip
 
     def _drain(self) -> None:
@@ -279,9 +279,9 @@ class Supervisor:
             try:
                 status = child.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("weir: worker %s (pid %d) did not drain in time: killed",
+                log.warning("worker %s (pid %d) did not drain in time: killed",
                             child.worker.name, child.proc.pid)  # fmt: skip
                 child.proc.kill()
                 status = child.proc.wait()
-            log.info("weir: worker %s (pid %d) %s", child.worker.name, child.proc.pid,
+            log.info("worker %s (pid %d) %s", child.worker.name, child.proc.pid,
                      "drained" if status == 0 else describe(status))  # fmt: skip
