@@ -183,6 +183,7 @@ class ApiServer:
         self.metrics = metrics
         self.host, self.port = cfg.api.host_port
         self._server: uvicorn.Server | None = None
+        self._consumers: Consumers | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -214,7 +215,7 @@ class ApiServer:
             kwargs={"autocommit": True, "application_name": "weir:api", "options": SESSION},
         )
         await pool.open(wait=True, timeout=30)
-        consumers = Consumers(self.cfg, self.store, pool)
+        consumers = self._consumers = Consumers(self.cfg, self.store, pool)
         ops = Operations(self.cfg, self.store, pool, consumers)
         ingest = Ingest(self.cfg, self.store, self.metrics)
         sweeper = AsyncIOScheduler()
@@ -250,6 +251,8 @@ class ApiServer:
             await pool.close()
 
     def stop(self) -> None:
+        if self._consumers is not None:  # a long poll ends with an empty batch, not a 500
+            self._consumers.closing = True
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

@@ -97,6 +97,7 @@ class Consumers:
         self.notifier = Notifier(store)
         self.live: dict[str, _Live] = {}
         self._serving = asyncio.Lock()
+        self.closing = False  # the API is stopping: long polls end now, with what they have
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -242,7 +243,7 @@ class Consumers:
                 live.wake.clear()  # set again by anything that may make a message deliverable
                 got = await self._receive_once(live, batch_size)
                 left = deadline - time.monotonic()
-                if got or left <= 0 or self.live.get(name) is not live:
+                if got or left <= 0 or self.closing or self.live.get(name) is not live:
                     return got
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(live.wake.wait(), min(left, WAKE))

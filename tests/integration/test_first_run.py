@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,3 +270,39 @@ def test_a_selection_that_matches_nothing(
         "connector by-api: filters: column 'nmae' is in none of the tables it selects (did you "
         "mean 'name'?)",
     ]
+
+
+def test_a_long_poll_when_weir_run_stops(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """SIGTERM while a worker long-polls the Consume API: the poll ends at once with an empty
+    batch (it ended with a 500 and a traceback when uvicorn's grace ran out)."""
+    pg, ns = servers
+    config = _config(tmp_path, ns)
+    spec = yaml.safe_load(Path(config).read_text())
+    spec["consumers"] = [{"name": "worker", "stream": "events", "deliver_policy": "new"}]
+    Path(config).write_text(yaml.safe_dump(spec))
+    api = f"http://{spec['api']['listen']}"
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
+    stopper = threading.Timer(1.0, run.send_signal, (signal.SIGTERM,))
+    try:
+        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        with httpx.Client(
+            base_url=api, timeout=30, headers={"Authorization": "Bearer a-token-of-24-characters"}
+        ) as client:
+            polling = client.build_request("GET", "/v1/http-consumers/worker/next",
+                                           params={"wait_for": 20_000})  # fmt: skip
+            stopper.start()
+            started = time.monotonic()
+            answer = client.send(polling)
+        took = time.monotonic() - started
+    finally:
+        if not stopper.is_alive() and not stopper.finished.is_set():  # never started
+            run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert answer.status_code == 200 and answer.json()["data"] == [], answer.text
+    assert took < 5, took
+    assert run.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
+    assert " ERROR " not in log.read_text(), log.read_text()
