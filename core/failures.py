@@ -8,9 +8,14 @@ NATS, and the admin requests' timeouts for Kafka.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import os
 import re
 import socket
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -19,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from core.redact import first_line, redact
 
 CONNECT_TIMEOUT = 10  # seconds
+AWAY = (psycopg.OperationalError, psycopg.InterfaceError)  # a server restarting, failing over
 
 
 def bound_postgres_connects() -> None:
@@ -108,3 +114,36 @@ def network_reason(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "no answer in time"
     return first_line(e)
+
+
+def scheduled(what: str, job: Callable[..., Any]) -> Callable[..., Any]:
+    """``job`` (a function or a coroutine function) for a scheduler: a database that does not
+    answer for a while (restarting, failing over) is a one-line WARNING, not apscheduler's
+    ERROR with a traceback; the next run tries again."""
+
+    def away(e: BaseException) -> None:
+        logging.getLogger("weir.jobs").warning(
+            "%s: the database did not answer (%s); the next run tries again", what, first_line(e)
+        )
+
+    if inspect.iscoroutinefunction(job):
+
+        @functools.wraps(job)
+        async def run_async(*args: Any) -> Any:
+            try:
+                return await job(*args)
+            except AWAY as e:
+                away(e)
+                return None
+
+        return run_async
+
+    @functools.wraps(job)
+    def run(*args: Any) -> Any:
+        try:
+            return job(*args)
+        except AWAY as e:
+            away(e)
+            return None
+
+    return run

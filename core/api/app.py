@@ -44,6 +44,7 @@ from core.api.consume import Consumers
 from core.api.manage import Operations
 from core.api.models import Refused
 from core.config.model import WeirConfig
+from core.failures import scheduled
 from core.metrics import Metrics
 from core.sources.http import Ingest
 from core.store import SESSION, Store
@@ -222,7 +223,8 @@ class ApiServer:
         try:
             await consumers.start()
             await ops.start()
-            sweeper.add_job(consumers.sweep, "interval", seconds=consume.SWEEP_EVERY,
+            sweeper.add_job(scheduled("consumers' sweep", consumers.sweep), "interval",
+                            seconds=consume.SWEEP_EVERY,
                             max_instances=1, coalesce=True)  # fmt: skip
             sweeper.start()
             tokens = [t.get_secret_value().encode() for t in self.cfg.api.tokens]

@@ -22,6 +22,7 @@ from datetime import timedelta
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from core.config.model import PostgresSource, WeirConfig
+from core.failures import scheduled
 from core.status import slot_lag
 from core.store import Store, retention
 
@@ -74,10 +75,10 @@ def check_slots(cfg: WeirConfig) -> list[str]:
 
 def start(cfg: WeirConfig, store: Store) -> BackgroundScheduler:
     scheduler = BackgroundScheduler(daemon=True)
-    scheduler.add_job(prune_events, "interval", args=(cfg, store), id="retention",
-                      seconds=PRUNE_EVERY.total_seconds(), max_instances=1,
+    scheduler.add_job(scheduled("retention", prune_events), "interval", args=(cfg, store),
+                      id="retention", seconds=PRUNE_EVERY.total_seconds(), max_instances=1,
                       coalesce=True)  # fmt: skip
-    scheduler.add_job(check_slots, "interval", args=(cfg,), id="slots",
+    scheduler.add_job(scheduled("slot check", check_slots), "interval", args=(cfg,), id="slots",
                       seconds=SLOTS_EVERY.total_seconds(), max_instances=1,
                       coalesce=True)  # fmt: skip
     scheduler.start()
