@@ -97,7 +97,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from core.sources.backfill import Backfill, configured_tables
     from core.store import open_store
 
-    cfg = load_or_exit(args.config)
+    cfg = load_or_exit(args.config, api=False)
     src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
     reach_postgres(src.url.get_secret_value(), f"source {src.name}")
@@ -133,7 +133,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     from core.store import Store
     from core.store.connectors import with_api_connectors
 
-    cfg = load_or_exit(args.config)
+    cfg = load_or_exit(args.config, api=False)
     try:  # with an API, connectors made over it need their streams or topics too
         if cfg.api is not None:
             cfg = with_api_connectors(cfg, Store(cfg.store_url, cfg.store.schema_))
@@ -165,14 +165,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     """
     from core.status_view import show
 
-    cfg = load_or_exit(args.config)
+    cfg = load_or_exit(args.config, api=False)
     return show(cfg, reach_store(cfg), args.interval, args.watch)
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
     from spark.seed import seed_command
 
-    return seed_command(args, load_or_exit(args.config))
+    return seed_command(args, load_or_exit(args.config, api=False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ def _chosen(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_failed(args: argparse.Namespace) -> int:
-    cfg = load_or_exit(args.config)
+    cfg = load_or_exit(args.config, api=False)
     name = _list_or_exit(cfg, args.name)
     what = args.failed_command
     ids: list[str] | None = None
@@ -109,7 +109,7 @@ def _print_entries(name: str, data: list[dict[str, Any]], next_: str | None) -> 
 
 
 def cmd_connector(args: argparse.Namespace) -> int:
-    cfg = load_or_exit(args.config)
+    cfg = load_or_exit(args.config, api=False)
     name = args.name
     if name.startswith(CONSUMER_PREFIX):
         print("weir connector: an HTTP pull consumer cannot be paused", file=sys.stderr)

@@ -15,10 +15,11 @@ from core.store import Store, StoreError
 from core.tables import parse_table, table_name
 
 
-def load_or_exit(path: str) -> WeirConfig:
-    """The config file, or exit 2 with every problem in it."""
+def load_or_exit(path: str, *, api: bool = True) -> WeirConfig:
+    """The config file, or exit 2 with every problem in it (``api=False``: without reading
+    its ``api:``, for a command that does not serve it)."""
     try:
-        return load_config(path)
+        return load_config(path, api=api)
     except ConfigError as e:
         print(f"weir: invalid config:\n{e}", file=sys.stderr)
         raise SystemExit(2) from None

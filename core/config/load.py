@@ -56,7 +56,10 @@ for _tag, _rx, _first in (
 _SCALARS = _Loader("")
 
 
-def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs: list[str]) -> Any:
+Errors = list[tuple[tuple[str | int, ...], str]]  # where, and the line to print
+
+
+def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs: Errors) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
@@ -64,7 +67,9 @@ def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs:
             key = str(k.value)
             lines[(*path, key)] = k.start_mark.line + 1
             if key in out:
-                errs.append(f"{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key")
+                errs.append(
+                    (path, f"{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key")
+                )
             out[key] = _to_python(v, (*path, key), lines, errs)
         return out
     if isinstance(node, yaml.SequenceNode):
@@ -79,10 +84,9 @@ def _to_python(node: yaml.Node, path: tuple[str | int, ...], lines: Lines, errs:
                 return found
             if m.group(2) is not None:
                 return m.group(2)
-            errs.append(
-                f"{node.start_mark.line + 1}: {_dotted(path)}: environment variable "
-                f"{m.group(1)} is not set (write ${{{m.group(1)}:-default}} for a default)"
-            )
+            errs.append((path, f"{node.start_mark.line + 1}: {_dotted(path)}: environment "
+                         f"variable {m.group(1)} is not set (write ${{{m.group(1)}:-default}} for "
+                         "a default)"))  # fmt: skip
             return ""
 
         return _VAR.sub(sub, value)  # substituted text stays text; pydantic converts it
@@ -127,8 +131,14 @@ def _tags(loc: tuple[str | int, ...], disc: str) -> list[str]:
     return sorted(tag_of(m, disc) for m in get_args(get_args(item)[0]))
 
 
-def load_config(path: str | Path) -> WeirConfig:
-    """Read and validate a config file; raises :class:`ConfigError` listing every problem."""
+# What a command that does not serve the API reads instead of the file's ``api:`` (so that its
+# variables, the tokens, need not be set where ``weir status`` runs).
+_API_UNREAD = {"listen": "127.0.0.1:0", "tokens": ["not-read-by-this-command"]}
+
+
+def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
+    """Read and validate a config file; raises :class:`ConfigError` listing every problem.
+    ``api=False``: the ``api:`` section is not read (a command that does not serve it)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -141,12 +151,16 @@ def load_config(path: str | Path) -> WeirConfig:
         line = mark.line + 1 if mark else 1
         raise ConfigError(path, [f"{line}: invalid YAML: {getattr(e, 'problem', e)}"]) from None
     lines: Lines = {}
-    errs: list[str] = []
+    errs: Errors = []
     data = _to_python(root, (), lines, errs) if root is not None else {}
+    if not api:
+        errs = [(where, e) for where, e in errs if where[:1] != ("api",)]
     if errs:
-        raise ConfigError(path, errs)
+        raise ConfigError(path, [e for _, e in errs])
     if not isinstance(data, dict):
         raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
+    if not api and "api" in data:
+        data["api"] = _API_UNREAD
     try:
         cfg = WeirConfig.model_validate(data)
     except ValidationError as e:

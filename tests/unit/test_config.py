@@ -72,6 +72,23 @@ def test_missing_variable_and_bad_yaml(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "sources:\n  - [unclosed\n"))
 
 
+def test_a_command_that_does_not_serve_the_api_needs_none_of_its_variables(
+    tmp_path: Path,
+) -> None:
+    """`weir status`, `failed`, `backfill` ... where the API's token is not set: they load; the
+    other sections' variables are still needed, and `weir run` needs them all."""
+    path = _write(tmp_path, "sources: [{name: a, kind: postgres, url: 'postgresql://h/db', tables: [public.t]}]\n"
+                  "consumers: [{name: c, stream: events}]\n"
+                  "api: {listen: '${NO_LISTEN}', tokens: ['${NO_TOKEN_X}']}\n")  # fmt: skip
+    assert load_config(path, api=False).consumers[0].name == "c"
+    with pytest.raises(ConfigError, match=r"api.tokens\[0\]: environment variable NO_TOKEN_X"):
+        load_config(path)
+    path.write_text(path.read_text().replace("postgresql://h/db", "${NO_URL_X}"))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.url: environment variable NO_URL_X") as e:
+        load_config(path, api=False)
+    assert "NO_TOKEN_X" not in str(e.value)
+
+
 def test_validate_exits_2_with_the_problems(tmp_path: Path) -> None:
     path = _write(tmp_path, "sources:\n  - {name: a, kind: kafka}\n")
     run = subprocess.run(
