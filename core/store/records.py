@@ -8,6 +8,7 @@ retention).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from core.envelope import RawJson, dumps
@@ -33,6 +34,7 @@ def collapse(latest: dict[tuple[str, str], Latest], ch: Change, pos: int) -> Non
 
 
 Row = dict[str, Any]  # a record's values (``RawJson`` for those read back from the store)
+Lookup = Callable[[list[tuple[str, str]]], dict[tuple[str, str], Row]]
 
 
 def source_of(ch: Change) -> tuple[str, str]:
@@ -54,12 +56,15 @@ class Previous:
     ``changes``, with that version's value, when the new value differs from it. Fed the
     changes of a write in order."""
 
-    def __init__(self, stored: dict[tuple[str, str], Row]) -> None:
-        self.rows = stored  # each record's newest known version, updated as changes go by
+    def __init__(self, changes: list[Change], lookup: Lookup) -> None:
+        """``lookup``: the stored versions of records (called only when one is needed)."""
+        self.active = any(map(lacks, changes))  # else every change is whole as it is
+        needed = self._needed(changes) if self.active else []
+        self.rows = lookup(needed) if needed else {}  # each record's newest version known
         self.unfilled: dict[str, str] = {}  # collection -> a record still lacking values
 
     @staticmethod
-    def needed(changes: list[Change]) -> list[tuple[str, str]]:
+    def _needed(changes: list[Change]) -> list[tuple[str, str]]:
         """The records whose stored version a write needs: the sources of changes that lack
         values and that no change before them in the write gave."""
         given: set[tuple[str, str]] = set()
@@ -73,7 +78,7 @@ class Previous:
 
     def complete(self, ch: Change) -> tuple[Row | None, dict[str, Any] | None]:
         """``ch``'s record with the values the WAL left out, and its ``changes``."""
-        if ch.record is None or ch.record_id is None:
+        if not self.active or ch.record is None or ch.record_id is None:
             return ch.record, ch.changes
         record, changes = ch.record, ch.changes
         if lacks(ch):

@@ -232,7 +232,7 @@ class SourceWriter:
         counters = self.events_seq, self.records_seq, self.record_batches
         try:
             with self.conn.transaction():  # a savepoint
-                previous = Previous(self._stored(Previous.needed(changes)))
+                previous = Previous(changes, self._stored)
                 for rows, latest, truncate in self._batches(changes, previous):
                     self._store(rows, latest)
                     if truncate is not None:
@@ -262,7 +262,7 @@ class SourceWriter:
         statements, pipelined or not)."""
         idle = self.conn.info.transaction_status == TransactionStatus.IDLE
         simple = idle and not self._drops and not any(map(lacks, changes))
-        batches = list(self._batches(changes, Previous({}))) if simple else []
+        batches = list(self._batches(changes, Previous(changes, self._stored))) if simple else []
         if len(batches) != 1 or batches[0][2] is not None or self._refused:
             self._refused.clear()
             self.write(changes)
@@ -323,7 +323,7 @@ class SourceWriter:
                 self._refused.append((ch, err.reason))
                 continue
             payload = None
-            if ch.action == "delete" and whole is not ch.record:
+            if ch.action == "delete" and whole != ch.record:
                 record, payload = dumps(ch.record), record
             chg = None if changed is None else dumps(changed)
             if ch.event_lsn is None:

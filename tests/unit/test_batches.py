@@ -81,7 +81,7 @@ def test_a_version_takes_the_columns_it_lacks_from_the_one_before(
     change = Change(action="update", collection_id="c", record_id="1",
                     record=_raw(record), changes=None, missing=missing,  # type: ignore[arg-type]
                     old_record_id=None, version=1, idx=0, committed_at="")  # fmt: skip
-    previous = Previous({("c", "1"): split_object(stored)})
+    previous = Previous([change], lambda keys: {("c", "1"): split_object(stored)})
     whole, _ = previous.complete(change)
     out = json.loads(dumps(whole), parse_float=Decimal)
     want = {k: before[k] for k in missing if k in before} | record

@@ -44,7 +44,7 @@ def test_changes_and_record_take_what_the_wal_left_out_from_the_version_before(
     before: dict[str, Any] = {"id": 1} | {
         n: old.decode() for n, (old, *_) in zip(NAMES[1:], columns, strict=True)
     }
-    previous = Previous({("public:t", "1"): before} if stored else {})
     ch = change_of(("U", 1, "O", old_row, new_row), REL, 10, 0, "")
+    previous = Previous([ch], lambda keys: {("public:t", "1"): before} if stored else {})
     assert previous.complete(ch) == (record, changes)
     assert bool(previous.unfilled) == (len(record) < len(NAMES))
