@@ -200,7 +200,7 @@ def test_unchanged_toast_values_on_both_streams(adv_db: str) -> None:
     with capturing(pg_source(adv_db)), psycopg.connect(adv_db) as conn:
         # Generated only: the tables go on from example to example, so a replay (shrinking)
         # would start from other rows.
-        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
+        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck),
                   phases=[Phase.explicit, Phase.generate])  # fmt: skip
         @given(program)
         @example(EVERY)
