@@ -24,8 +24,8 @@ rseq       the records-stream seq of the version the entry made, or None
 version    the version when it is not ``lsn`` (http sources), else None
 record     the record's JSON (None for a truncate)
 changes    the changed columns' old values as JSON, or None
-payload    the version's record when it is not ``record`` (columns an update left out, taken
-           from the version before), else None
+payload    the version's record when it is not ``record`` (a delete's tombstone: the values the
+           WAL left out of its event, taken from the version before), else None
 =========  ===================================================================================
 """
 

@@ -14,10 +14,11 @@ class Change(NamedTuple):
     """One change to one record, in the order it was committed upstream.
 
     ``record`` holds new values (old ones for a delete); ``missing`` names the table's other
-    columns, whose values are unknown (unchanged TOAST, a delete carrying only the key): the
-    records stream keeps their last known values, and only theirs, so a dropped or renamed
-    column leaves the record at its next version. ``old_record_id`` is set when an update
-    changed the key.
+    columns, whose values the WAL left out (unchanged TOAST, a delete carrying only the key);
+    ``old_missing`` those whose old value it left out while sending a new one (an old row's
+    unchanged TOAST value). The store takes them from the record's version before
+    (``core.store.records.Previous``), and only theirs, so a dropped or renamed column leaves
+    the record at its next version. ``old_record_id`` is set when an update changed the key.
     ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
     ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
     the batch number, so that event idempotency keys stay unique).
@@ -34,6 +35,7 @@ class Change(NamedTuple):
     idx: int
     committed_at: str  # ISO-8601
     event_lsn: int | None = None
+    old_missing: tuple[str, ...] = ()
 
 
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal

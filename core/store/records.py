@@ -1,12 +1,14 @@
 """The records stream's rule: one current version per record, its newest. How a write's changes
-collapse to the versions to index, how a version missing columns takes them from the one
-before, and the SQL that indexes versions and finds a collection's live records (used by the
-writer of changes, the snapshot writer of backfills and seeds, and retention).
+collapse to the versions to index, how a change lacking values takes them from its record's
+version before (on both streams), and the SQL that indexes versions and finds a collection's
+live records (used by the writer of changes, the snapshot writer of backfills and seeds, and
+retention).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from core.envelope import RawJson, dumps
@@ -14,60 +16,84 @@ from core.store.change import Change
 
 
 class Latest(NamedTuple):
-    """A record's newest version in a write: the entry ``pos`` made it. ``missing`` names the
-    columns still unknown (to take from the stored version of ``from_id``, else its own)."""
+    """A record's newest version in a write: the entry ``pos`` made it."""
 
     version: int
     idx: int
     deleted: bool
-    missing: tuple[str, ...]
-    record: dict[str, Any]
     pos: int
-    from_id: str | None
-    own: bool  # ``record`` is the change's own (no column taken from another version)
 
 
-def collapse(latest: dict[tuple[str, str], Latest], ch: Change, pos: int, record_id: str,
-             deleted: bool, record: dict[str, Any], missing: tuple[str, ...],
-             from_id: str | None = None) -> None:  # fmt: skip
+def collapse(latest: dict[tuple[str, str], Latest], ch: Change, pos: int) -> None:
     """Keep only the newest version of each record in a write (the records stream is
-    compacted). A version with unknown columns takes theirs from the version before it in the
-    write; those still unknown come from the stored version (of ``from_id``, else its own)."""
-    key = (ch.collection_id, record_id)
-    prev = latest.pop(key, None)  # re-inserted: dict order is the order of the last change
-    if prev is not None and missing and from_id is None:
-        known = {k: v for k, v in prev.record.items() if k in missing}
-        record = {**known, **record}
-        missing = tuple(k for k in missing if k not in known)
-        from_id = prev.from_id
-    own = record is ch.record
-    latest[key] = Latest(ch.version, ch.idx, deleted, missing, record, pos, from_id, own)
+    compacted)."""
+    assert ch.record_id is not None
+    key = (ch.collection_id, ch.record_id)
+    latest.pop(key, None)  # re-inserted: dict order is the order of the last change
+    latest[key] = Latest(ch.version, ch.idx, ch.action == "delete", pos)
 
 
-def moved(latest: dict[tuple[str, str], Latest], ch: Change, pos: int) -> None:
-    """An insert whose row had another key before (its delete came just before it, under the
-    old key): it takes the values it lacks from the old record."""
-    assert ch.record is not None and ch.record_id is not None and ch.old_record_id is not None
-    old = latest.get((ch.collection_id, ch.old_record_id))
-    record, missing = ch.record, ch.missing
-    if old is not None:
-        record = {**{k: v for k, v in old.record.items() if k in missing}, **record}
-        missing = tuple(k for k in missing if k not in record)
-    source = ((old.from_id if old else None) or ch.old_record_id) if missing else None
-    collapse(latest, ch, pos, ch.record_id, False, record, missing, source)
+Row = dict[str, Any]  # a record's values (``RawJson`` for those read back from the store)
+Lookup = Callable[[list[tuple[str, str]]], dict[tuple[str, str], Row]]
 
 
-def merged(
-    stored: bytes, record: dict[str, Any], missing: tuple[str, ...]
-) -> tuple[bytes, list[str]]:
-    """A version's record with the ``missing`` columns it lacks taken from ``stored`` (the
-    JSON of the version before, its values kept as written); and those ``stored`` lacks too."""
-    before = split_object(stored)
-    wanted = set(missing)
-    # In the order of the version before (the table's columns), then the new ones.
-    out = {k: record.get(k, v) for k, v in before.items() if k in record or k in wanted}
-    out.update(record)
-    return dumps(out), [k for k in missing if k not in before]
+def source_of(ch: Change) -> tuple[str, str]:
+    """The record whose previous version holds what ``ch`` lacks: its own, or for the insert
+    of a key change the old key's (whose delete comes just before it)."""
+    return ch.collection_id, ch.old_record_id or ch.record_id or ""
+
+
+def lacks(ch: Change) -> bool:
+    """Whether the WAL left values of ``ch`` out (README "Messages": unknown values)."""
+    return bool(ch.missing or ch.old_missing)
+
+
+class Previous:
+    """The one rule for values the WAL leaves out (README "Messages"): a change's record
+    takes the columns it lacks (``missing``: unchanged TOAST values, a delete's non-key
+    columns) from its record's previous version, the change before it in the write or else
+    the stored version; and a column whose old value was left out (``old_missing``) is in
+    ``changes``, with that version's value, when the new value differs from it. Fed the
+    changes of a write in order."""
+
+    def __init__(self, changes: list[Change], lookup: Lookup) -> None:
+        """``lookup``: the stored versions of records (called only when one is needed)."""
+        self.active = any(map(lacks, changes))  # else every change is whole as it is
+        needed = self._needed(changes) if self.active else []
+        self.rows = lookup(needed) if needed else {}  # each record's newest version known
+        self.unfilled: dict[str, str] = {}  # collection -> a record still lacking values
+
+    @staticmethod
+    def _needed(changes: list[Change]) -> list[tuple[str, str]]:
+        """The records whose stored version a write needs: the sources of changes that lack
+        values and that no change before them in the write gave."""
+        given: set[tuple[str, str]] = set()
+        out: list[tuple[str, str]] = []
+        for ch in changes:
+            if lacks(ch) and source_of(ch) not in given:
+                out.append(source_of(ch))
+            if ch.record_id is not None:
+                given.add((ch.collection_id, ch.record_id))
+        return out
+
+    def complete(self, ch: Change) -> tuple[Row | None, dict[str, Any] | None]:
+        """``ch``'s record with the values the WAL left out, and its ``changes``."""
+        if not self.active or ch.record is None or ch.record_id is None:
+            return ch.record, ch.changes
+        record, changes = ch.record, ch.changes
+        if lacks(ch):
+            before = self.rows.get(source_of(ch), {})
+            record = {k: record.get(k, v) for k, v in before.items()
+                      if k in record or k in ch.missing} | record  # fmt: skip
+            if ch.old_missing:
+                changes = dict(changes or {}) | {
+                    k: before[k] for k in ch.old_missing
+                    if k in before and k in record and dumps(before[k]) != dumps(record[k])
+                }  # fmt: skip
+            if ch.action != "delete" and any(k not in record for k in ch.missing):
+                self.unfilled.setdefault(ch.collection_id, ch.record_id)
+        self.rows[(ch.collection_id, ch.record_id)] = record
+        return record, changes
 
 
 def split_object(text: bytes) -> dict[str, RawJson]:

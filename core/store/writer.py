@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,9 +34,11 @@ from core.store.records import (
     MOVE_VERSIONS,
     WRITE_BATCH,
     Latest,
+    Previous,
+    Row,
     collapse,
-    merged,
-    moved,
+    lacks,
+    split_object,
 )
 
 
@@ -81,8 +83,6 @@ def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
     ).format(store.table("sources"), sets, sql.Literal(NOTIFY_CHANNEL))
 
 
-# The stored versions of (collection, record id)s.
-Lookup = Callable[[list[tuple[str, str]]], dict[tuple[str, str], Version]]
 Rows = list[tuple[Any, ...]]  # a batch being written: its entries' fields (Entries.from_rows)
 Versions = dict[tuple[str, str], Latest]  # the newest version of each record it changes
 BATCH_BYTES = 64 << 20  # JSON text in one batch; a write holding more is stored in several
@@ -232,11 +232,13 @@ class SourceWriter:
         counters = self.events_seq, self.records_seq, self.record_batches
         try:
             with self.conn.transaction():  # a savepoint
-                for rows, latest, truncate in self._batches(changes):
-                    self._fill(latest, rows, self._stored)
+                previous = Previous(changes, self._stored)
+                for rows, latest, truncate in self._batches(changes, previous):
                     self._store(rows, latest)
                     if truncate is not None:
                         self._tombstone(truncate, (truncate.collection_id,))
+                if previous.unfilled:
+                    self._unfilled(previous.unfilled)
         except psycopg.Error as e:
             if (e.sqlstate or "")[:2] not in REFUSED:
                 raise
@@ -259,18 +261,14 @@ class SourceWriter:
         itself: one round trip (~0.3 ms of CPU here, against ~0.8 for a transaction of a few
         statements, pipelined or not)."""
         idle = self.conn.info.transaction_status == TransactionStatus.IDLE
-        batches = list(self._batches(changes)) if idle and not self._drops else []
+        simple = idle and not self._drops and not any(map(lacks, changes))
+        batches = list(self._batches(changes, Previous(changes, self._stored))) if simple else []
         if len(batches) != 1 or batches[0][2] is not None or self._refused:
             self._refused.clear()
             self.write(changes)
             self.commit(commit_lsn, end_lsn)
             return
         rows, latest, _ = batches[0]
-        if any(v.missing for v in latest.values()):
-            self.write(changes)
-            self.commit(commit_lsn, end_lsn)
-            return
-        self._fill(latest, rows, lambda keys: {})
         params = self._params(rows, latest) | {"commit": commit_lsn, "end": end_lsn}
         try:
             self.conn.autocommit = True
@@ -303,41 +301,43 @@ class SourceWriter:
         for ch, reason in refused:
             self.refuse(ch.version, ch.idx, ch.collection_id, ch.action, reason, ch.record_id)
 
-    def _batches(self, changes: list[Change]) -> Iterator[tuple[Rows, Versions, Change | None]]:
+    def _batches(
+        self, changes: list[Change], previous: Previous
+    ) -> Iterator[tuple[Rows, Versions, Change | None]]:
         """The changes as events batches (rows of ``Entries`` fields), each with the newest
         version of each record it changes, ending at a truncate (whose tombstones follow the
-        batch), or when it holds ``BATCH_BYTES`` of JSON. A change too large to store is left
-        out (``_refused``) or stops the writer (``on_unstorable: stop``)."""
+        batch), or when it holds ``BATCH_BYTES`` of JSON. Values a change lacks are taken from
+        its record's version before (``previous``); a delete's event keeps what the WAL has,
+        its tombstone (the payload) every known value. A change too large to store is left out
+        (``_refused``) or stops the writer (``on_unstorable: stop``)."""
         rows: Rows = []
         latest: Versions = {}
         size = 0
         for ch in changes:
-            record = None if ch.record is None else dumps(ch.record)
+            whole, changed = previous.complete(ch)
+            record = None if whole is None else dumps(whole)
             if record is not None and len(record) > MAX_JSON:
-                err = UnstorableChange.too_large(ch, len(record))
+                err = UnstorableChange.too_large(ch._replace(record=whole), len(record))
                 if self.on_unstorable != "fail":
                     raise err
                 self._refused.append((ch, err.reason))
                 continue
-            chg = None if ch.changes is None else dumps(ch.changes)
+            payload = None
+            if ch.action == "delete" and whole != ch.record:
+                record, payload = dumps(ch.record), record
+            chg = None if changed is None else dumps(changed)
             if ch.event_lsn is None:
                 rows.append((ch.collection_id, ch.record_id, ch.action, ch.version, ch.idx,
-                             ch.committed_at, None, None, record, chg, None))  # fmt: skip
+                             ch.committed_at, None, None, record, chg, payload))  # fmt: skip
             else:
                 rows.append((ch.collection_id, ch.record_id, ch.action, ch.event_lsn, ch.idx,
-                             ch.committed_at, None, ch.version, record, chg, None))  # fmt: skip
+                             ch.committed_at, None, ch.version, record, chg, payload))  # fmt: skip
             if ch.action == "truncate":
                 yield rows, latest, ch
                 rows, latest, size = [], {}, 0
                 continue
-            pos = len(rows) - 1
-            if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
-                moved(latest, ch, pos)
-            else:
-                assert ch.record_id is not None and ch.record is not None
-                collapse(latest, ch, pos, ch.record_id, ch.action == "delete", ch.record,
-                         ch.missing)  # fmt: skip
-            size += len(record or b"") + len(chg or b"")
+            collapse(latest, ch, len(rows) - 1)
+            size += len(record or b"") + len(chg or b"") + len(payload or b"")
             if size > BATCH_BYTES:
                 yield rows, latest, None
                 rows, latest, size = [], {}, 0
@@ -362,32 +362,8 @@ class SourceWriter:
         entries = Entries.from_rows(rows).numbered(row[2], row[3])
         self.batches.put(self.events_seq - len(rows) + 1, entries)
 
-    def _fill(self, latest: Versions, rows: Rows, lookup: Lookup) -> None:
-        """A version whose record is not its change's own (columns it lacked taken from the
-        change before) gets its payload; one still lacking columns takes them from the stored
-        version (``lookup``), and when there is none or it lacks them too, its table is
-        backfilled."""
-        lacking = {k: v for k, v in latest.items() if v.missing}
-        stored = lookup([(c, v.from_id or r) for (c, r), v in lacking.items()])
-        unfilled: dict[str, str] = {}
-        for (coll, rid), v in latest.items():
-            payload = None
-            if v.missing:
-                before = stored.get((coll, v.from_id or rid))
-                still = list(v.missing)
-                if before is not None:
-                    payload, still = merged(before.record, v.record, v.missing)
-                if still and not v.deleted:
-                    unfilled.setdefault(coll, rid)
-            if payload is None and not v.own:
-                payload = dumps(v.record)
-            if payload is not None and payload != rows[v.pos][8]:
-                rows[v.pos] = (*rows[v.pos][:10], payload)
-        if unfilled:
-            self._unfilled(sorted(unfilled), list(unfilled.values())[:3])
-
-    def _stored(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Version]:
-        """The indexed versions of these records, by (collection, record id)."""
+    def _stored(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Row]:
+        """The values of the indexed versions of these records, by (collection, record id)."""
         if not keys:
             return {}
         tokens = {(c, record_token(r)): (c, r) for c, r in keys}
@@ -395,13 +371,15 @@ class SourceWriter:
             self._lookup, (array(c for c, _ in tokens), array(t for _, t in tokens), self.sync_id)
         ).fetchall()
         held = self.batches.load(self.conn, (int(r[2]) for r in rows))
-        return {tokens[(coll, token)]: held[batch].version_at(pos)
+        return {tokens[(coll, token)]: split_object(held[batch].version_at(pos).record)
                 for coll, token, batch, pos, *_ in rows}  # fmt: skip
 
-    def _unfilled(self, collections: list[str], some: list[str]) -> None:
+    def _unfilled(self, unfilled: dict[str, str]) -> None:
         """Records written without columns their change left out (unchanged TOASTed values),
         as the store held no full version of them (their table never backfilled, or a change
-        of theirs refused): their tables are backfilled, once, to make them whole."""
+        of theirs refused): their tables are backfilled, once, to make them whole.
+        ``unfilled``: collection -> one of its records."""
+        collections, some = sorted(unfilled), list(unfilled.values())[:3]
         log.warning("records of %s (%s) lack columns their update left out (values Postgres "
                     "does not send when unchanged) and the store held no earlier version to "
                     "take them from: backfilling %s", ", ".join(collections), ", ".join(some),

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from core.envelope import RawJson, dumps
 from core.store.batches import Entries, Version
-from core.store.records import merged, split_object
+from core.store.change import Change
+from core.store.records import Previous, split_object
 
 texts = st.one_of(st.none(), st.binary(max_size=300))
 entry = st.tuples(
@@ -77,8 +78,12 @@ def test_a_version_takes_the_columns_it_lacks_from_the_one_before(
     }
     missing = tuple(data.draw(st.lists(st.sampled_from(sorted(before) or ["x"]), unique=True)))
     missing = tuple(k for k in missing if k not in record)
-    text, still = merged(stored, _raw(record), missing)  # type: ignore[arg-type]
-    out = json.loads(text, parse_float=Decimal)
+    change = Change(action="update", collection_id="c", record_id="1",
+                    record=_raw(record), changes=None, missing=missing,  # type: ignore[arg-type]
+                    old_record_id=None, version=1, idx=0, committed_at="")  # fmt: skip
+    previous = Previous([change], lambda keys: {("c", "1"): split_object(stored)})
+    whole, _ = previous.complete(change)
+    out = json.loads(dumps(whole), parse_float=Decimal)
     want = {k: before[k] for k in missing if k in before} | record
     assert out == json.loads(dumps(_raw(want)), parse_float=Decimal)
-    assert still == [k for k in missing if k not in before]
+    assert bool(previous.unfilled) == any(k not in before for k in missing)

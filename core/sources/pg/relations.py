@@ -252,24 +252,29 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
                       committed_at=ts)  # fmt: skip
     if tag == "U":
         _, _, old_kind, old, new = msg
-        rec, missing = row_values(rel, new)
-        changes = None
-        old_record_id = None
+        changes, old_record_id = None, None
+        old_missing: tuple[str, ...] = ()
         if old_kind == "O":
+            # The whole old row (REPLICA IDENTITY FULL): what the new row left out as an
+            # unchanged TOAST value is the old row's. ``changes``: the columns whose text
+            # changed; one whose old value was left out too is decided by the store.
+            new = [o if v is UNCHANGED else v for o, v in zip(old, new, strict=True)]
             before, _ = row_values(rel, old)
-            # The columns whose text changed; an unchanged TOAST value did not.
             changes = {n: before[n] for n, o, v in zip(rel.names, old, new, strict=True)
-                       if o != v and o is not UNCHANGED and v is not UNCHANGED}  # fmt: skip
+                       if o != v and o is not UNCHANGED}  # fmt: skip
+            old_missing = tuple(n for n, o, v in zip(rel.names, old, new, strict=True)
+                                if o is UNCHANGED and v is not UNCHANGED)  # fmt: skip
             old_record_id = record_id_for(rel, before)
         elif old_kind == "K":
             before, _ = key_values(rel, old)
             old_record_id = record_id_for(rel, before)
         else:
             before = None
+        rec, missing = row_values(rel, new)
         return Change(action="update", collection_id=rel.collection_id,
                       record_id=record_id_for(rel, rec, before), record=rec, changes=changes,
                       missing=missing, old_record_id=old_record_id, version=lsn, idx=idx,
-                      committed_at=ts)  # fmt: skip
+                      committed_at=ts, old_missing=old_missing)  # fmt: skip
     # Delete: the whole old row with REPLICA IDENTITY FULL, else only its key.
     _, _, old_kind, old = msg
     rec, missing = row_values(rel, old) if old_kind == "O" else key_values(rel, old)

@@ -282,7 +282,7 @@ class Stream:
                                 record_id=ch.old_record_id, record=old, changes=None,
                                 missing=missing, old_record_id=None, version=ch.version,
                                 idx=self.idx, committed_at=ch.committed_at))  # fmt: skip
-            ch = ch._replace(action="insert", changes=None, idx=self.idx)
+            ch = ch._replace(action="insert", changes=None, old_missing=(), idx=self.idx)
         pending = self.pending
         if rel.partition_key is not None and ch.action == "insert" and pending:
             prev = pending[-1]
