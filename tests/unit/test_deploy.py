@@ -18,12 +18,10 @@ DEPLOY = Path(__file__).parents[2] / "deploy"
 
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (DEPLOY / "systemd" / "weir.service").read_text()
-    assert "/opt/weir/.venv/bin/weir" in unit
+    assert "/opt/weir/bin/weir" in unit
     # verify checks that the commands exist: point them at this checkout's CLI.
     local = tmp_path / "weir.service"
-    local.write_text(
-        unit.replace("/opt/weir/.venv/bin/weir", str(Path(sys.executable).parent / "weir"))
-    )
+    local.write_text(unit.replace("/opt/weir/bin/weir", str(Path(sys.executable).parent / "weir")))
     out = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
