@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from core.config.base import SeqStart
 from core.config.model import HttpSource
 from core.envelope import Message, event_key, group_key, record_key
-from core.store.cursors import ConnectorGone, Cursor
+from core.store.cursors import ConnectorGone, Cursor, CursorGone
 
 
 class Failed(NamedTuple):
@@ -133,6 +133,8 @@ class FakeReader:
     async def save(self, seq: int, state: dict[str, Any]) -> None:
         """Called when the cursor moved (every 0.1 s at most, and when a session ends)."""
         self._rows()
+        if self.sync_id not in self.store.cursors:
+            raise CursorGone(f"source {self.sync_id}: the cursor was deleted")
         self.store.cursors[self.sync_id] = (seq, state)
         self.store.saves.append((self.sync_id, seq, state))
         if self.store.on_save is not None:
