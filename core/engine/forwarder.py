@@ -107,7 +107,7 @@ class Forwarder:
         for src in self.sources:
             self.notifier.subscribe(str(src.sync_id), self._on_commit)
         attempt = 0
-        while not stop.is_set():
+        while not stop.is_set() and self.state != "deleted":  # deleted: none starts again
             session = Session(self, stop)
             try:
                 await session.run()

@@ -101,9 +101,9 @@ async def delete(store: Store, conn: AConn, name: str) -> bool:
                                    (fence_key(key, sync_id),))  # fmt: skip
         except psycopg.errors.LockNotAvailable:
             raise StillSending(f"connector {name} is deleted, but its session of {key} on source "
-                               f"{sync_id} did not end within {DELETE_WAIT:.0f}s (a frozen "
-                               "instance?): what it has out may still reach its destination"
-                               ) from None  # fmt: skip
+                               f"{sync_id} did not end within {DELETE_WAIT:.0f}s: stop the "
+                               "instance that runs it (weir status names it), whose batches out "
+                               "may still reach the destination") from None  # fmt: skip
     await _clear(store, conn, name)
     return True
 
