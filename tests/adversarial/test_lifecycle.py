@@ -4,7 +4,9 @@ either: connectors are made (from the beginning, the end or a seq), deleted, del
 again at once under their name with another destination, given a new destination, paused and
 resumed. Each destination must see each change once and in each record's order; a making
 sees every change from the start position it asked for on (across the destinations a change
-gave it); a deleted one's destinations get nothing once the delete returned.
+gave it); a deleted one's destinations get nothing once the delete returned. A delete waits
+for a session still holding the connector's cursor (an instance slow to stop, or frozen),
+within a bound.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import httpx
 import psycopg
 import pytest
 
+from core.store import connectors as api_connectors
+from core.store.cursors import fence_key
 from devkit.embedded import EmbeddedNats, free_port
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, api_serving
 from tests.helpers.brokers import Delivered, NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.load import WeirProcess
@@ -198,3 +202,32 @@ def test_random_connector_lifecycles_under_load_on_two_instances(
         for m in ms:
             _check(m, got, final, seed)
     assert sum(len(ms) for ms in makings.values()) > 4, f"too few makings (seed {seed})"
+
+
+def test_a_delete_answers_once_a_session_holding_a_cursor_has_ended(
+    table: str, nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api_connectors, "DELETE_WAIT", 2.0)
+    broker = NatsHarness(nats_server)
+    with api_serving(table) as client, psycopg.connect(table, autocommit=True) as other:
+        row = other.execute("SELECT sync_id::text FROM weir.sources WHERE name = 'app'").fetchone()
+        assert row is not None
+
+        def held_elsewhere(name: str) -> None:
+            """Made while another instance's session holds its fence and cursor."""
+            other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                          (fence_key(name, row[0]),))  # fmt: skip
+            c = broker.connector(name, "events", sources=["app"])
+            assert client.post("/v1/connectors", json=c).status_code == 201
+            other.execute("INSERT INTO weir.cursors (connector, sync_id, stream, seq)"
+                          " VALUES (%s, %s, 'events', 0)", (name, row[0]))  # fmt: skip
+
+        held_elsewhere("slow")
+        threading.Timer(1.0, lambda: other.execute("SELECT pg_advisory_unlock_all()")).start()
+        began = time.monotonic()
+        assert client.delete("/v1/connectors/slow").status_code == 200
+        assert time.monotonic() - began >= 1.0  # not before that session ended
+        held_elsewhere("frozen")
+        r = client.delete("/v1/connectors/frozen")
+        assert r.status_code == 409 and "its session of frozen on source" in r.text, r.text
+        assert client.get("/v1/connectors/frozen").status_code == 404  # deleted all the same
