@@ -224,6 +224,12 @@ class Operations:
                     f"connector {name!r}: its type and stream cannot change (its cursors and "
                     "broker marks are theirs); delete it and make another"
                 )
+            if was.start_position != c.start_position:  # a change goes on from the cursors
+                raise Conflict(
+                    f"connector {name!r}: start_position is where a new connector starts and "
+                    "a change goes on from its cursors; delete it and make it again to start "
+                    "elsewhere"
+                )
             async with self.pool.connection() as conn:
                 stored = await api_connectors.raw(self.store, conn, name) or {}
             raw = unmasked(raw, self.described(was)["config"], stored)
@@ -249,8 +255,11 @@ class Operations:
         if name in {f.name for f in self.cfg.connectors}:
             raise Conflict(f"connector {name!r} is declared in the config file; remove it there")
         async with self.pool.connection() as conn:
-            if not await api_connectors.delete(self.store, conn, name):
-                raise NotFound(f"no connector named {name!r} made over the API")
+            try:
+                if not await api_connectors.delete(self.store, conn, name):
+                    raise NotFound(f"no connector named {name!r} made over the API")
+            except api_connectors.StillSending as e:
+                raise Conflict(str(e)) from None
         log.info("connector %s: deleted over the API", name)
 
     async def config_of(self, name: str) -> dict[str, Any]:

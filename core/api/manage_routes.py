@@ -165,13 +165,15 @@ def add_routes(api: APIRouter, ops: Operations) -> None:
 
     @api.put("/v1/connectors/{name}", response_model=ConnectorConfigOut, tags=["manage"])
     async def change(name: Name, connector: Annotated[Connector, Body()], request: Request) -> Any:
-        """Change a connector made over the API (not its type or stream): its shards start
-        again with the new config from their cursors."""
+        """Change a connector made over the API (not its type, stream or start position): its
+        shards start again with the new config from their cursors."""
         return await ops.put(name, connector, await request.json())
 
     @api.delete("/v1/connectors/{name}", response_model=Deleted, tags=["manage"])
     async def delete(name: Name) -> Any:
-        """Delete a connector made over the API, with its cursors and failed list."""
+        """Delete a connector made over the API, with its cursors, failed list and pause: it
+        answers once the connector's sessions have ended on every instance (409 when one has
+        not within 30 s); one made again under its name is another connector."""
         await ops.delete(name)
         return {"success": True}
 

@@ -19,6 +19,7 @@ from pydantic import (
     Discriminator,
     Field,
     PlainSerializer,
+    PrivateAttr,
     SecretStr,
     Tag,
     model_validator,
@@ -251,6 +252,21 @@ class ConnectorBase(Model):
         "key, so that it spreads over worker processes and instances (per-record order holds); "
         "each reads ahead up to max_pending and holds a store connection per source",
     )
+
+    # Which making of a connector over the API this is (core/store/connectors.py); None for
+    # the file's. Not a setting: compared with the config, so one deleted and made again under
+    # its name, even alike, is another connector.
+    _incarnation: int | None = PrivateAttr(None)
+
+    @property
+    def incarnation(self) -> int | None:
+        return self._incarnation
+
+    def made(self, incarnation: int) -> Self:
+        """This connector as the making ``incarnation`` of it over the API."""
+        c = self.model_copy()
+        c._incarnation = incarnation
+        return c
 
     @model_validator(mode="after")
     def _actions_on_events(self) -> ConnectorBase:

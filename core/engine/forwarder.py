@@ -35,6 +35,7 @@ from core.metrics import Metrics
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
 from core.store import Store
+from core.store.cursors import ConnectorGone
 from core.store.reader import StreamReader
 from core.store.selection import selection
 
@@ -80,6 +81,7 @@ class Forwarder:
         self.state = "starting"
         self.detail = ""
         self.said = False  # that start_position no longer applies
+        self.had = False  # its cursors: a later session finding none stops (ConnectorGone)
         self.suspects = Suspects()  # kept across sessions: they charge a lost connection
 
     def _store_reader(self, src: Source) -> Reader:
@@ -87,7 +89,8 @@ class Forwarder:
         cfg = self.cfg
         where = selection(cfg.collections, cfg.actions, cfg.filters)
         return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id),
-                            src.provider, self.shard, fenced=True)  # fmt: skip
+                            src.provider, self.shard, fenced=True,
+                            incarnation=cfg.incarnation)  # fmt: skip
 
     def set_state(self, state: str, detail: str = "") -> None:
         detail = " ".join(detail.split())  # one line, whatever the error's text holds
@@ -104,10 +107,13 @@ class Forwarder:
         for src in self.sources:
             self.notifier.subscribe(str(src.sync_id), self._on_commit)
         attempt = 0
-        while not stop.is_set():
+        while not stop.is_set() and self.state != "deleted":  # deleted: none starts again
             session = Session(self, stop)
             try:
                 await session.run()
+                return
+            except ConnectorGone as e:  # deleted: its cursors are no more, and nor is it
+                self.set_state("deleted", str(e))
                 return
             except Exception as e:  # any failure: a new session from the saved cursors
                 attempt = 1 if session.delivered else attempt + 1

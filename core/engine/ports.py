@@ -28,9 +28,10 @@ class Reader(Protocol):
     async def head(self) -> int:
         """Called when the read-ahead caught up: the last seq committed to the stream."""
 
-    async def cursor(self, start: Any) -> Cursor:
+    async def cursor(self, start: Any, had: bool = False) -> Cursor:
         """Called once after ``open()``: the saved cursor and broker mark, or on the
-        connector's first start a new cursor from ``start`` (its ``start_position``)."""
+        connector's first start a new cursor from ``start`` (its ``start_position``); when
+        the connector ``had`` a cursor and none is left, ConnectorGone: it was deleted."""
 
     async def fetch(self, after: int, upto: int, limit: int) -> list[Message]:
         """Called to read ahead: at most ``limit`` selected messages with

@@ -68,10 +68,10 @@ class Session:
             task.cancel()
         with contextlib.suppress(Exception):  # what is settled stays settled across a restart
             await self._save()
+        with contextlib.suppress(Exception):  # before the fences go: a deleted connector's
+            await self.sink.close()  # delete returns once they did (core/store/connectors.py)
         for lane in self.lanes:
             await lane.reader.close()
-        with contextlib.suppress(Exception):
-            await self.sink.close()
 
     async def run(self) -> None:
         fw = self.fw
@@ -139,7 +139,7 @@ class Session:
         for lane in self.lanes:
             while True:
                 try:
-                    cur = await lane.reader.cursor(self.cfg.start_position)
+                    cur = await lane.reader.cursor(self.cfg.start_position, self.fw.had)
                     break
                 except Resplitting as e:  # an old split's shard still runs: it may stop soon
                     self.fw.set_state("waiting", str(e))
@@ -157,6 +157,7 @@ class Session:
                          self.fw.name, cur.seq, lane.reader.sync_id)  # fmt: skip
             if cur.mark is not None:
                 marks.append(cur.mark)
+        self.fw.had = True
         for lane in unmarked:  # where the broker is before anything is sent: the read-back
             lane.saved = lane.state(self.sink)  # after a crash before the first save starts here
             await lane.reader.save(*lane.saved)

@@ -3,7 +3,8 @@ their leases): the shards of the file's connectors and of those made over the ma
 (core/store/connectors.py) that its worker's position selects, on one asyncio loop. When the
 API-made ones change (seen at a lease poll), the works are rebuilt: a deleted or changed
 connector's shards are drained and given up, a changed one starts again from its cursors with
-its new config, a new one starts from its ``start_position``.
+its new config, a new one (one made again under its name included: another making) starts
+from its ``start_position``.
 """
 
 from __future__ import annotations

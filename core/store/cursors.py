@@ -36,7 +36,13 @@ class FenceLost(Exception):
 
 
 class CursorGone(Exception):
-    """A shard's cursor was deleted under it: another instance re-split the connector."""
+    """A shard's cursor was deleted under it: the connector was deleted, or another instance
+    re-split it. The next session finds out which (:class:`ConnectorGone`, or a re-split)."""
+
+
+class ConnectorGone(Exception):
+    """The connector a session runs was deleted (perhaps made again: another connector): its
+    sessions stop, and never start it again from its ``start_position``."""
 
 
 class Cursor:
@@ -69,11 +75,20 @@ def fence_key(cursor_key: str, sync_id: str) -> str:
 class Cursors:
     """The cursors of one connector's shard in one source's stream."""
 
-    def __init__(self, store: Store, connector: str, shard: Shard, sync_id: str, stream: str):
+    def __init__(self, store: Store, connector: str, shard: Shard, sync_id: str, stream: str,
+                 incarnation: int | None = None) -> None:  # fmt: skip
+        """``incarnation``: the id of the making over the API of the connector the session
+        runs (None for the file's); its cursors are saved only while that one exists."""
         self.store, self.connector, self.shard = store, connector, shard
-        self.sync_id, self.stream = sync_id, stream
+        self.sync_id, self.stream, self.incarnation = sync_id, stream, incarnation
         self.key = shard.key(connector)
         self.table = store.table("cursors")
+        # Whether the connector (the making the session runs) still exists; locks its row
+        # against a delete until the transaction ends.
+        self._exists = sql.SQL(
+            "(%(i)s::bigint IS NULL OR EXISTS (SELECT FROM {} WHERE name = %(n)s AND id = %(i)s"
+            " FOR KEY SHARE))"
+        ).format(store.table("api_connectors"))
 
     async def fence(self, conn: AConn) -> None:
         """Hold the shard's fence on ``conn`` for as long as it is open, once no other session
@@ -102,12 +117,20 @@ class Cursors:
                          self.key, who)  # fmt: skip
             await asyncio.sleep(FENCE_POLL)
 
-    async def load(self, conn: AConn, first_seq: Callable[[], Awaitable[int]]) -> Cursor:
+    async def load(self, conn: AConn, first_seq: Callable[[], Awaitable[int]],
+                   had: bool = False) -> Cursor:  # fmt: skip
         """The shard's saved cursor; else those of every shard of the split, made from
-        ``first_seq()`` on the connector's first start or from the old split's (a re-split)."""
+        ``first_seq()`` on the connector's first start or from the old split's (a re-split).
+        ConnectorGone when the connector was deleted, or when no cursor of it is left though
+        the caller ``had`` one: it never starts again from its ``start_position``."""
         async with conn.transaction():
             lock = f"weir:cursors:{self.connector}:{self.sync_id}"
             await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+            row = await (await conn.execute(sql.SQL("SELECT {}").format(self._exists),
+                                            self._whose())).fetchone()  # fmt: skip
+            if not row or not row[0]:
+                raise ConnectorGone(f"connector {self.key}: deleted while it ran (one made "
+                                    "since under its name is another); it stops")  # fmt: skip
             rows = await (
                 await conn.execute(
                     sql.SQL(
@@ -121,6 +144,10 @@ class Cursors:
             if self.shard in saved:
                 return saved[self.shard]
             old = {s: c for s, c in saved.items() if s is not None}
+            if not old and had:
+                raise ConnectorGone(f"connector {self.key}: its cursor of source {self.sync_id} "
+                                    "was deleted while it ran; it stops rather than start "
+                                    "again from its start_position")  # fmt: skip
             if not old:
                 seq = await first_seq()
                 await self._make(conn, seq, {})
@@ -177,15 +204,20 @@ class Cursors:
         ).format(self.table)
         await conn.cursor().executemany(insert, rows)
 
+    def _whose(self) -> dict[str, Any]:
+        return {"n": self.connector, "i": self.incarnation}
+
     async def save(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:
-        """Move the cursor; CursorGone when another instance re-split the connector."""
+        """Move the cursor; CursorGone when the connector was deleted (its making is gone,
+        though one of its name may exist) or another instance re-split it."""
         cur = await conn.execute(
             sql.SQL(
-                "UPDATE {} SET seq = %s, broker_state = %s, updated_at = now() "
-                "WHERE connector = %s AND sync_id = %s"
-            ).format(self.table),
-            (seq, orjson.dumps(state).decode(), self.key, self.sync_id),
-        )
+                "UPDATE {} SET seq = %(seq)s, broker_state = %(state)s, updated_at = now() "
+                "WHERE connector = %(key)s AND sync_id = %(sync)s AND {}"
+            ).format(self.table, self._exists),
+            {"seq": seq, "state": orjson.dumps(state).decode(), "key": self.key,
+             "sync": self.sync_id, **self._whose()},
+        )  # fmt: skip
         if cur.rowcount != 1:
             raise CursorGone(f"connector {self.key}: its cursor of source {self.sync_id} is "
-                             "gone (another weir run split the connector anew?)")  # fmt: skip
+                             "gone (deleted, or split anew by another weir run)")  # fmt: skip

@@ -438,4 +438,13 @@ CREATE UNIQUE INDEX record_index_seq ON {s}.record_index (sync_id, seq) INCLUDE 
 CREATE UNLOGGED TABLE {s}.record_index_state (built_at timestamptz NOT NULL);
 """,
     ),
+    (
+        13,
+        "an id for each making of a connector over the API",
+        """
+-- A connector deleted and made again under its name is another connector: its sessions carry
+-- the id they were made for and stop once it is gone (core/store/cursors.py).
+ALTER TABLE {s}.api_connectors ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY;
+""",
+    ),
 ]

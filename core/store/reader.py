@@ -68,11 +68,12 @@ class StreamReader:
         provider: str,
         shard: Shard = UNSPLIT,
         fenced: bool = False,
+        incarnation: int | None = None,
     ) -> None:
         """``name`` keys the failed list, and with ``shard`` the cursor; ``select`` says which
         messages it takes. A ``fenced`` reader (a connector's) holds its shard's fence from
         ``open`` to ``close`` (core/store/cursors.py); the Consume API, served by every
-        instance at once, reads unfenced."""
+        instance at once, reads unfenced. ``incarnation``: see :class:`Cursors`."""
         self.fenced = fenced
         self.store = store
         self.connector = name
@@ -81,7 +82,7 @@ class StreamReader:
         self.provider = provider
         self.shard = shard
         self.select = select
-        self.cursors = Cursors(store, name, shard, sync_id, stream)
+        self.cursors = Cursors(store, name, shard, sync_id, stream, incarnation)
         self.resplits: list[Resplit] = []
         self.batches = Batches(store, sync_id)
         self.payloads = Payloads(sync_id, provider)
@@ -142,9 +143,10 @@ class StreamReader:
             return False
         return all(seq > r.seqs[shard_of(coll, rid, r.shards)] for r in self.resplits)
 
-    async def cursor(self, start: Any) -> Cursor:
-        """The saved cursor; on the connector's first start, one made from ``start``."""
-        cursor = await self.cursors.load(self.conn, lambda: self._start_seq(start))
+    async def cursor(self, start: Any, had: bool = False) -> Cursor:
+        """The saved cursor; on the connector's first start, one made from ``start`` (see
+        :meth:`Cursors.load` for ``had``)."""
+        cursor = await self.cursors.load(self.conn, lambda: self._start_seq(start), had)
         self.resplits = cursor.resplits
         return cursor
 

@@ -281,6 +281,8 @@ def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
         assert client.put("/v1/connectors/made", json=changed).status_code == 200
         assert client.put("/v1/connectors/made", json={**changed, "stream": "records"}
                           ).status_code == 409  # fmt: skip
+        moved = client.put("/v1/connectors/made", json={**changed, "start_position": "end"})
+        assert moved.status_code == 409 and "delete it and make it again" in moved.text
         wait_for(lambda: client.get("/v1/connectors/made/config").json()["config"]["collections"]
                  == ["public:nothing"], what="the change stored")  # fmt: skip
         time.sleep(2.5)  # a lease poll or two: the shard restarted with its new config

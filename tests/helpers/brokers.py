@@ -34,6 +34,7 @@ class Delivered:
     payload: dict[str, Any]
     raw: bytes = b""  # the payload's bytes, where the harness has them
     subject: str = ""  # the NATS subject it was stored under
+    at: float = 0.0  # when the broker stored it (epoch seconds), where the harness has it
 
     @property
     def group(self) -> tuple[str, str, str | None]:
@@ -116,7 +117,8 @@ class NatsHarness:
         namespace = connector["nats"].get("namespace", "default") + ":"
         got = asyncio.run(_read_stream(self.server.url, stream, self.auth))
         assert all(d.key.startswith(namespace) for d in got), "a Nats-Msg-Id without namespace"
-        return [Delivered(d.key[len(namespace) :], d.payload, d.raw, d.subject) for d in got]
+        return [Delivered(d.key[len(namespace) :], d.payload, d.raw, d.subject, d.at)
+                for d in got]  # fmt: skip
 
     consume = read
 
@@ -363,7 +365,8 @@ async def _read_stream(url: str, stream: str, auth: dict[str, str]) -> list[Deli
         while True:
             msg = await sub.next_msg(timeout=5)
             key = (msg.headers or {}).get("Nats-Msg-Id", "")
-            out.append(Delivered(key, json.loads(msg.data), msg.data, msg.subject))
+            at = msg.metadata.timestamp.timestamp()
+            out.append(Delivered(key, json.loads(msg.data), msg.data, msg.subject, at))
             if msg.metadata.num_pending == 0:
                 break
         await sub.unsubscribe()

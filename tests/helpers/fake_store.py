@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from core.config.base import SeqStart
 from core.config.model import HttpSource
 from core.envelope import Message, event_key, group_key, record_key
-from core.store.cursors import Cursor
+from core.store.cursors import ConnectorGone, Cursor, CursorGone
 
 
 class Failed(NamedTuple):
@@ -106,12 +106,15 @@ class FakeReader:
         """Called when the read-ahead caught up: the last seq committed."""
         return len(self._rows())
 
-    async def cursor(self, start: Any) -> Cursor:
-        """Called once per session: the saved cursor, or a new one from ``start``."""
+    async def cursor(self, start: Any, had: bool = False) -> Cursor:
+        """Called once per session: the saved cursor, or a new one from ``start`` (none when
+        the connector ``had`` one: it was deleted)."""
         rows = self._rows()
         saved = self.store.cursors.get(self.sync_id)
         if saved is not None:
             return Cursor(saved[0], saved[1])
+        if had:
+            raise ConnectorGone(f"source {self.sync_id}: the cursor was deleted")
         seq = {"beginning": 0, "end": len(rows)}.get(start) if isinstance(start, str) else None
         if seq is None:
             assert isinstance(start, SeqStart)
@@ -130,6 +133,8 @@ class FakeReader:
     async def save(self, seq: int, state: dict[str, Any]) -> None:
         """Called when the cursor moved (every 0.1 s at most, and when a session ends)."""
         self._rows()
+        if self.sync_id not in self.store.cursors:
+            raise CursorGone(f"source {self.sync_id}: the cursor was deleted")
         self.store.cursors[self.sync_id] = (seq, state)
         self.store.saves.append((self.sync_id, seq, state))
         if self.store.on_save is not None:

@@ -261,6 +261,23 @@ def test_a_crash_before_the_first_periodic_save_resends_nothing() -> None:
     assert broker.stored_keys() == [m.key for m in msgs]
 
 
+def test_a_connector_whose_cursor_was_deleted_stops_and_never_starts_again() -> None:
+    """A cursor gone under a running session means the connector was deleted (a delete over
+    the API): the next session stops instead of sending the stream again from its start."""
+    store, broker = FakeStore(), FakeBroker()
+    msgs = [store.append(f"r{i}") for i in range(5)]
+
+    async def during() -> None:
+        await until(lambda: store.cursor() == 5)
+        store.cursors.clear()
+        msgs.append(store.append("r5"))  # read and sent before the session finds out
+
+    fw = asyncio.run(forward(connector(), store, broker, during=during))
+    assert broker.stored_keys() == [m.key for m in msgs]  # each once: nothing from the start
+    assert store.cursors == {}  # no cursor made anew
+    assert fw.state == "deleted"
+
+
 def test_nothing_is_sent_once_the_store_ended_the_fenced_session() -> None:
     """A process that resumes after the store cut its sessions (another owner may be sending)
     dispatches nothing it read ahead; it sends once it has its fence again, each message once."""
