@@ -77,7 +77,8 @@ def test_a_command_that_does_not_serve_the_api_needs_none_of_its_variables(
 ) -> None:
     """`weir status`, `failed`, `backfill` ... where the API's token is not set: they load; the
     other sections' variables are still needed, and `weir run` needs them all."""
-    path = _write(tmp_path, "sources: [{name: a, kind: postgres, url: 'postgresql://h/db', tables: [public.t]}]\n"
+    path = _write(tmp_path, "sources: [{name: a, kind: postgres, url: 'postgresql://h/db',"
+                  " tables: [public.t]}]\n"
                   "consumers: [{name: c, stream: events}]\n"
                   "api: {listen: '${NO_LISTEN}', tokens: ['${NO_TOKEN_X}']}\n")  # fmt: skip
     assert load_config(path, api=False).consumers[0].name == "c"
