@@ -116,7 +116,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 return 1
             newer = result.rows_read - result.rows_written
             print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
-                  f"({newer:,} were unchanged or older than the stream's version)")  # fmt: skip
+                  f"({newer:,} were older than the stream's version)")  # fmt: skip
     except source_problems() as e:
         print(f"weir backfill: {first_line(e)}", file=sys.stderr)
         return 1

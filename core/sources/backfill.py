@@ -36,7 +36,7 @@ log = logging.getLogger("weir.backfill")
 class BackfillResult:
     table: str
     rows_read: int
-    rows_written: int  # the others: unchanged, or already replaced by a newer live change
+    rows_written: int  # the others were already replaced by a newer live change
     finished: bool
 
 

@@ -9,12 +9,11 @@ has met an indexed record, a chunk is indexed by COPY with no lookup: the index'
 uniqueness check is the lookup, and a stored record makes the chunk fail, roll back to a
 savepoint and the writer turn to the checked merge (a seed's rows are nearly all new). The
 checked merge looks up the chunk's records and leaves out those whose indexed version is not
-older, and those whose live record is the row as read (no new version: nothing to send again).
+older.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterable
@@ -27,7 +26,6 @@ from core.envelope import record_token, utc_iso
 from core.store import Conn, Store, array, index
 from core.store.batches import Version
 from core.store.change import Change
-from core.store.ingest import current_records
 from core.store.writer import ADD_FAILURE, SourceWriter
 
 log = logging.getLogger("weir.store")
@@ -88,9 +86,7 @@ class SnapshotWriter:
                     (array(tokens), collection_id, self.sync_id, self.version, SNAPSHOT_IDX),
                 ).fetchall()
             }
-            keep = self._changed(
-                collection_id, rows, tokens, [i for i in range(len(rows)) if i not in refused]
-            )
+            keep = [i for i in range(len(rows)) if i not in refused]
             accepted = (
                 self._place(
                     collection_id, [rows[i] for i in keep], [tokens[i] for i in keep], new=False
@@ -98,21 +94,6 @@ class SnapshotWriter:
                 or 0
             )
         return len(rows), accepted
-
-    def _changed(
-        self, collection_id: str, rows: list[tuple[str, bytes]], tokens: list[str], keep: list[int]
-    ) -> list[int]:
-        """Of ``keep``, the rows whose record is not the one the records stream holds live: a
-        row read again unchanged (a second backfill, one after a lost slot) is no new version,
-        so records-stream subscribers do not get every record again."""
-        w = self._writer
-        held = current_records(self.conn, w.store, self.sync_id,
-                               [(collection_id, rows[i][0], tokens[i]) for i in keep])  # fmt: skip
-        return [
-            i for i in keep
-            if (got := held.get((collection_id, rows[i][0]))) is None
-            or got[1] or got[2] != json.loads(rows[i][1])
-        ]  # fmt: skip
 
     def _place(
         self, collection_id: str, rows: list[tuple[str, bytes]], tokens: list[str], new: bool

@@ -272,39 +272,6 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
     assert records["a5"][0] == records_seq == 8
 
 
-def test_a_row_read_again_unchanged_is_no_new_version(db_url: str) -> None:
-    """A second backfill (or one after a lost slot) of rows that did not change writes no
-    version of them, so records-stream subscribers do not get them again: only the changed
-    row, the new one, and the one whose record is a tombstone are written, with new seqs."""
-    cfg = weir_config(db_url, [])
-    store, sid, at = open_store(cfg), cfg.sources[0].sync_id, datetime.now(UTC)
-    rows = {"same": b'{"id": 1, "n": 1.50, "t": "x"}', "changed": b'{"id": 2, "t": "y"}',
-            "gone": b'{"id": 3}'}  # fmt: skip
-    with store.connect() as conn:
-        first = SnapshotWriter(conn, store, sid, 40, at)
-        assert first.write("public:t", rows.items()) == (3, 3)
-        conn.commit()
-        first.sweep("public:u")  # another table: nothing of public:t
-        live = SourceWriter(conn, store, sid)
-        live.write([Change(action="delete", collection_id="public:t", record_id="gone",
-                           record={"id": 3}, changes=None, missing=(), old_record_id=None,
-                           version=50, idx=0, committed_at=utc_iso(at))])  # fmt: skip
-        live.commit(50, 50)
-        before = {r["record_id"]: r["seq"] for r in stored_rows.records(db_url)}
-        again = SnapshotWriter(conn, store, sid, 60, at)
-        read = {"same": b'{"id": 1, "n": 1.50, "t": "x"}', "changed": b'{"id": 2, "t": "z"}',
-                "gone": b'{"id": 3}', "new": b'{"id": 4}'}  # fmt: skip
-        assert again.write("public:t", read.items()) == (4, 3)
-        conn.commit()
-    after = {r["record_id"]: r for r in stored_rows.records(db_url)}
-    assert after["same"]["seq"] == before["same"] and after["same"]["version"] == 40
-    assert {rid: after[rid]["version"] for rid in ("changed", "gone", "new")} == dict.fromkeys(
-        ("changed", "gone", "new"), 60
-    )
-    assert not after["gone"]["deleted"] and after["changed"]["record"]["t"] == "z"
-    assert min(after[r]["seq"] for r in ("changed", "gone", "new")) > max(before.values())
-
-
 def test_seed_job_under_concurrent_changes_equals_the_table(
     db_url: str, nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
