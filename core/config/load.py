@@ -163,7 +163,7 @@ def load_config(path: str | Path) -> WeirConfig:
             elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:
                 disc = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
                 msg = f"{disc}: is required (one of {', '.join(_tags(loc, disc))})"
-            problems.append(redact(f"{line}: {key}: {msg}"))
+            problems.append(f"{line}: {key}: {redact(msg)}")  # the file's path and keys as written
         raise ConfigError(path, problems) from None
     remember(secrets_of(cfg))
     return cfg
