@@ -113,11 +113,14 @@ class Secrets:
         self._lock = threading.Lock()
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self.names: frozenset[str] = frozenset()  # the config's strings that are no secret
 
-    def remember(self, values: Iterable[str]) -> None:
-        """Hide these values (and their passwords, when they hold a URL's) from now on."""
+    def remember(self, values: Iterable[str], names: Iterable[str] = ()) -> None:
+        """Hide these values (and their passwords, when they hold a URL's) from now on;
+        ``names`` are the config's other strings (see :func:`remember_config`)."""
         found = {f for value in values for f in _forms(value)}
         with self._lock:
+            self.names |= frozenset(names)
             if found <= self._known:
                 return
             self._known |= found
@@ -137,6 +140,14 @@ _SECRETS = Secrets()  # what this process was given: every config it loaded
 def remember(values: Iterable[str]) -> None:
     """Hide these values from everything this process prints (:func:`redact`)."""
     _SECRETS.remember(values)
+
+
+def remember_config(cfg: BaseModel) -> None:
+    """Hide the secrets of a loaded config (:func:`secrets_of`) from everything this process
+    prints, and know its other strings (names, schemas, namespaces) as Weir's own words: a log
+    line that carries one of them whole prints it, even when a password is the same word (the
+    store's schema ``weir`` of the compose file's ``weir:weir``)."""
+    _SECRETS.remember(secrets_of(cfg), names_of(cfg))
 
 
 def redact(text: str) -> str:
@@ -165,6 +176,19 @@ def secrets_of(value: Any) -> list[str]:
                  for k, v in value.items()]  # fmt: skip
     if isinstance(value, (list, tuple)):
         return [s for item in value for s in secrets_of(item)]
+    return []
+
+
+def names_of(value: Any) -> list[str]:
+    """The strings of a config (or any part of it) that are no secret: what secrets_of leaves."""
+    if isinstance(value, str):
+        return [] if _USERINFO_VALUE.search(value) else [value]
+    if isinstance(value, BaseModel):
+        value = [getattr(value, name) for name in type(value).model_fields]
+    elif isinstance(value, dict):
+        value = [v for k, v in value.items() if not credential(str(k))]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in names_of(item)]
     return []
 
 
@@ -204,9 +228,13 @@ def first_line(e: BaseException) -> str:
 
 
 def _logged(value: Any) -> Any:
-    """A log record's argument as it may be printed: a number as it is, anything else (a name,
-    an error, a detail) as redacted text."""
-    return value if value is None or isinstance(value, (int, float)) else redact(str(value))
+    """A log record's argument as it may be printed: a number or one of the config's names as
+    it is, anything else (an error, a detail) as redacted text."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str) and value in _SECRETS.names:
+        return value
+    return redact(str(value))
 
 
 class RedactingFormatter(logging.Formatter):

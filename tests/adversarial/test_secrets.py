@@ -34,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from core.redact import MASK
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
@@ -234,7 +235,8 @@ def test_no_secret_in_anything_a_user_sees(
                 "api": {"listen": f"127.0.0.1:{free_port()}", "tokens": token},
                 "store": {"url": with_password(secrets_db, "postgres", s[0])},
                 "sources": [{"name": "app", "kind": "postgres", "tables": ["public.t"],
-                             "url": with_password(secrets_db, "postgres", s[1])}],
+                             "url": with_password(secrets_db, "postgres", s[1]),
+                             "slot": "planted"}],
                 "connectors": [
                     connector("hooks", "webhook", {
                         "url": f"{echo.url}/x", "secret": s[2],
@@ -311,7 +313,7 @@ def test_nothing_that_is_no_secret_is_masked(
             "api": {"listen": f"127.0.0.1:{free_port()}", "tokens": [token]},
             "store": {"url": with_password(db, "postgres", "weir")},
             "sources": [{"name": "app", "kind": "postgres", "tables": ["public.t"],
-                         "url": with_password(db, "postgres", "secret")}],
+                         "url": with_password(db, "postgres", "secret"), "slot": "words"}],
             "connectors": [{"name": "weird-hooks", "type": "webhook", "stream": "events",
                             "retry": {"initial": "10ms", "max_attempts": 1},
                             "webhook": {"url": f"{echo.url}/x", "secret": "secret"}}],
@@ -342,8 +344,9 @@ def test_nothing_that_is_no_secret_is_masked(
             assert "secretnats" in status and "weird-hooks" in status, status
         log = (tmp_path / "run.log").read_text()
     lines = [line for line in log.splitlines() if line[:4].isdigit()]  # records' first lines
-    heads = [re.match(r"\S+ \S+ [A-Z]+ weir[\w.]*: ", line) for line in lines]
+    heads = [re.match(r"\S+ \S+ [A-Z]+ [\w.]+: ", line) for line in lines]
     assert lines and all(heads), log  # the logger's name is never masked
-    assert "secretnats" in log and "***nats" not in log and "weird-hooks" in log, log
+    assert "secretnats" in log and "weird-hooks" in log and "to schema weir" in log, log
     messages = "\n".join(line[h.end() :] for line, h in zip(lines, heads, strict=True) if h)
-    assert not found(["secret", "weir"], messages), messages  # the passwords are
+    assert MASK not in messages.replace(f":{MASK}@", ""), messages  # only URL passwords,
+    assert ":secret@" not in log and ":weir@" not in log, log  # and they are
