@@ -20,6 +20,7 @@ from core.redact import (
     raw_secrets,
     redact_urls,
     remember,
+    remember_config,
     secrets_of,
     shown,
 )
@@ -162,13 +163,17 @@ def own_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("own_secrets")
 def test_log_lines_keep_weirs_own_words() -> None:
-    """With the compose file's ``weir:weir``, the logger's name and the message's own words
-    stay; the values it carries (an error, a name) are masked as a whole."""
-    remember(["postgresql://weir:weir@db/app"])
-    record = logging.LogRecord("weir", logging.INFO, __file__, 1, "weir: connector %s: %s",
-                               ("weirdo", ValueError("password weir refused")), None)  # fmt: skip
+    """With the compose file's ``weir:weir``, the logger's name, the message's own words and
+    the config's names it carries (the store's schema ``weir``) stay; what else it carries (an
+    error) has the password masked as a whole."""
+    cfg = WeirConfig.model_validate({"store": {"url": "postgresql://weir:weir@db/app"}})
+    remember_config(cfg)
+    assert cfg.store is not None
+    args = (cfg.store.schema_, "weirdo", ValueError("weir refused"))
+    record = logging.LogRecord("weir", logging.INFO, __file__, 1, "weir: schema %s, %s: %s",
+                               args, None)  # fmt: skip
     got = RedactingFormatter("%(name)s: %(message)s", tracebacks=False).format(record)
-    assert got == "weir: weir: connector weirdo: password *** refused"
+    assert got == "weir: weir: schema weir, weirdo: *** refused"
 
 
 @pytest.mark.usefixtures("own_secrets")
