@@ -168,9 +168,28 @@ def secrets_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
         yield url
 
 
+def broken_connectors(s: list[str]) -> list[dict[str, Any]]:
+    """Connectors with 8 secrets, each with a mistake near it: URLs and URL-ish strings that
+    do not parse (``nats//user:pass@host``, a password written raw and followed by a quote,
+    which ends a URL in text), a header value with a line break."""
+    return [
+        {"name": "n1", "type": "nats", "stream": "events",
+         "nats": {"url": f'nats//natsuser:{s[0]}"@127.0.0.1:4222'}},
+        {"name": "n2", "type": "nats", "stream": "events",
+         "nats": {"url": [f"nast://u:{quote(s[1], safe='')}@h:4222"], "token": s[2], "user": "u"}},
+        {"name": "k", "type": "kafka", "stream": "events",
+         "kafka": {"bootstrap_servers": f'u:{s[3]}"@h:9092',
+                   "sasl": {"mechanism": "BOGUS", "username": "u", "password": s[4]}}},
+        {"name": "s", "type": "sqs", "stream": "events",
+         "sqs": {"queue_url": f'htps://u:{s[5]}"@sqs/1/q', "secret_access_key": s[6]}},
+        {"name": "w", "type": "webhook", "stream": "events",
+         "webhook": {"url": "https://hooks.example.com/x", "bogus": 1,
+                     "headers": {"Authorization": f"Bearer {s[7]}\n"}}},
+    ]  # fmt: skip
+
+
 def test_config_validate_prints_no_secret(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Every field that can hold a secret, each with a mistake near it, and URLs and URL-ish
-    strings that do not parse (``nats//user:pass@host``, a password written raw)."""
+    """Every field that can hold a secret, each with a mistake near it."""
 
     @settings(max_examples=4, deadline=None, database=None,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate])  # fmt: skip
@@ -185,21 +204,7 @@ def test_config_validate_prints_no_secret(tmp_path_factory: pytest.TempPathFacto
                 {"name": "b", "kind": "postgres", "tables": ["public.t"],
                  "url": f"postgresql://weir:{quote(s[3], safe='')}@h/db", "slot": "Bad-Slot"},
             ],
-            "connectors": [
-                {"name": "n1", "type": "nats", "stream": "events",
-                 "nats": {"url": f"nats//natsuser:{s[4]}@127.0.0.1:4222"}},
-                {"name": "n2", "type": "nats", "stream": "events",
-                 "nats": {"url": [f"nast://u:{quote(s[5], safe='')}@h:4222"], "token": s[6],
-                          "user": "u"}},
-                {"name": "k", "type": "kafka", "stream": "events",
-                 "kafka": {"bootstrap_servers": f"u:{s[7]}@h:9092",
-                           "sasl": {"mechanism": "BOGUS", "username": "u", "password": s[8]}}},
-                {"name": "s", "type": "sqs", "stream": "events",
-                 "sqs": {"queue_url": f"htps://u:{s[9]}@sqs/1/q", "secret_access_key": s[10]}},
-                {"name": "w", "type": "webhook", "stream": "events",
-                 "webhook": {"url": "https://hooks.example.com/x", "bogus": 1,
-                             "headers": {"Authorization": f"Bearer {s[11]}\n"}}},
-            ],
+            "connectors": broken_connectors(s[4:12]),
         }  # fmt: skip
         path = tmp_path_factory.mktemp("validate") / "weir.yaml"
         path.write_text(json.dumps(spec))
@@ -217,11 +222,11 @@ def test_no_secret_in_anything_a_user_sees(
     """A running Weir with a secret in every field that holds one: webhooks whose receiver
     answers 401 echoing the headers (a bearer token, an API key, Basic auth from the URL),
     NATS refusing a password, a token and a URL's password, Kafka and SQS nobody answers for;
-    then everything a user reads."""
+    then everything a user reads, and the 422s of connectors posted with secrets and mistakes."""
 
     @settings(max_examples=1, deadline=None, database=None,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate])  # fmt: skip
-    @given(_secrets(13, 2), _secrets(1, 16, newlines=False), _secrets(3, 2, newlines=False))
+    @given(_secrets(21, 2), _secrets(1, 16, newlines=False), _secrets(3, 2, newlines=False))
     def check(s: list[str], token: list[str], header: list[str]) -> None:
         tmp = tmp_path_factory.mktemp("run")
         nats_url = f"nats://127.0.0.1:{guarded_nats.port}"
@@ -285,6 +290,10 @@ def test_no_secret_in_anything_a_user_sees(
                     seen += [client.get(f"/v1/connectors/{name}{tail}").text
                              for tail in ("", "/config")]  # fmt: skip
                 seen += [client.get(p).text for p in ("/v1/sources", "/v1/connectors", "/ready")]
+                for broken in broken_connectors(s[13:21]):  # secrets only the body holds
+                    r = client.post("/v1/connectors", json=broken)
+                    assert r.status_code == 422, r.text
+                    seen.append(r.text)
                 console = httpx.Client(base_url=client.base_url, timeout=30)
                 console.post("/console/login", data={"token": token[0]})
                 seen += [console.get(p).text for p in ("/console", "/console/failed/hooks",
