@@ -140,7 +140,10 @@ def running(tmp: Path, spec: dict[str, Any], token: str) -> Iterator[tuple[httpx
                 except httpx.TransportError:
                     return False
 
-            wait_for(up, timeout=60, what="weir run's API")
+            try:
+                wait_for(up, timeout=60, what="weir run's API")
+            except AssertionError as e:  # say why (a port another test took, say)
+                raise AssertionError(f"{e}; its log: {log.read_text()[-3000:]}") from None
             yield client, config
     finally:
         run.send_signal(signal.SIGTERM)
