@@ -43,7 +43,7 @@ class Unreachable(Exception):
     def __init__(
         self, what: str, where: str, reason: str, check: str, for_good: bool = False
     ) -> None:
-        super().__init__(redact(f"cannot reach {what} at {where}: {reason}; check {check}"))
+        super().__init__(f"cannot reach {what} at {where}: {redact(reason)}; check {check}")
         self.for_good = for_good
 
 

@@ -1,57 +1,78 @@
-"""Secrets out of everything Weir prints (README “Guarantees”): logs, CLI errors, config
-errors and the HTTP API's error bodies all pass through :func:`redact`.
+"""Secrets out of everything Weir prints (README "Guarantees", "Secrets"): one policy, three
+rules, each where it cannot mask what is no secret.
 
-Two rules, so that a secret is hidden whatever error carries it:
-
-- the password of any URL-like text (``scheme://user:pass@``, also malformed ones such as
-  ``nats:/u:pass@host``), and the value of ``password=``, ``token=``, ``api_key=`` and their
-  kind (libpq conninfo strings, URL query parameters) becomes ``***``;
-- every secret value Weir was given (:func:`remember`: the config's ``SecretStr`` values and
-  the passwords in its URLs) becomes ``***`` wherever it appears, also percent-decoded,
-  percent-encoded, JSON-escaped or as Python writes it in a repr.
+- **By shape**, in any text (:func:`redact_urls`): the password of anything shaped like a URL's
+  user info, also malformed or without a scheme (``nats//u:pass@host``, ``u:pass@host:9092``),
+  and the value of ``password=``, ``token=``, ``api_key=`` and their kind become ``***``.
+- **By field**, in a config as the API shows it (:func:`shown`): ``SecretStr`` fields are
+  ``**********``, and so is a string under a key that names a credential (librdkafka's
+  ``sasl.password``); every other value is shown as it is (URL passwords masked by shape), so
+  what is read can be sent back.
+- **By value**, in text Weir did not write (:func:`redact`): exception messages, what a remote
+  answered, the values a log line carries (its arguments), config and API error messages,
+  failed-list errors, status details. Every secret Weir was given (:func:`remember`: the
+  config's secret fields, the passwords of its URLs) becomes ``***`` in each of its spellings
+  (raw, percent-encoded or -decoded, JSON- or repr-escaped, trimmed, its lines, a URL's
+  ``user:password`` as Basic auth's base64), but only as a whole: not where it adjoins a word
+  character on a side where it ends in one, so the password ``secret`` leaves ``secretnats``
+  alone. Weir's own words (log format strings, logger names, levels, file paths, key paths) are
+  never searched, so a dictionary-like password (``weir``) cannot garble them.
 """
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import logging
 import re
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, SecretStr
 
 MASK = "***"
-MIN_LENGTH = 4  # shorter values are not searched for everywhere (they are no secret anyway)
+SECRET_MASK = "**********"  # how pydantic shows a SecretStr
+MIN_PIECE = 4  # shorter pieces of a secret (its lines, a password's parts) match too many words
 
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:/*[^\s:/@'\"]*:)([^\s'\"]*)@")
+# A URL's user info in text: an optional scheme, slashes, user, ':', password, '@' (the last
+# one before a space or quote, as a password may hold an unencoded '@').
+_USERINFO = re.compile(
+    r"(?<![\w+.-])(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?/*[^\s:/@'\"]*:)"
+    r"(?P<password>(?!//)[^\s'\"]*)@"
+)
+# The same in a whole value (a config field), where quotes and spaces are the password's own.
+_USERINFO_VALUE = re.compile(r"^(?P<head>[^@]*?:)(?P<password>(?!/).*)@", re.S)
 _KEY_VALUE = re.compile(
     r"(?i)(\b\w*(?:password|passwd|secret|token|key|signature|sig|auth|credential)=)"
     r"('[^']*'|[^\s&,;'\"]+)"
 )
-
-
-def url_password(text: str) -> str | None:
-    """The password in a URL's user info, as written (``None`` when it has none)."""
-    m = _USERINFO.search(text)
-    return m.group(2) if m else None
+# A config key whose string value is a secret though not typed SecretStr (librdkafka's).
+_CREDENTIAL_KEY = re.compile(r"(?i)(?:password|passwd|secret|token|credentials?|api_?key|\.pem)$")
 
 
 def redact_urls(text: str) -> str:
-    """``text`` with every URL's password and every ``password=`` value masked."""
-    text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+    """``text`` with every URL's password and every ``password=`` value masked (by shape)."""
+    text = _USERINFO.sub(lambda m: m.group("head") + MASK + "@", text)
     return _KEY_VALUE.sub(lambda m: m.group(1) + MASK, text)
 
 
-def _forms(value: str) -> set[str]:
-    """The ways ``value`` may be written in an error message."""
+def _redact_value(value: str) -> str:
+    """A config value (whole) with the password of the user info it holds masked."""
+    return redact_urls(_USERINFO_VALUE.sub(lambda m: m.group("head") + MASK + "@", value))
+
+
+def _spellings(value: str) -> set[str]:
+    """The ways ``value`` may be written in a message: escaped, encoded, trimmed, its lines."""
+    variants = {value, value.strip(), " ".join(value.split())}
+    variants |= {line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_PIECE}
     out = set()
-    for v in {value, unquote(value)}:
+    for v in variants | {unquote(v) for v in variants}:
         out |= {v, quote(v, safe=""), json.dumps(v)[1:-1], repr(v)[1:-1]}
-    return out
+    return {s for s in out if s.strip()}
 
 
 def _pieces(password: str) -> list[str]:
@@ -61,7 +82,28 @@ def _pieces(password: str) -> list[str]:
     'piece'``)."""
     cuts = [m.start() for m in re.finditer("[@:/?#]", password)]
     starts, ends = [0, *(c + 1 for c in cuts)], [*cuts, len(password)]
-    return [password[a:b] for a in starts for b in ends if b > a]
+    return [password[a:b] for a in starts for b in ends if b - a >= MIN_PIECE]
+
+
+def _forms(value: str) -> set[str]:
+    """What to search for of a secret value: the value itself unless it is a whole URL (its
+    host is no secret), and of the user info it holds, the password, its pieces and the
+    ``Authorization: Basic`` that an HTTP client makes of it."""
+    m = _USERINFO_VALUE.search(value)
+    out = set() if "://" in value and m else _spellings(value)
+    if m and m.group("password"):
+        user, password = m.group("head")[:-1].rsplit("/", 1)[-1], m.group("password")
+        out |= _spellings(password) | {s for p in _pieces(password) for s in _spellings(p)}
+        out.add(base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode())
+    return out
+
+
+def _whole(form: str) -> str:
+    """A pattern for ``form`` where it does not run on into a word: ``secret`` is not masked
+    in ``secretnats``."""
+    left = r"(?<!\w)" if re.match(r"\w", form[0]) else ""
+    right = r"(?!\w)" if re.match(r"\w", form[-1]) else ""
+    return left + re.escape(form) + right
 
 
 class Secrets:
@@ -71,21 +113,19 @@ class Secrets:
         self._lock = threading.Lock()
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self.names: frozenset[str] = frozenset()  # the config's strings that are no secret
 
-    def remember(self, values: Iterable[str]) -> None:
-        """Hide these values (and their passwords, when they are URLs) from now on."""
-        found: set[str] = set()
-        for value in values:
-            # A URL's password, or a secret that is no URL (a password secrets_of found).
-            password = url_password(value) or (None if "://" in value else value)
-            for v in (value, *_pieces(password)) if password else (value,):
-                found |= {f for f in _forms(v) if len(f) >= MIN_LENGTH}
+    def remember(self, values: Iterable[str], names: Iterable[str] = ()) -> None:
+        """Hide these values (and their passwords, when they hold a URL's) from now on;
+        ``names`` are the config's other strings (see :func:`remember_config`)."""
+        found = {f for value in values for f in _forms(value)}
         with self._lock:
+            self.names |= frozenset(names)
             if found <= self._known:
                 return
             self._known |= found
             longest_first = sorted(self._known, key=len, reverse=True)
-            self._pattern = re.compile("|".join(map(re.escape, longest_first)))
+            self._pattern = re.compile("|".join(map(_whole, longest_first)))
 
     def redact(self, text: str) -> str:
         """``text`` without any secret: see the module's docstring."""
@@ -102,32 +142,60 @@ def remember(values: Iterable[str]) -> None:
     _SECRETS.remember(values)
 
 
+def remember_config(cfg: BaseModel) -> None:
+    """Hide the secrets of a loaded config (:func:`secrets_of`) from everything this process
+    prints, and know its other strings (names, schemas, namespaces) as Weir's own words: a log
+    line that carries one of them whole prints it, even when a password is the same word (the
+    store's schema ``weir`` of the compose file's ``weir:weir``)."""
+    _SECRETS.remember(secrets_of(cfg), names_of(cfg))
+
+
 def redact(text: str) -> str:
-    """``text`` without a URL password or any secret this process was given."""
+    """``text``, written by someone other than Weir, without a URL password or any secret this
+    process was given."""
     return _SECRETS.redact(text)
 
 
+def credential(key: str) -> bool:
+    """Whether a config key names a credential (``sasl.password``, ``client.secret``)."""
+    return _CREDENTIAL_KEY.search(key) is not None
+
+
 def secrets_of(value: Any) -> list[str]:
-    """The secrets a config (or any part of it) holds: its ``SecretStr`` values, and the
-    passwords of the URLs among its other strings."""
+    """The secrets a config (or any part of it) holds: its ``SecretStr`` values, the strings
+    under credential keys, and its other strings that hold user info (a ':' before an '@':
+    a URL's password, also in a URL too broken to parse, with quotes or spaces in it)."""
     if isinstance(value, SecretStr):
         return [value.get_secret_value()]
     if isinstance(value, str):
-        password = url_password(value)
-        return [password] if password else []
+        return [value] if _USERINFO_VALUE.search(value) else []
     if isinstance(value, BaseModel):
         value = [getattr(value, name) for name in type(value).model_fields]
     elif isinstance(value, dict):
-        value = list(value.values())
+        value = [SecretStr(v) if credential(str(k)) and isinstance(v, str) else v
+                 for k, v in value.items()]  # fmt: skip
     if isinstance(value, (list, tuple)):
         return [s for item in value for s in secrets_of(item)]
+    return []
+
+
+def names_of(value: Any) -> list[str]:
+    """The strings of a config (or any part of it) that are no secret: what secrets_of leaves."""
+    if isinstance(value, str):
+        return [] if _USERINFO_VALUE.search(value) else [value]
+    if isinstance(value, BaseModel):
+        value = [getattr(value, name) for name in type(value).model_fields]
+    elif isinstance(value, dict):
+        value = [v for k, v in value.items() if not credential(str(k))]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in names_of(item)]
     return []
 
 
 def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
     """The secrets of data that ``model`` did not validate (a config file with mistakes): the
     strings under a key that is a ``SecretStr`` wherever ``model`` and the models in it have
-    it, and the passwords of the URLs among the others."""
+    it or that names a credential, and the others that hold a URL's password."""
 
     def secret(prop: Any) -> bool:  # in the JSON schema: SecretStr is "format": "password"
         if isinstance(prop, dict):
@@ -143,7 +211,8 @@ def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
         if isinstance(data, str):
             return [data] if inside else secrets_of(data)
         if isinstance(data, dict):
-            return [s for k, v in data.items() for s in walk(v, inside or k in keys)]
+            return [s for k, v in data.items()
+                    for s in walk(v, inside or k in keys or credential(str(k)))]  # fmt: skip
         if isinstance(data, list):
             return [s for v in data for s in walk(v, inside)]
         return []
@@ -152,28 +221,46 @@ def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
 
 
 def first_line(e: BaseException) -> str:
-    """An exception as one redacted line: the first line of its message, else its type."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return redact(lines[0] if lines else type(e).__name__)
+    """An exception as one redacted line: the first line of its message, else its type
+    (redacted whole first: a secret may span lines)."""
+    lines = [line.strip() for line in redact(str(e)).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _logged(value: Any) -> Any:
+    """A log record's argument as it may be printed: a number or one of the config's names as
+    it is, anything else (an error, a detail) as redacted text."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str) and value in _SECRETS.names:
+        return value
+    return redact(str(value))
 
 
 class RedactingFormatter(logging.Formatter):
-    """Formats log records without secrets. Tracebacks only when ``tracebacks`` (``-v``);
-    otherwise an exception logged with its traceback shows as its last line."""
+    """Formats log records without secrets: the values a record carries (its arguments) and
+    its exception are redacted by value, the line by shape only, so that Weir's own words (the
+    message's format, the logger's name) stay as written. Tracebacks only when ``tracebacks``
+    (``-v``); otherwise an exception logged with its traceback shows as its last line."""
 
     def __init__(self, fmt: str, tracebacks: bool) -> None:
         super().__init__(fmt)
         self.tracebacks = tracebacks
 
     def formatException(self, ei: Any) -> str:
-        text = super().formatException(ei)
+        text = redact(super().formatException(ei))
         return text if self.tracebacks else text.rstrip().rsplit("\n", 1)[-1]
 
     def formatStack(self, stack_info: str) -> str:
-        return stack_info if self.tracebacks else ""
+        return redact(stack_info) if self.tracebacks else ""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        record = copy.copy(record)  # other handlers see the record as it was logged
+        if isinstance(record.args, Mapping):
+            record.args = {k: _logged(v) for k, v in record.args.items()}
+        elif record.args:
+            record.args = tuple(map(_logged, record.args))
+        return redact_urls(super().format(record))
 
 
 class StderrHandler(logging.StreamHandler[TextIO]):
@@ -205,19 +292,16 @@ def setup_logging(level: str) -> None:
     threading.excepthook = thread_died
 
 
-SECRET_MASK = "**********"  # how pydantic shows a SecretStr
-
-
-def shown(value: Any) -> Any:
+def shown(value: Any, key: str = "") -> Any:
     """JSON-like ``value`` (a model's ``model_dump(mode="json")``) as an answer may show it:
-    every string redacted (URL passwords, remembered secrets; SecretStr fields are masked by
-    the dump already)."""
+    secrets masked by field (SecretStr fields are by the dump already; strings under a
+    credential ``key``), URL passwords by shape, every other value as it is."""
     if isinstance(value, str):
-        return redact(value)
+        return SECRET_MASK if credential(key) else _redact_value(value)
     if isinstance(value, dict):
-        return {k: shown(v) for k, v in value.items()}
+        return {k: shown(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [shown(v) for v in value]
+        return [shown(v, key) for v in value]
     return value
 
 

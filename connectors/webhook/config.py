@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator
 
 from core.config.base import BatchPolicy, ConnectorBase, Duration, Model, check_http_url
+
+
+def _one_line(v: SecretStr) -> SecretStr:
+    """No header can carry a line break: refused here, named by its key, instead of by the
+    HTTP client at every request with the value in its error (YAML's ``|`` adds one)."""
+    if set(v.get_secret_value()) & {"\r", "\n"}:
+        raise ValueError("a header value cannot hold a line break (YAML's | adds one: use |-)")
+    return v
 
 
 class WebhookSettings(Model):
@@ -18,7 +26,7 @@ class WebhookSettings(Model):
 
     url: str
     secret: SecretStr | None = None
-    headers: dict[str, SecretStr] = {}
+    headers: dict[str, Annotated[SecretStr, AfterValidator(_one_line)]] = {}
     timeout: Duration = timedelta(seconds=10)
     max_connections: int = Field(16, ge=1, le=256)
 

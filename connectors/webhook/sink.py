@@ -23,6 +23,7 @@ import httpx
 from connectors.webhook.config import WebhookConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message
+from core.redact import redact
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -80,7 +81,8 @@ class WebhookSink:
             return RetryableError(f"{type(e).__name__}: {e}")
         if resp.is_success:
             return None
-        text = f"HTTP {resp.status_code}" + (f": {resp.text[:200]}" if resp.content else "")
+        # A receiver may echo what it was sent (a token in a header): redacted whole, then cut.
+        text = f"HTTP {resp.status_code}" + (f": {redact(resp.text)[:200]}" if resp.content else "")
         if resp.status_code == 413 and len(batch) == 1:
             return FatalError(text)
         return RetryableError(text)

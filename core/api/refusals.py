@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
-from core.redact import redact
+from core.redact import raw_secrets, redact, remember
 from core.registry import connector_specs
 
 # The HTTP status of each kind of refusal.
@@ -104,7 +105,9 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        # what was wrong and where, not the input again (it can be large or nested deep)
+        # what was wrong and where, not the input again (it can be large or nested deep); the
+        # secrets of a body that did not validate are hidden too (a message may quote one)
+        remember(raw_secrets(e.body, WeirConfig))
         errors = [{k: v for k, v in err.items() if k != "input"} for err in e.errors()]
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from core.config.base import tag_of
 from core.config.model import WeirConfig
-from core.redact import raw_secrets, redact, remember, secrets_of
+from core.redact import raw_secrets, redact, remember, remember_config
 
 
 class ConfigError(Exception):
@@ -177,7 +177,7 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
             elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:
                 disc = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
                 msg = f"{disc}: is required (one of {', '.join(_tags(loc, disc))})"
-            problems.append(redact(f"{line}: {key}: {msg}"))
+            problems.append(f"{line}: {key}: {redact(msg)}")  # the file's path and keys as written
         raise ConfigError(path, problems) from None
-    remember(secrets_of(cfg))
+    remember_config(cfg)
     return cfg

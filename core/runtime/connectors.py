@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from core.config.model import Connector, WeirConfig
 from core.engine.forwarder import Forwarder
 from core.metrics import Metrics
-from core.redact import remember, secrets_of
+from core.redact import remember_config
 from core.shards import Shard
 from core.store import Store
 from core.store import connectors as api_connectors
@@ -55,7 +55,7 @@ class ConnectorWorks:
         cfg = self.file
         if self.worker is None or self.worker.role == "connectors":
             cfg = api_connectors.with_api_connectors(cfg, self.store)
-            remember(secrets_of(cfg))  # never logged, as the file's
+            remember_config(cfg)  # never logged, as the file's
         wanted = {
             f"connector:{shard.key(c.name)}": (c, shard)
             for k, (c, shard) in enumerate(cfg.connector_shards())

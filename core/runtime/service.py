@@ -33,7 +33,7 @@ import psycopg
 from core.config.model import PostgresSource, WeirConfig
 from core.failures import Unreachable, reach_postgres
 from core.metrics import Metrics
-from core.redact import remember, secrets_of
+from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
 from core.store import Store, open_store
 from core.store import connectors as api_connectors
@@ -85,7 +85,7 @@ def serve(
     from core.runtime import jobs
     from core.runtime.leases import Leases
 
-    remember(secrets_of(cfg))
+    remember_config(cfg)
     if not wait_for_store(cfg, stop):
         log.info("stopped before the store answered")
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from core.envelope import Message
+from core.redact import redact
 from core.store import AConn, Store
 from core.store.streams import present
 
@@ -38,12 +39,14 @@ async def put(
     failed: list[tuple[Message, int, str]],
 ) -> None:
     """Put messages, each with its attempts and error, on ``connector``'s failed list; called
-    when a message is given up on, in the caller's transaction."""
+    when a message is given up on, in the caller's transaction. The error is redacted here,
+    where every secret of the connector is known: the list is read by the API, the console
+    and ``weir failed``, whichever process they run in."""
     q = sql.SQL(_PUT).format(store.table("failed_messages"))
     async with conn.cursor() as cur:
         await cur.executemany(
             q,
-            [(connector, m.sync_id, stream, m.seq, m.group, m.key, attempts, error,
+            [(connector, m.sync_id, stream, m.seq, m.group, m.key, attempts, redact(error),
               m.payload.decode()) for m, attempts, error in failed],
         )  # fmt: skip
 

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
+import string
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from core.config.model import WeirConfig
-from core.redact import RedactingFormatter, Secrets, raw_secrets, redact_urls, secrets_of
+from core.redact import (
+    SECRET_MASK,
+    RedactingFormatter,
+    Secrets,
+    raw_secrets,
+    redact_urls,
+    remember,
+    remember_config,
+    secrets_of,
+    shown,
+)
 
 
 def test_url_passwords_are_masked_also_in_malformed_urls() -> None:
@@ -36,7 +51,7 @@ def test_remembered_secrets_are_masked_in_every_spelling() -> None:
     secrets.remember([secret, "postgresql://weir:Zq-pw-%25-y@db/app", "abc"])
     for form in (secret, "Zq-canary-%25-%22x", 'Zq-canary-%-\\"x', "Zq-pw-%25-y", "Zq-pw-%-y"):
         assert secrets.redact(f"error: {form}!") == "error: ***!", form
-    assert secrets.redact("abc weir") == "abc weir"  # too short to be searched for everywhere
+    assert secrets.redact("abc weir abcd") == "*** weir abcd"  # short ones too, as a whole
 
 
 def test_secrets_of_a_config_and_of_a_file_with_mistakes() -> None:
@@ -50,12 +65,12 @@ def test_secrets_of_a_config_and_of_a_file_with_mistakes() -> None:
                         "webhook": {"url": "https://h/x", "headers": {"X-Key": "pw3x"}}}],
     })  # fmt: skip
     assert set(secrets_of(cfg)) == {
-        "tok-0123456789abcdef", "postgresql://u:pw1x@h/d", "pw2x", "pw3x"
+        "tok-0123456789abcdef", "postgresql://u:pw1x@h/d", "nats://u:pw2x@h:4222", "pw3x"
     }  # fmt: skip
     assert secrets_of(SecretStr("s")) == ["s"]
     raw = {"store": {"url": "postgresql://u:pw4x@h/d"}, "api": {"tokens": ["tok5x", 3]},
            "connectors": [{"nats": {"url": "nats://h:1", "password": "pw6x"}}]}  # fmt: skip
-    assert set(raw_secrets(raw, WeirConfig)) == {"pw4x", "tok5x", "pw6x"}
+    assert set(raw_secrets(raw, WeirConfig)) == {"postgresql://u:pw4x@h/d", "tok5x", "pw6x"}
 
 
 def test_log_records_are_redacted_and_tracebacks_only_when_asked() -> None:
@@ -104,3 +119,70 @@ def test_key_and_signature_query_parameters_are_hidden() -> None:
     """A webhook URL may carry its credential as a query parameter of any of these names."""
     got = redact_urls("POST http://h:1/hook?api_key=K1secret&X-Amz-Signature=S1g&token=T0k 302")
     assert got == "POST http://h:1/hook?api_key=***&X-Amz-Signature=***&token=*** 302"
+
+
+def test_userinfo_without_a_scheme_or_with_a_broken_one_is_masked() -> None:
+    """``nats//user:pass@host`` (a colon left out) and Kafka's ``user:pass@host:port``."""
+    for text, want in {
+        "'nats//natsuser:pw9@127.0.0.1:4222': expected nats://host:port":
+            "'nats//natsuser:***@127.0.0.1:4222': expected nats://host:port",
+        "kuser:pw9@127.0.0.1:9092/bootstrap: failed": "kuser:***@127.0.0.1:9092/bootstrap: failed",
+        "postgresql://weir@127.0.0.1/app": "postgresql://weir@127.0.0.1/app",  # no password
+    }.items():  # fmt: skip
+        assert redact_urls(text) == want
+
+
+_WORD = st.text(string.ascii_letters + string.digits, min_size=1, max_size=8)
+
+
+@given(secret=_WORD, before=_WORD, after=_WORD)
+def test_a_secret_is_masked_whole_never_inside_a_word(secret: str, before: str, after: str) -> None:
+    """The password ``secret`` leaves ``secretnats`` and ``mysecret`` alone, and masks itself
+    wherever it stands alone, however short."""
+    s = Secrets()
+    s.remember([secret])
+    assert s.redact(f"{before}{secret}{after} {secret}_x") == f"{before}{secret}{after} {secret}_x"
+    assert s.redact(f"({secret}) '{secret}'.") == "(***) '***'."
+
+
+def test_a_secret_split_by_lines_trimmed_or_sent_as_basic_auth_is_masked() -> None:
+    s = Secrets()
+    s.remember(["Bearer tok-canary9\n", "line-one9\nline-two9", "http://hu:pw%40x9@h/y"])
+    said = "Illegal header value: Bearer tok-canary9 | line-two9 | line-one9"
+    assert s.redact(said) == "Illegal header value: *** | *** | ***"
+    basic = base64.b64encode(b"hu:pw@x9").decode()
+    assert s.redact(f'{{"authorization": "Basic {basic}"}}') == '{"authorization": "Basic ***"}'
+    assert s.redact("POST http://h/y failed") == "POST http://h/y failed"  # the host is none
+
+
+@pytest.fixture
+def own_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this test remembers stays in it (the process's secrets mask every test's output)."""
+    monkeypatch.setattr("core.redact._SECRETS", Secrets())
+
+
+@pytest.mark.usefixtures("own_secrets")
+def test_log_lines_keep_weirs_own_words() -> None:
+    """With the compose file's ``weir:weir``, the logger's name, the message's own words and
+    the config's names it carries (the store's schema ``weir``) stay; what else it carries (an
+    error) has the password masked as a whole."""
+    cfg = WeirConfig.model_validate({"store": {"url": "postgresql://weir:weir@db/app"}})
+    remember_config(cfg)
+    assert cfg.store is not None
+    args = (cfg.store.schema_, "weirdo", ValueError("weir refused"))
+    record = logging.LogRecord("weir", logging.INFO, __file__, 1, "weir: schema %s, %s: %s",
+                               args, None)  # fmt: skip
+    got = RedactingFormatter("%(name)s: %(message)s", tracebacks=False).format(record)
+    assert got == "weir: weir: schema weir, weirdo: *** refused"
+
+
+@pytest.mark.usefixtures("own_secrets")
+def test_a_config_is_shown_masked_by_field_not_by_value() -> None:
+    """A value that equals or holds a secret's letters is shown; a secret field is not."""
+    remember(["secret"])
+    dumped = {"name": "secretnats", "nats": {"namespace": "secret", "url": "nats://u:secret@h:1",
+              "password": SECRET_MASK}, "kafka": {"librdkafka": {"sasl.password": "pw",
+              "client.id": "secret"}}}  # fmt: skip
+    assert shown(dumped) == {"name": "secretnats", "nats": {"namespace": "secret",
+        "url": "nats://u:***@h:1", "password": SECRET_MASK}, "kafka": {"librdkafka": {
+        "sasl.password": SECRET_MASK, "client.id": "secret"}}}  # fmt: skip
