@@ -14,14 +14,19 @@ import logging
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from core.redact import first_line, redact
+
+if TYPE_CHECKING:
+    from core.config.model import WeirConfig
 
 CONNECT_TIMEOUT = 10  # seconds
 AWAY = (psycopg.OperationalError, psycopg.InterfaceError)  # a server restarting, failing over
@@ -94,6 +99,37 @@ def reach_postgres(url: str, what: str) -> None:
             pass
     except psycopg.OperationalError as e:
         raise postgres_unreachable(e, url, what) from None
+
+
+STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 30.0  # seconds between attempts to reach the store
+SAY_AGAIN = 30.0  # seconds: a wait is said again at least this often, even for the same reason
+
+
+def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+    """Wait until the store answers, or ``stop`` is set (then False). A service often starts
+    before its database (systemd, compose): say what it waits for, then retry with backoff,
+    saying it again when the reason changes and at least every ``SAY_AGAIN``. A refusal for
+    good (a wrong password, a database that does not exist) raises :class:`Unreachable`:
+    ``weir run`` exits 1 with its line.
+    """
+    log = logging.getLogger("weir")
+    said, said_at, delay = "", 0.0, STORE_RETRY_FIRST
+    while not stop.is_set():
+        try:
+            reach_postgres(cfg.store_url, cfg.store_named)
+        except Unreachable as e:
+            if e.for_good:
+                raise
+            if str(e) != said or time.monotonic() - said_at >= SAY_AGAIN:
+                log.warning("%s; retrying until it answers", e)
+                said, said_at = str(e), time.monotonic()
+            stop.wait(delay)
+            delay = min(delay * 2, STORE_RETRY_MAX)
+            continue
+        if said:
+            log.info("the store answers")
+        return True
+    return False
 
 
 def url_addresses(urls: list[str]) -> str:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 
 from core.config.model import PostgresSource, WeirConfig
-from core.failures import Unreachable, reach_postgres
+from core.failures import wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
@@ -201,33 +201,6 @@ def _say_unmatched(cfg: WeirConfig) -> None:
             log.warning("%s", problem)
 
 
-def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
-    """Wait until the store answers, or ``stop`` is set (then False). A service often starts
-    before its database (systemd, compose): say once what it waits for, then retry with
-    backoff, saying it again only when the reason changes. A refusal for good (a wrong
-    password, a database that does not exist) raises :class:`Unreachable`: ``weir run`` exits
-    1 with its line.
-    """
-    said, delay = "", STORE_RETRY_FIRST
-    while not stop.is_set():
-        try:
-            reach_postgres(cfg.store_url, cfg.store_named)
-        except Unreachable as e:
-            if e.for_good:
-                raise
-            if str(e) != said:
-                log.warning("%s; retrying until it answers", e)
-                said = str(e)
-            stop.wait(delay)
-            delay = min(delay * 2, STORE_RETRY_MAX)
-            continue
-        if said:
-            log.info("the store answers")
-        return True
-    return False
-
-
-STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 30.0  # seconds between attempts to reach the store
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
 LOST_GRACE = 5.0  # seconds work may take to stop after its lease was lost
 RETRY_BACKFILL = 5.0  # seconds before a backfill that lost a connection resumes

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from prometheus_client.multiprocess import mark_process_dead
 
 from core.config.model import PostgresSource, WeirConfig
+from core.failures import wait_for_store
 from core.metrics import SHARED_DIR
 
 log = logging.getLogger("weir")
@@ -206,7 +207,6 @@ class Supervisor:
     def run(self) -> int:
         """Start the workers once the store answers, keep them running, then drain them all:
         0 after a signal, 1 when a worker failed for good (a source's FATAL error)."""
-        from core.runtime.service import wait_for_store
         from core.store import open_store
 
         if not wait_for_store(self.cfg, self.stop):
