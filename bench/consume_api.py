@@ -4,7 +4,8 @@
 events stream; ``--messages`` rows are committed and captured first, so what is timed is the
 consumer's queue (filled as it drains, BUFFER rows at most) and the HTTP round trips: each of
 4 worker processes loops ``GET /v1/http-consumers/bench/next?batch_size=100`` and
-``POST …/ack`` until every message was acknowledged. Target (README “Performance”): ≥ 10,000/s.
+``POST …/ack`` until every message was acknowledged. Target (docs/design.md “Performance”): ≥
+10,000/s.
 
 The workers share the machine's cores with Weir and Postgres, so they are kept lean: one
 keep-alive ``http.client`` connection each and orjson. (httpx used twice their CPU time, which

@@ -1,6 +1,6 @@
 """Weir's memory with a backlog of 1M changes: the peak RSS of `weir run`, its supervisor and
-worker processes together (README “Performance”: under 300 MB), while it captures the backlog
-and forwards it.
+worker processes together (docs/design.md “Performance”: under 300 MB), while it captures the
+backlog and forwards it.
 
 The backlog is in the WAL before Weir starts (the slot is made first): half of it one
 transaction of 500k rows, half 500 transactions of 1,000. `weir run` then captures it into the

@@ -1,6 +1,6 @@
 """A sharded connector against one shard: 2 shards on 2 connectors workers against 1 on 1,
-draining the same backlog of the events stream to JetStream (README “Performance”: at least 1.7
-times, where the broker is not the limit).
+draining the same backlog of the events stream to JetStream (docs/design.md “Performance”: at least
+1.7 times, where the broker is not the limit).
 
 The backlog (``--rows`` inserts) is captured into the store first, so that capture is idle
 while the connectors drain it. Each round runs both variants on a new connector (from the

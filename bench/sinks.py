@@ -6,7 +6,7 @@ client sends N messages of the same size in a plain loop: confluent-kafka ``prod
 delivery reports (idempotent, acks=all, as Weir's producer), boto3 ``send_message_batch`` of
 10 to a FIFO queue, and httpx POSTs of 100 messages, 8 at a time (as the webhook sink sends
 them by default), to a receiver in a process of its own. The ratio is Weir over raw (target
-with one shard >= 0.5, issue 30; README “Performance”: 0.8 with shards). A broker whose N is
+with one shard >= 0.5, issue 30; docs/design.md “Performance”: 0.8 with shards). A broker whose N is
 0 is left out.
 
     .venv/bin/python bench/sinks.py [--kafka-n 100000] [--sqs-n 3000] [--webhook-n 100000]

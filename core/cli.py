@@ -1,4 +1,4 @@
-"""The ``weir`` command line (README “Management API and CLI”)."""
+"""The ``weir`` command line (docs/operations.md “Management API and CLI”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Messages, group keys, subjects and payloads as subscribers see them (README “Guarantees”,
+"""Messages, group keys, subjects and payloads as subscribers see them (docs/design.md “Messages”,
 “Guarantees”, contract): pure data, built from store rows when a message leaves Weir.
 """
 
@@ -93,7 +93,7 @@ def record_subject(namespace: str, key: str) -> str:
 
 
 class Payloads:
-    """The payloads of one source's messages (README “Guarantees”): JSON objects whose
+    """The payloads of one source's messages (docs/design.md “Messages”): JSON objects whose
     ``record`` and ``changes`` are the stored JSON texts, spliced in without re-parsing, and
     whose ``metadata`` is written piece by piece, what one collection's messages share made
     once (the same bytes ``orjson`` writes for the metadata as a dict, a third of the time).
@@ -174,8 +174,8 @@ BrokerMark = dict[str, int]
 
 @dataclass(slots=True, eq=False)
 class Message:
-    """One message leaving Weir, built from a store row (core/store/reader.py; README
-    “Guarantees”).
+    """One message leaving Weir, built from a store row (core/store/reader.py; docs/design.md
+    “Messages”).
 
     ``group`` is the group key (unit of order, :func:`group_key`), ``key`` the idempotency key,
     ``payload`` the JSON a subscriber receives. ``action`` is the event's action (``None`` on the

@@ -1,7 +1,8 @@
 """Identifiers users and subscribers see: sync ids, collection ids, record ids, subject tokens.
 
-README “Source database”, “Guarantees” (contract). One place for each rule: the capture
-path, HTTP ingest, the Spark seed job and the connectors all call these.
+docs/configuration.md “Source database”; docs/design.md “Subjects and record ids” (contract). One
+place for each rule: the capture path, HTTP ingest, the Spark seed job and the connectors all call
+these.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Secrets out of everything Weir prints (README "Guarantees", "Secrets"): one policy, three
-rules, each where it cannot mask what is no secret.
+"""Secrets out of everything Weir prints (docs/design.md “Guarantees”;
+docs/configuration.md “Secrets”): one policy, three rules, each where it cannot mask what is no
+secret.
 
 - **By shape**, in any text (:func:`redact_urls`): the password of anything shaped like a URL's
   user info, also malformed or without a scheme (``nats//u:pass@host``, ``u:pass@host:9092``),

@@ -1,5 +1,5 @@
-"""Sharded connectors (README “Operations”): a connector with ``shards: N`` is N units of work,
-each with its own cursor, broker mark and read-back, and a lease of its own, so that one
+"""Sharded connectors (docs/operations.md “Scaling out”): a connector with ``shards: N`` is N units
+of work, each with its own cursor, broker mark and read-back, and a lease of its own, so that one
 connector spreads over worker processes and ``weir run`` instances.
 
 A record always lives in one shard: :func:`shard_of` hashes what its group key is made of (its

@@ -1,4 +1,5 @@
-"""Table names as the config file and the command line write them (README “Configuration”):
+"""Table names as the config file and the command line write them
+(docs/configuration.md “The config file”):
 ``schema.table``, with SQL-style double quotes around a name that holds a dot or a double
 quote (``public."my.table"``, ``"My Schema".orders``; ``""`` inside quotes is one ``"``).
 A name is taken as written, quoted or not: it is not folded to lower case.

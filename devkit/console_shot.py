@@ -1,4 +1,5 @@
-"""The README's picture of the console under load: ``.venv/bin/python -m devkit.console_shot``.
+"""The picture of the console in docs/operations.md “Console” under load: ``.venv/bin/python -m
+devkit.console_shot``.
 
 Runs Weir on an embedded Postgres and nats-server with a few connectors (one sharded, one
 paused by an operator so its lag grows, one webhook whose receiver is gone so its messages

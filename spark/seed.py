@@ -1,4 +1,5 @@
-"""The Spark seed job: source tables into the records stream, in parallel (README “Operations”).
+"""The Spark seed job: source tables into the records stream, in parallel
+(docs/operations.md “Backfill and seed”).
 
     weir seed --config FILE --source S --table T [--table T2] [--master URL] [--jdbc-jar JAR]
     spark-submit --py-files weir.zip spark/seed.py --config FILE --source S --table T

@@ -1,4 +1,4 @@
-"""The ``kafka`` connector's settings (README “Configuration”)."""
+"""The ``kafka`` connector's settings (docs/configuration.md “Connector types”)."""
 
 from __future__ import annotations
 

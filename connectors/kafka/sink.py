@@ -2,7 +2,7 @@
 
 librdkafka serves delivery reports from ``poll()``, which the sink calls on the event loop. The
 broker's position (``mark``) is the last offset per partition that delivery reports showed, so
-that a restart reads the partitions back from there (README “Guarantees”).
+that a restart reads the partitions back from there (docs/design.md “Guarantees”).
 """
 
 from __future__ import annotations

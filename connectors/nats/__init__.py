@@ -1,5 +1,5 @@
-"""NATS JetStream: publishes to subjects ``sequin-{stream}.{namespace}...`` (README
-“Guarantees”); ``weir nats setup`` creates the streams."""
+"""NATS JetStream: publishes to subjects ``sequin-{stream}.{namespace}...`` (docs/design.md
+“Subjects and record ids”); ``weir nats setup`` creates the streams."""
 
 from connectors.nats.config import NatsConnector
 from core.registry import ConnectorSpec

@@ -1,4 +1,5 @@
-"""The ``nats`` connector's settings (README “Guarantees”, “Configuration”)."""
+"""The ``nats`` connector's settings (docs/design.md “Guarantees”;
+docs/configuration.md “Connector types”)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``weir nats setup``: create the JetStream streams the connectors publish into (README
-“Guarantees”) when they are missing, and report existing ones whose settings differ.
+"""``weir nats setup``: create the JetStream streams the connectors publish into (docs/operations.md
+“Deployment”) when they are missing, and report existing ones whose settings differ.
 """
 
 from __future__ import annotations

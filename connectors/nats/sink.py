@@ -71,7 +71,8 @@ class NatsSink:
         self._mark: BrokerMark = {}
         self._closing = False
         # JetStream deduplicates per stream, and connectors of other namespaces may publish the
-        # same change into one stream (README “Guarantees”): the namespace is part of the id.
+        # same change into one stream (docs/design.md “Guarantees”): the namespace is
+        # part of the id.
         self._msg_id = f"{self.settings.namespace}:"
 
     @property

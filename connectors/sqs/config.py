@@ -1,4 +1,4 @@
-"""The ``sqs`` connector's settings (README “Configuration”)."""
+"""The ``sqs`` connector's settings (docs/configuration.md “Connector types”)."""
 
 from __future__ import annotations
 

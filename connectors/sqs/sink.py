@@ -4,7 +4,7 @@ The engine puts at most one message per group key in flight, so the entries of o
 belong to different groups and their calls may run concurrently without breaking per-record
 order. FIFO queues get ``MessageGroupId`` = the group key (its SHA-256 hex when longer than
 128 characters) and ``MessageDeduplicationId`` = SHA-256 hex of the idempotency key
-(README “Configuration”), so a resend within the queue's 5-minute window is dropped by SQS. SQS
+(docs/design.md “Guarantees”), so a resend within the queue's 5-minute window is dropped by SQS. SQS
 cannot be read without consuming it, so there is no read-back: across a longer outage a
 resend may show twice, and standard queues are at-least-once anyway.
 """

@@ -1,4 +1,5 @@
-"""The ``webhook`` connector's settings (README “Consume API”, “Configuration”)."""
+"""The ``webhook`` connector's settings (docs/configuration.md “Connector types”;
+docs/design.md “Webhook requests”)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The HTTP API of ``weir run`` (README “Consume API”): one app factory over the route modules,
-and the server that runs it.
+"""The HTTP API of ``weir run`` (docs/consume-api.md “Consume API”): one app factory over the route
+modules, and the server that runs it.
 
 - core/api/consume_routes.py: management of HTTP pull consumers, the Consume API in its three
   route families (engine: core/api/consume.py);

@@ -1,4 +1,5 @@
-"""The Consume API's engine (README “Consume API”): HTTP pull consumers over the stream store.
+"""The Consume API's engine (docs/consume-api.md “Consume API”): HTTP pull consumers over the stream
+store.
 
 Each consumer has a queue in the store (``consumer_messages``): a filler task moves the
 consumer's selection of each source's stream into it, behind a cursor like a connector's, and

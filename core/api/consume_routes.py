@@ -1,5 +1,5 @@
-"""The routes of HTTP pull consumers (README “Consume API”): their management, and the Consume
-API in its three route families over one engine (core/api/consume.py).
+"""The routes of HTTP pull consumers (docs/consume-api.md “Consume API”): their management, and the
+Consume API in its three route families over one engine (core/api/consume.py).
 
 Added to the API's token-guarded router by ``build_app`` (core/api/app.py). The receive routes
 build their JSON from the stored texts, without a response model's validation.

@@ -1,6 +1,6 @@
-"""The management API's engine (README “Operations”): where sources, connectors (by shard) and
-HTTP pull consumers stand, a connector's throughput and lag over the last hour, and the
-operator's actions (pause, resume; retry and discard on failed lists). The routes are
+"""The management API's engine (docs/operations.md “Management API and CLI”): where sources,
+connectors (by shard) and HTTP pull consumers stand, a connector's throughput and lag over the last
+hour, and the operator's actions (pause, resume; retry and discard on failed lists). The routes are
 core/api/manage_routes.py; the web console (core/api/console/) shows the same.
 
 The store's side of the actions is core/store/operate.py, shared with the CLI; where things

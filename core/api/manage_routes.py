@@ -1,7 +1,7 @@
-"""The management routes (README “Operations”), over core/api/manage.py: sources, connectors
-and their shards (state, lag, rate; pause and resume), a connector's last hour, and the failed
-lists of connectors and of HTTP pull consumers (page, show, retry, discard). Added to the
-API's token-guarded router by ``build_app`` (core/api/app.py); ``weir failed`` and
+"""The management routes (docs/operations.md “Management API and CLI”), over core/api/manage.py:
+sources, connectors and their shards (state, lag, rate; pause and resume), a connector's last hour,
+and the failed lists of connectors and of HTTP pull consumers (page, show, retry, discard). Added to
+the API's token-guarded router by ``build_app`` (core/api/app.py); ``weir failed`` and
 ``weir connector`` do the same from the command line (core/cli_operate.py).
 """
 

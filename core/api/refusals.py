@@ -1,4 +1,5 @@
-"""How the HTTP API refuses a request (README “Guarantees”): always JSON
+"""How the HTTP API refuses a request (docs/consume-api.md “Consumers”;
+docs/design.md “Guarantees”): always JSON
 ``{"detail": ...}``, never with a secret in it, and 413 for a body beyond
 ``api.max_body_bytes`` before that body is read into memory. The one place where the domain's
 refusals (core/errors.py) become HTTP statuses.

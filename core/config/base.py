@@ -1,4 +1,5 @@
-"""Config building blocks shared by core and every connector package (README “Configuration”).
+"""Config building blocks shared by core and every connector package
+(docs/configuration.md “The config file”).
 
 Connector packages import these to declare their settings; ``core.config.model`` assembles the file.
 """

@@ -1,5 +1,6 @@
 """Reading the YAML config file: ${VAR} substitution, then the models of core/config/model.py,
-with errors that name the file, line and key path of every problem (README “Configuration”).
+with errors that name the file, line and key path of every problem
+(docs/configuration.md “The config file”).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The config file's models (README “Configuration”): store, sources, API, consumers, and the
-connectors of the registry. Reading the file is core/config/load.py."""
+"""The config file's models (docs/configuration.md “The config file”): store, sources, API,
+consumers, and the connectors of the registry. Reading the file is core/config/load.py."""
 
 from __future__ import annotations
 
@@ -188,7 +188,8 @@ class ConsumerFilters(Model):
 
 
 class ConsumerConfig(Model):
-    """An HTTP pull consumer (README “Consume API”), from YAML or ``POST /v1/http-consumers``."""
+    """An HTTP pull consumer (docs/consume-api.md “Consumers”), from YAML or ``POST
+    /v1/http-consumers``."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     stream: Literal["records", "events"] = "events"

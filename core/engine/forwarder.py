@@ -1,4 +1,4 @@
-"""The forwarding engine: moves a connector's stream from the store to its sink (README
+"""The forwarding engine: moves a connector's stream from the store to its sink (docs/design.md
 “Guarantees”).
 
 Rules it keeps, for every sink alike:

@@ -1,4 +1,4 @@
-"""The forwarding engine's bookkeeping rules, as plain data structures without I/O (README
+"""The forwarding engine's bookkeeping rules, as plain data structures without I/O (docs/design.md
 “Guarantees”): per-group order with version collapse, suspects of a lost connection, and the
 broker mark a restart reads back from. core/engine/forwarder.py applies them to a session;
 tests/unit/test_engine_rules.py checks them one by one.
@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 
 class Groups(Generic[T]):
-    """Per-record order (README “Guarantees”): at most one message per group key is out
+    """Per-record order (docs/design.md “Guarantees”): at most one message per group key is out
     (ready, in flight or in backoff); the group's next messages wait in seq order. With
     ``collapse`` (the records stream) only the newest waiting version of a record is kept.
     """

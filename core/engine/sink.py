@@ -1,4 +1,4 @@
-"""The sink contract every connector implements (README “Guarantees”).
+"""The sink contract every connector implements (docs/design.md “Guarantees”).
 
 The engine (engine/forwarder.py) owns ordering, batching, retries, cursors and the failed list; a
 sink only moves one batch to its broker and says which messages did not make it, and why.
@@ -43,7 +43,8 @@ class Sink(Protocol):
     ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
     JetStream stream sequences): everything published after the call lands after it.
     ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
-    broker took after ``mark``, so that a restart resends none of them (README “Guarantees”).
+    broker took after ``mark``, so that a restart resends none of them
+    (docs/design.md “Guarantees”).
     """
 
     async def connect(self) -> None: ...

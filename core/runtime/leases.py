@@ -1,4 +1,5 @@
-"""Which `weir run` instance does which work, when several share one store (README “Operations”).
+"""Which `weir run` instance does which work, when several share one store
+(docs/operations.md “Scaling out”).
 
 Each source's capture and each connector is owned by one instance at a time. Ownership is a
 Postgres session advisory lock held on the instance's lease connection, so it ends the moment

@@ -1,5 +1,5 @@
-"""``weir run``: a supervisor of worker processes, so that Weir uses every core (README
-“Operations”).
+"""``weir run``: a supervisor of worker processes, so that Weir uses every core (docs/operations.md
+“Scaling out”).
 
 What runs in which process (``weir run --single-process`` runs all of it in one):
 

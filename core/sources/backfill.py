@@ -1,5 +1,5 @@
 """Table backfills in the engine: keyset pages of a table into the records stream, beside live
-capture (README “the top”, “Operations”).
+capture (the README's opening; docs/operations.md “Backfill and seed”).
 
 Each page is read by COPY in keyset order, staged, and merged with the snapshot version guard
 (core.sources.pg.snapshot), and the keyset position of its last row is committed in the same store

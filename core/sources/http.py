@@ -1,5 +1,6 @@
 """HTTP ingest for ``kind: http`` sources (API syncs): batches of upserts and deletes become
-events- and records-stream messages, as a Postgres source's changes do (README “Source database”).
+events- and records-stream messages, as a Postgres source's changes do
+(docs/configuration.md “Source database”).
 
 A batch is one store transaction under the source row's lock, so batches of one source commit
 one after the other, also from several Weir processes. Versions: a record's ``version`` (else

@@ -1,5 +1,5 @@
 """The stream store's batches: the changes one store write made, or records-stream versions
-that no change carries, as one row each (docs: README "The stream store").
+that no change carries, as one row each (docs/design.md “The store's layout”).
 
 A batch keeps its entries column by column: a list per field in one JSON header, then the
 JSON texts of records, changes and records-stream payloads back to back, the whole compressed

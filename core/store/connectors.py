@@ -1,9 +1,9 @@
-"""Connectors made over the management API (README “Operations”), kept in the store's
-``api_connectors`` table as the JSON of their config: ``weir run`` runs them beside the file's
-(core/config/model.py ``WeirConfig.with_stored``) and picks changes up at its lease polls,
-through the table's version (core/store/leases.py reads it with the heartbeat). Each making
-of a connector has an id of its own, which a change keeps: one deleted and made again under
-its name is another connector, and the old one's sessions, which carry its id, can neither
+"""Connectors made over the management API (docs/operations.md “Management API and CLI”), kept in
+the store's ``api_connectors`` table as the JSON of their config: ``weir run`` runs them
+beside the file's (core/config/model.py ``WeirConfig.with_stored``) and picks changes up at
+its lease polls, through the table's version (core/store/leases.py reads it with the heartbeat).
+Each making of a connector has an id of its own, which a change keeps: one deleted and made again
+under its name is another connector, and the old one's sessions, which carry its id, can neither
 move nor make its cursors (core/store/cursors.py).
 """
 

@@ -1,6 +1,6 @@
-"""HTTP pull consumers in the store (README “Consume API”): their declarations (``consumers``),
-their queues (``consumer_messages``) and what filling, a receive, an ack, a nack or a sweep does
-to those. Called by the consume engine (core/api/consume.py), which decides when.
+"""HTTP pull consumers in the store (docs/consume-api.md “Consume API”): their declarations
+(``consumers``), their queues (``consumer_messages``) and what filling, a receive, an ack, a nack or
+a sweep does to those. Called by the consume engine (core/api/consume.py), which decides when.
 
 A queue holds references to stream messages and their delivery state; payloads stay in the
 streams and are read from them when a row is delivered. A queue is filled from each source's

@@ -1,5 +1,6 @@
 """Connector cursors: where a connector, or each of its shards (core/shards.py), is in a source's
-stream, and where the broker was then (README “Guarantees”, “Operations”).
+stream, and where the broker was then (docs/design.md “Guarantees”;
+docs/operations.md “Scaling out”).
 
 The cursors of a connector's shards are made together, by the first shard that starts, so that
 all of them start where ``start_position`` said at that one moment. When the connector's number

@@ -20,8 +20,8 @@ RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             % p_shards)::integer
 $$;
 """,
-    # One receive of the Consume API (core/store/consumers.py, README “Consume API”): picks up
-    # to p_n deliverable rows of a consumer's queue and makes them invisible for p_wait_ms.
+    # One receive of the Consume API (core/store/consumers.py, docs/consume-api.md “Delivery”):
+    # picks up to p_n deliverable rows of a consumer's queue and makes them invisible for p_wait_ms.
     # Deliverable: the lowest row of its group and visible. p_max_pending is a hard cap on the
     # outstanding rows (delivered, neither acked nor nacked, expired or not: the column
     # outstanding): an expired outstanding row is delivered again freely, being counted

@@ -341,9 +341,9 @@ ALTER TABLE {s}.source_failures ALTER COLUMN record_id SET NOT NULL,
         "consumer queue rows say whether they are outstanding: max_ack_pending is a hard cap",
         """
 -- Outstanding: delivered and neither acked nor nacked, whether or not its visibility timeout
--- ran out (README “Consume API”). Set on delivery, cleared by nack; ack deletes the row. A
--- nacked row and one whose visibility ran out looked alike (both visible), yet only the nacked
--- one takes room under max_ack_pending when delivered again. Rows delivered before count as
+-- ran out (docs/consume-api.md “Delivery”). Set on delivery, cleared by nack; ack deletes the
+-- row. A nacked row and one whose visibility ran out looked alike (both visible), yet only the
+-- nacked one takes room under max_ack_pending when delivered again. Rows delivered before count as
 -- outstanding while their visibility lasts. The partial index serves the count of a receive.
 ALTER TABLE {s}.consumer_messages ADD COLUMN outstanding boolean NOT NULL DEFAULT false;
 UPDATE {s}.consumer_messages SET outstanding = true WHERE not_visible_until > now();

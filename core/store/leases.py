@@ -1,5 +1,5 @@
 """Leases in the store: who owns which work, for ``weir run`` instances sharing one store
-(README “Operations”; core/runtime/leases.py decides when to take, report and give up).
+(docs/operations.md “Scaling out”; core/runtime/leases.py decides when to take, report and give up).
 
 A lease is a session advisory lock on the owner's lease connection, so it ends with that
 connection; the ``owners`` table says, with a heartbeat, who holds which for ``weir status``.

@@ -1,6 +1,6 @@
-"""What an operator does to the store (README “Operations”): page through a failed list, show
-one entry, ask for retries, discard, pause and resume a connector. The one place these are
-done, for the management API (core/api/manage.py) and the CLI (core/cli_operate.py) alike.
+"""What an operator does to the store (docs/operations.md “Management API and CLI”): page through a
+failed list, show one entry, ask for retries, discard, pause and resume a connector. The one place
+these are done, for the management API (core/api/manage.py) and the CLI (core/cli_operate.py) alike.
 
 A failed list is named like a cursor: a connector's name, or ``consumer:NAME`` for an HTTP
 pull consumer's (core/store/consumers.py ``consumer_key``). An entry is named

@@ -44,14 +44,14 @@ def source_of(ch: Change) -> tuple[str, str]:
 
 
 def lacks(ch: Change) -> bool:
-    """Whether the WAL left values of ``ch`` out (README "Messages": unknown values)."""
+    """Whether the WAL left values of ``ch`` out (docs/design.md “Values the WAL leaves out”)."""
     return bool(ch.missing or ch.old_missing)
 
 
 class Previous:
-    """The one rule for values the WAL leaves out (README "Messages"): a change's record
-    takes the columns it lacks (``missing``: unchanged TOAST values, a delete's non-key
-    columns) from its record's previous version, the change before it in the write or else
+    """The one rule for values the WAL leaves out (docs/design.md “Values the WAL leaves out”): a
+    change's record takes the columns it lacks (``missing``: unchanged TOAST values, a delete's
+    non-key columns) from its record's previous version, the change before it in the write or else
     the stored version; and a column whose old value was left out (``old_missing``) is in
     ``changes``, with that version's value, when the new value differs from it. Fed the
     changes of a write in order."""

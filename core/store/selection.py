@@ -1,5 +1,5 @@
-"""Message selection: collection and record id patterns, actions and column filters (README
-“Configuration”), compiled once into a Python predicate over a stream entry.
+"""Message selection: collection and record id patterns, actions and column filters
+(docs/configuration.md “Filters”), compiled once into a Python predicate over a stream entry.
 
 One place for it: connectors and the Consume API select messages with it. A column filter
 reads the record's JSON with exact numbers (as jsonb does): a missing field is null, and values

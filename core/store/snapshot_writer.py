@@ -1,6 +1,6 @@
 """Writes rows read from a source table (the seed job, backfills) into a source's records
-stream, with the snapshot version guard (README “Operations”): a row never replaces a newer
-live change.
+stream, with the snapshot version guard (docs/operations.md “Backfill and seed”): a row never
+replaces a newer live change.
 
 Snapshot rows carry version (L, -1): they replace only records older than L. A chunk of rows
 becomes one records batch (core/store/batches.py) and its index rows, written under the lock

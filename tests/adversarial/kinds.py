@@ -1,4 +1,4 @@
-"""Column types and hostile values to generate, and the oracle: what README “Guarantees” says a
+"""Column types and hostile values to generate, and the oracle: what docs/design.md “Values” says a
 subscriber receives for a value, worked out here from Postgres's own text of it, on its own
 (not with Weir's converters).
 """
@@ -191,7 +191,7 @@ TYPES_DDL = (
 
 
 def _portable(value: Any) -> bool:
-    """Whether JSON parsers take this parsed json value as it is (README “Guarantees”)."""
+    """Whether JSON parsers take this parsed json value as it is (docs/design.md “Values”)."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()

@@ -1,6 +1,6 @@
 """Brokers that refuse messages, close connections because of one, are down at start, or are
 shared by connectors: every change reaches the subscriber, or the failed list with its reason,
-and the connector goes on (README “Guarantees”)."""
+and the connector goes on (docs/design.md “Guarantees”)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Consume API under random worker behaviour: generated sequences of receive, ack, nack
 (with current and stale tokens) and visibility expiry against a real `weir run`. A model of
-what is outstanding (delivered, neither acked nor nacked: README “Consume API”) checks after
-every step that the store agrees, that ``max_ack_pending`` is never passed, that each answer
+what is outstanding (delivered, neither acked nor nacked: docs/consume-api.md “Delivery”) checks
+after every step that the store agrees, that ``max_ack_pending`` is never passed, that each answer
 to an ack or nack counts exactly the current deliveries, and that each record's changes come
 in order, one outstanding at a time."""
 

@@ -1,5 +1,5 @@
-"""One connector's lifecycle over the management API (README “Management API and CLI”), at
-random under load, with two `weir run` instances sharing the store and the API called on
+"""One connector's lifecycle over the management API (docs/operations.md “Management API and CLI”),
+at random under load, with two `weir run` instances sharing the store and the API called on
 either: connectors are made (from the beginning, the end or a seq), deleted, deleted and made
 again at once under their name with another destination, given a new destination, paused and
 resumed. Each destination must see each change once and in each record's order; a making

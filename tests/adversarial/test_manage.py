@@ -1,6 +1,6 @@
-"""The management API and its CLI twins through real HTTP and real processes (README
-“Operations”): failed lists that can be paged, shown, retried (in order for each record) and
-discarded (for good, across a restart); connectors paused with their cursor held and resumed;
+"""The management API and its CLI twins through real HTTP and real processes (docs/operations.md
+“Management API and CLI”): failed lists that can be paged, shown, retried (in order for each record)
+and discarded (for good, across a restart); connectors paused with their cursor held and resumed;
 connectors made over the API. Here with the cases an outside tryout broke: URL passwords and
 masks sent back, a file connector named as an API-made one, unknown ids and consumers, a
 retried entry failing again, a second pause.

@@ -1,7 +1,7 @@
-"""Secrets, both ways (README "Secrets"): random secrets planted in every config field that can
-hold one never appear in anything a user sees (the log of ``weir -v run``, API bodies, the
-console, ``weir config validate``, ``weir status``, ``weir failed list|show``), also when a
-webhook receiver answers 401 echoing the headers it was sent; and what is no secret is never
+"""Secrets, both ways (docs/configuration.md “Secrets”): random secrets planted in every config
+field that can hold one never appear in anything a user sees (the log of ``weir -v run``, API
+bodies, the console, ``weir config validate``, ``weir status``, ``weir failed list|show``), also
+when a webhook receiver answers 401 echoing the headers it was sent; and what is no secret is never
 masked: names, namespaces, log lines and values that hold a secret's letters stay readable,
 and a config read over the API and sent back round-trips.
 
@@ -313,7 +313,8 @@ def test_no_secret_in_anything_a_user_sees(
 def test_nothing_that_is_no_secret_is_masked(
     tmp_path: Path, pg_server: EmbeddedPostgres, nats_server: EmbeddedNats
 ) -> None:
-    """The README's password ``secret`` and the compose file's ``weir``: a connector named
+    """The password ``secret`` of docs/configuration.md “Secrets” and the compose file's ``weir``: a
+    connector named
     ``secretnats`` with the namespace ``secret``, made over the API, keeps its name and its
     config round-trips; the log's logger names and a receiver's answer holding the letters
     stay as they are, while the passwords themselves are masked."""

@@ -1,5 +1,5 @@
 """Replication slots dropped by hand, re-created, invalidated: changes committed meanwhile are
-lost to capture, and Weir never goes on as if nothing happened (README “Guarantees”). It
+lost to capture, and Weir never goes on as if nothing happened (docs/design.md “Guarantees”). It
 stops naming the gap, or (``on_slot_loss: backfill``) goes on and backfills, so that the
 records stream equals the table again, rows deleted in the gap included."""
 

@@ -1,6 +1,6 @@
 """Unchanged TOAST values (pgoutput's 'u' column kind) over every replica identity and action,
 through the real capture path: each event's record and ``changes``, and the final records
-stream, against what the table holds (README "Messages": values the WAL leaves out).
+stream, against what the table holds (docs/design.md “Values the WAL leaves out”).
 
 Generated programs of transactions run against one table per identity, whose two TOASTed
 columns (``STORAGE EXTERNAL``) hold values that are out of line (large, incompressible),

@@ -1,6 +1,6 @@
 """Generated tables of every kind of column, filled with hostile values, while Weir runs: each
 subscriber (NATS and Kafka) and the records stream must equal the table, value for value, as
-README “Guarantees” documents, and capture must go on (README “Guarantees”)."""
+docs/design.md “Values” documents, and capture must go on (docs/design.md “Guarantees”)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.adversarial.stack import Stack
 _tables = itertools.count()
 # (A composite of NULLs IS NULL, but is a value: its text is not NULL.)
 OUTPUT = "CASE WHEN {c}::text IS NULL THEN NULL ELSE format('%s', {c}) END"
-# The text README “Guarantees” documents values in: Weir's sessions run with these settings.
+# The text docs/design.md “Values” documents values in: Weir's sessions run with these settings.
 SESSION = ("-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601"
            " -c extra_float_digits=3 -c bytea_output=hex")  # fmt: skip
 

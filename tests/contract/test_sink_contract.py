@@ -1,4 +1,4 @@
-"""What every sink guarantees (README “Guarantees”), checked against its real broker."""
+"""What every sink guarantees (docs/design.md “Guarantees”), checked against its real broker."""
 
 from __future__ import annotations
 

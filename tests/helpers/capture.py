@@ -15,7 +15,8 @@ from core.sources.pg.capture import PostgresCapture
 from core.store import Store
 from tests.helpers import stored
 
-# A table with a column of every kind of type, and a row of awkward values (README “Guarantees”).
+# A table with a column of every kind of type, and a row of awkward values
+# (docs/design.md “Values”).
 KINDS_DDL = (
     "CREATE TYPE mood AS ENUM ('sad', 'happy')",
     "CREATE DOMAIN posint AS int CHECK (VALUE > 0)",

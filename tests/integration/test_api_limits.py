@@ -1,5 +1,5 @@
 """Request bodies beyond ``api.max_body_bytes`` get 413 before they are read into memory
-(README “Guarantees”), whether they declare their length or come in chunks.
+(docs/design.md “Guarantees”), whether they declare their length or come in chunks.
 """
 
 from __future__ import annotations

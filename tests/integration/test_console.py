@@ -1,4 +1,4 @@
-"""The web console (README “Operations”) through a real `weir run`: its security over plain
+"""The web console (docs/operations.md “Console”) through a real `weir run`: its security over plain
 HTTP, and what a person does with it in a real headless Chromium (devkit/browser.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Consume API through real HTTP against `weir run` (README “Consume API”)."""
+"""The Consume API through real HTTP against `weir run` (docs/consume-api.md “Consume API”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""No secret in anything Weir prints (README “Guarantees”): every error path that may name a
+"""No secret in anything Weir prints (docs/design.md “Guarantees”): every error path that may name a
 URL or a credential runs with a known secret, against real servers that refuse it or ports
 nobody listens on, and its whole output (stdout, stderr with debug logs and tracebacks, API
 bodies) is searched for the secret, raw or encoded.

@@ -1,4 +1,5 @@
-"""Subject tokens and record ids (README “Source database”, “Guarantees”)."""
+"""Subject tokens and record ids (docs/configuration.md “Source database”;
+docs/design.md “Subjects and record ids”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The layout's promises (README “Layout”) that a careless import would break silently."""
+"""The layout's promises (docs/contributing.md “Layout”) that a careless import would break
+silently."""
 
 import ast
 import tomllib

@@ -58,7 +58,7 @@ def test_payloads_are_the_documented_objects(
     provider: str, coll: str, rid: str | None, lsn: int, ts: str | None, seq: int, key: str,
     deleted: bool,
 ) -> None:  # fmt: skip
-    """A payload is the JSON object README “Guarantees” shows, in its key order, with the
+    """A payload is the JSON object docs/design.md “Messages” shows, in its key order, with the
     stored record and changes spliced in as they are."""
     sid = "902261b0-6b22-48a0-8d6b-2fdb16cf8402"
     meta: dict[str, object] = {"sync_id": sid, "provider": provider, "collection_id": coll,

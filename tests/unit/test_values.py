@@ -1,4 +1,4 @@
-"""Column text to JSON values, as README “Guarantees” documents them."""
+"""Column text to JSON values, as docs/design.md “Values” documents them."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> Non
 
 
 def test_json_passes_through_digit_for_digit_or_as_its_text() -> None:
-    """README “Guarantees”: json/jsonb keep every digit; JSON that parsers refuse arrives as a
+    """docs/design.md “Values”: json/jsonb keep every digit; JSON that parsers refuse arrives as a
     string holding the Postgres text. The store keeps JSON as text, so what only jsonb refused
     (``\\u0000``, a scale beyond numeric's) passes as it is."""
     assert dumps({"j": v.to_json(b'{"n": 123456789012345678901234567890}')}) == (

@@ -1,4 +1,4 @@
-"""The web console at ``/console`` (README “Operations”): server-rendered pages over the
+"""The web console at ``/console`` (docs/operations.md “Console”): server-rendered pages over the
 management API's operations (core/api/manage.py), for a person with an API token.
 
 - core/api/console/routes.py: the pages, the login and the actions;

@@ -1,5 +1,6 @@
 """The event trigger that keeps a source's publication following its tables as the user's DDL
-makes and drops them (README “Source database”), and the logical messages it tells capture by.
+makes and drops them (docs/configuration.md “Source database”), and the logical messages it tells
+capture by.
 
 It adds a table created in a followed schema, or made anew under a listed name, to the
 publication in the same transaction, so its first row is captured; a table that could not

@@ -293,7 +293,7 @@ def other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> boo
 
 def moved_row(delete: Change, insert: Change) -> Change:
     """A row moved between partitions (a delete and an insert of one record, one after the
-    other in a transaction) is an update of the record (README “Source database”)."""
+    other in a transaction) is an update of the record (docs/configuration.md “Source database”)."""
     changes = None
     if not delete.missing and delete.record is not None and insert.record is not None:
         old, new = delete.record, insert.record

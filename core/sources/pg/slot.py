@@ -2,7 +2,7 @@
 
 A slot that was dropped, invalidated (its WAL removed) or moved on by another program has lost
 the changes between the store's checkpoint and where the slot now starts. Capture never carries
-on as if nothing happened (README “Guarantees”): it stops with an error naming the gap, or,
+on as if nothing happened (docs/design.md “Guarantees”): it stops with an error naming the gap, or,
 when the source says ``on_slot_loss: backfill``, goes on from the slot (made anew if it is
 gone) and backfills every table.
 

@@ -1,9 +1,9 @@
 """Reading a source table as records-stream rows: the Spark seed job and backfills.
 
-A row read from a table must never overwrite a newer live change (README “Operations”). Every
-row read here is written with the version ``(L, -1)``, where L is a WAL position taken by
-:func:`snapshot_point` before any row is read, after every transaction that could commit below
-L has ended. So:
+A row read from a table must never overwrite a newer live change
+(docs/operations.md “Backfill and seed”). Every row read here is written with the version ``(L,
+-1)``, where L is a WAL position taken by :func:`snapshot_point` before any row is read, after every
+transaction that could commit below L has ended. So:
 
 - a change committed below L is visible to every later read, and the row read carries it;
 - a change the read may have missed commits at L or above, and capture stores it with version

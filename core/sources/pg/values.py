@@ -1,4 +1,4 @@
-"""Column text (as pgoutput sends it) to JSON values, by PostgreSQL type (README “Guarantees”).
+"""Column text (as pgoutput sends it) to JSON values, by PostgreSQL type (docs/design.md “Values”).
 
 The one place that decides how a Postgres value becomes JSON, for capture, backfill and the seed
 job alike. Its promise: every value comes through, losslessly, and none can stop capture.
@@ -223,7 +223,7 @@ _SQL_BY_OID: dict[int, str] = {
 _TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
 
 
-# PostgreSQL server encodings and the Python codecs that read them (README “Guarantees”): a
+# PostgreSQL server encodings and the Python codecs that read them (docs/design.md “Values”): a
 # database not in UTF-8 is read in its own encoding and decoded here, as the server cannot
 # convert every byte a single-byte database holds (WIN1252's 0x81, anything in SQL_ASCII).
 CODECS = {
