@@ -54,7 +54,8 @@ class Unreachable(Exception):
 
 # What a Postgres server refuses a connection for until someone changes something.
 REFUSED_FOR_GOOD = ("authentication failed", "does not exist", "no pg_hba.conf entry",
-                    "permission denied for database")  # fmt: skip
+                    "permission denied for database",
+                    "permission denied to start WAL sender")  # fmt: skip
 
 
 def postgres_address(url: str) -> str:
@@ -65,6 +66,13 @@ def postgres_address(url: str) -> str:
         return "?"
     host = str(params.get("host") or params.get("hostaddr") or "the local socket")
     return f"{host}:{params.get('port') or 5432}"
+
+
+def _user_of(url: str) -> str:
+    try:
+        return str(conninfo_to_dict(url).get("user") or "ROLE")
+    except psycopg.Error:
+        return "ROLE"
 
 
 def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
@@ -80,7 +88,10 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
     missing = re.search(r'database "(.+)" does not exist', text)
     if "password" in text or "authentication" in text:
         check = "the user and password of its url"
-    elif missing:
+    elif "WAL sender" in text:
+        check = (f"that its role may replicate: as a superuser, ALTER ROLE {_user_of(url)} "
+                 "REPLICATION")  # fmt: skip
+    elif missing and what.startswith("the store"):  # a source's is a typo, or the wrong server
         check = (f"the database name of its url, or create the database: CREATE DATABASE "
                  f"{missing[1]} (createdb {missing[1]})")  # fmt: skip
     elif "does not exist" in text:
@@ -130,6 +141,20 @@ def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
             log.info("the store answers")
         return True
     return False
+
+
+def sources_let_in(cfg: WeirConfig) -> None:
+    """Connect once to each postgres source: one that refuses for good (credentials, a
+    database or role that does not exist) raises :class:`Unreachable`, so that ``weir run``
+    stops with its one line before it starts any work; one that does not answer yet is
+    capture's to wait for."""
+    for src in cfg.sources:
+        if src.kind == "postgres":
+            try:
+                reach_postgres(src.url.get_secret_value(), f"source {src.name}")
+            except Unreachable as e:
+                if e.for_good:
+                    raise
 
 
 def url_addresses(urls: list[str]) -> str:

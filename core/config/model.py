@@ -36,6 +36,8 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
     unencoded delimiter is named as such first (libpq would report a piece of it)."""
     if v is None:
         return v
+    if not v.get_secret_value().strip():
+        raise ValueError("is empty (an environment variable set to nothing?)")
     authority = re.split("[/?#]", v.get_secret_value().partition("://")[2])[0]
     if authority.count("@") > 1:  # libpq would read a piece of the password as the host
         raise ValueError(
@@ -49,12 +51,27 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
             "not a valid PostgreSQL URL: its password seems to hold a '/', '?' or '#' "
             "(in a password they are written %2F, %3F and %23)"
         )
+    hosts = authority.rpartition("@")[2].split(",")
+    bad = [p for p in (re.sub(r"^\[.*\]", "", h).partition(":")[2] for h in hosts) if p]
+    if "@" in authority and (words := [p for p in bad if not p.isdigit()]):
+        raise ValueError(f"not a valid PostgreSQL URL: port {words[0]!r} is not a number")
     if any(p.isdigit() and not 0 < int(p) < 65536 for p in ports):
         raise ValueError("not a valid PostgreSQL URL: a port is not in 1-65535")
     try:
         conninfo_to_dict(v.get_secret_value())
     except psycopg.Error as e:
-        reason = re.sub(r'"[^"]*"', '"***"', str(e).strip().splitlines()[0])
+        # A quoted piece that may hold the password is left out: any of a conninfo string
+        # (key=value words), else one that overlaps what stands before a URL's last '@'.
+        text = v.get_secret_value()
+        conninfo = "=" in text and "://" not in text
+        secret = text.rpartition("@")[0].partition("://")[2] or text.rpartition("@")[0]
+
+        def shown(m: re.Match[str]) -> str:
+            quoted = m.group(1)
+            hides = conninfo or (secret and (quoted in secret or secret in quoted))
+            return '"***"' if hides else m.group(0)
+
+        reason = re.sub(r'"([^"]*)"', shown, str(e).strip().splitlines()[0])
         hint = " (a % in a password is written %25)" if "percent" in reason else ""
         raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
     return v

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 
 from core.config.model import PostgresSource, WeirConfig
-from core.failures import wait_for_store
+from core.failures import sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
@@ -90,6 +90,8 @@ def serve(
         log.info("stopped before the store answered")
         return 0
     store = open_store(cfg)
+    if worker is None:  # else the supervisor looked
+        sources_let_in(cfg)
     if clash := api_connectors.clashes(cfg, store):
         log.error(
             "the config file declares connectors that were made over the API: %s; each"

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from prometheus_client.multiprocess import mark_process_dead
 
 from core.config.model import PostgresSource, WeirConfig
-from core.failures import wait_for_store
+from core.failures import sources_let_in, wait_for_store
 from core.metrics import SHARED_DIR
 
 log = logging.getLogger("weir")
@@ -213,6 +213,7 @@ class Supervisor:
             log.info("stopped before the store answered")
             return 0
         open_store(self.cfg)  # made or migrated once, here: what stops it is said once, exit 1
+        sources_let_in(self.cfg)
         self.metrics = MetricsDir()
         try:
             self._supervise()

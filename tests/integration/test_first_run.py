@@ -306,3 +306,25 @@ def test_a_long_poll_when_weir_run_stops(
     assert took < 5, took
     assert run.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
     assert " ERROR " not in log.read_text(), log.read_text()
+
+
+def test_a_role_that_may_not_replicate(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """A source role without REPLICATION: the ALTER ROLE is named (capture retried it for
+    ever as a connection failure)."""
+    pg, ns = servers
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute("CREATE ROLE weir_norep LOGIN")
+        conn.execute("GRANT SELECT ON public.users, public.orders TO weir_norep")
+        conn.execute("CREATE DATABASE weir_norep_store OWNER weir_norep")
+    env = os.environ | {"APP_DB_URL": _db(pg, "app", "weir_norep"),
+                        "WEIR_STORE_URL": _db(pg, "weir_norep_store", "weir_norep")}  # fmt: skip
+    err = _fails(_config(tmp_path, ns), env, "run")
+    assert ("role weir_norep may not create replication slot weir_slot (it has no REPLICATION):"
+            " as a superuser, ALTER ROLE weir_norep REPLICATION") in err, err  # fmt: skip
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:  # the slot made by another
+        conn.execute("SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
+    err = _fails(_config(tmp_path, ns), env, "run")
+    assert ("permission denied to start WAL sender; check that its role may replicate: as a "
+            "superuser, ALTER ROLE weir_norep REPLICATION") in err, err  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -113,14 +114,10 @@ class PostgresCapture:
         """
         src = self.src
         url = src.url.get_secret_value()
-        try:
-            source_conn = snapshot.connect(url, "weir-catalog")
-        except psycopg.OperationalError as e:  # refused for good: only the user can fix it
-            refused = postgres_unreachable(e, url, f"source {src.name}")
-            if refused.for_good:
-                raise SourceSetupError(str(refused)) from None
-            raise
-        with source_conn as catalog, self.store.connect() as store_conn:
+        with (
+            self._connect(lambda: snapshot.connect(url, "weir-catalog")) as catalog,
+            self.store.connect() as store_conn,
+        ):  # fmt: skip
             writer = SourceWriter(store_conn, self.store, src.sync_id, src.on_unstorable)
             # Step 1: one capture per source, whatever the slot says.
             writer.lock(src.name)
@@ -139,14 +136,10 @@ class PostgresCapture:
             wanted = tables_wanted(src, store_schema)
             relations = Relations(catalog, src.key_columns, encoding, wanted, src.name)
             # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.
-            repl = psycopg.connect(
-                url,
-                autocommit=True,
-                replication="database",
-                options=SESSION_OPTIONS,
-                client_encoding=encoding,
-                application_name=f"weir:{src.name}",
-            )
+            repl = self._connect(lambda: psycopg.connect(
+                url, autocommit=True, replication="database", options=SESSION_OPTIONS,
+                client_encoding=encoding, application_name=f"weir:{src.name}",
+            ))  # fmt: skip
             try:
                 self._start(repl, start)
                 log.info("source %s: streaming from slot %s at %s", src.name, src.slot,
@@ -157,6 +150,18 @@ class PostgresCapture:
             finally:
                 writer.rollback()
                 repl.close()
+
+    def _connect(self, connect: Callable[[], psycopg.Connection[Any]]) -> psycopg.Connection[Any]:
+        """``connect()``, with a refusal for good (credentials, a database, role or right that
+        is missing) as a FATAL error naming the fix: only the user can fix it."""
+        try:
+            return connect()
+        except psycopg.OperationalError as e:
+            url = self.src.url.get_secret_value()
+            refused = postgres_unreachable(e, url, f"source {self.src.name}")
+            if refused.for_good:
+                raise SourceSetupError(str(refused)) from None
+            raise
 
     def _hold_slot(self, catalog: psycopg.Connection[Any], writer: SourceWriter) -> int:
         """Check the slot against the checkpoint; store where capture starts, with a backfill

@@ -327,7 +327,14 @@ def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         (src.slot,),
     ).fetchone()
     if row is None:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+        except psycopg.errors.InsufficientPrivilege:
+            me = role_of(conn)
+            raise SourceSetupError(
+                f"source {src.name!r}: role {me} may not create replication slot {src.slot} "
+                f"(it has no REPLICATION): as a superuser, ALTER ROLE {me} REPLICATION"
+            ) from None
         log.info("source %s: created replication slot %s", src.name, src.slot)
         return
     plugin, active_pid, same_db = row
