@@ -101,8 +101,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     src = postgres_source_or_exit(cfg, args.source)
     stop = _stop_on_signals()
     reach_postgres(src.url.get_secret_value(), f"source {src.name}")
-    reach_postgres(cfg.store_url, cfg.store_named)
     try:
+        # Only beside capture: rows a backfill reads before the slot exists would miss the
+        # changes made between its read and the slot (a store weir run has not made: refused).
+        reach_store(cfg)
         store = open_store(cfg)
         tables = args.table or configured_tables(src)
         for table in tables:

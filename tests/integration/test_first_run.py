@@ -19,6 +19,8 @@ import psycopg
 import pytest
 import yaml
 
+from core.config.load import load_config
+from core.runtime.service import prepare
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import wait_for
@@ -195,6 +197,12 @@ def test_a_table_the_role_may_not_read(
         conn.execute("CREATE TABLE notes (id int PRIMARY KEY)")
         conn.execute("ALTER TABLE notes OWNER TO app")
     config = _config(tmp_path, ns)
+    with (
+        pytest.MonkeyPatch.context() as env
+    ):  # the store as weir run makes it: backfills run beside
+        for k, v in _env(pg).items():
+            env.setenv(k, v)
+        prepare(load_config(config))
     err = _fails(config, _env(pg), "backfill", "--source", "app-db", "--table", "public.notes")
     grant = re.search(r"as its owner run (GRANT SELECT ON .*)$", err)
     assert grant is not None and f"role {ROLE} may not read table public.notes" in err, err
@@ -320,11 +328,26 @@ def test_a_role_that_may_not_replicate(
         conn.execute("CREATE DATABASE weir_norep_store OWNER weir_norep")
     env = os.environ | {"APP_DB_URL": _db(pg, "app", "weir_norep"),
                         "WEIR_STORE_URL": _db(pg, "weir_norep_store", "weir_norep")}  # fmt: skip
-    err = _fails(_config(tmp_path, ns), env, "run")
-    assert ("role weir_norep may not create replication slot weir_slot (it has no REPLICATION):"
+    config = _config(tmp_path, ns, slot="norep_slot")
+    err = _fails(config, env, "run")
+    assert ("role weir_norep may not create replication slot norep_slot (it has no REPLICATION):"
             " as a superuser, ALTER ROLE weir_norep REPLICATION") in err, err  # fmt: skip
     with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:  # the slot made by another
-        conn.execute("SELECT pg_create_logical_replication_slot('weir_slot', 'pgoutput')")
-    err = _fails(_config(tmp_path, ns), env, "run")
+        conn.execute("SELECT pg_create_logical_replication_slot('norep_slot', 'pgoutput')")
+    err = _fails(config, env, "run")
     assert ("permission denied to start WAL sender; check that its role may replicate: as a "
             "superuser, ALTER ROLE weir_norep REPLICATION") in err, err  # fmt: skip
+
+
+def test_a_backfill_before_weir_run_ever_ran(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """Refused with one line: its rows would miss the changes made between its read and the
+    slot that the first `weir run` makes (the records stream would keep them stale)."""
+    pg, ns = servers
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE never_run OWNER {ROLE}")
+    err = _fails(_config(tmp_path, ns), _env(pg, store="never_run"), "backfill", "--source",
+                 "app-db")  # fmt: skip
+    assert err == (f"weir backfill: the store at 127.0.0.1:{pg.port} has no schema weir yet: "
+                   "`weir run` makes it when it first starts"), err  # fmt: skip

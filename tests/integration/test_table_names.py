@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from core.config.model import WeirConfig
+from core.runtime.service import prepare
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, store_events
 
@@ -35,6 +36,7 @@ def test_quoted_table_names_are_captured_and_backfilled(tmp_path: Path, db_url: 
         "key_columns": {'"My Schema"."orders"': ["n"]}}]}  # fmt: skip
     config = tmp_path / "weir.yaml"
     config.write_text(json.dumps(spec))
+    prepare(WeirConfig.model_validate(spec))  # the store and slot, as weir run makes them
 
     def backfill(*tables: str) -> subprocess.CompletedProcess[str]:
         args = [a for t in tables for a in ("--table", t)]
