@@ -351,3 +351,31 @@ def test_a_backfill_before_weir_run_ever_ran(
                  "app-db")  # fmt: skip
     assert err == (f"weir backfill: the store at 127.0.0.1:{pg.port} has no schema weir yet: "
                    "`weir run` makes it when it first starts"), err  # fmt: skip
+
+
+def test_the_store_dropping_the_apis_connections(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """The store's server ends the API's pooled connections (a restart, a failover): a request
+    on one answers 503 (try again) and the log says so in one line; the next ones answer."""
+    pg, ns = servers
+    config = _config(tmp_path, ns)
+    api = f"http://{yaml.safe_load(Path(config).read_text())['api']['listen']}"
+    auth = {"Authorization": "Bearer a-token-of-24-characters"}
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
+    try:
+        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        assert httpx.get(f"{api}/v1/connectors", headers=auth).status_code == 200
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE application_name = 'weir:api'")  # fmt: skip
+        codes = [httpx.get(f"{api}/v1/connectors", headers=auth).status_code for _ in range(12)]
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert set(codes) <= {200, 503} and codes[-1] == 200, codes
+    text = log.read_text()
+    assert "Traceback" not in text and " ERROR " not in text, text
+    assert text.count("the store did not answer") == codes.count(503), text
