@@ -112,8 +112,8 @@ def reach_postgres(url: str, what: str) -> None:
         raise postgres_unreachable(e, url, what) from None
 
 
-STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 30.0  # seconds between attempts to reach the store
-SAY_AGAIN = 30.0  # seconds: a wait is said again at least this often, even for the same reason
+STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 25.0  # seconds between attempts to reach the store
+SAY_AGAIN = 25.0  # seconds: a wait is said again this often (within 30 s), for the same reason too
 
 
 def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:

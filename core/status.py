@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import psycopg
 
 from core.config.model import PostgresSource, WeirConfig
+from core.failures import postgres_unreachable
+from core.redact import first_line
 from core.store import Store
 from core.store import status as stored
 
@@ -59,8 +61,10 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
                 " FROM pg_replication_slots WHERE slot_name = %s",
                 (src.slot,),
             ).fetchone()
+    except psycopg.OperationalError as e:  # why, as a command says it (never a secret)
+        return None, None, str(postgres_unreachable(e, src.url.get_secret_value(), "it"))
     except psycopg.Error as e:
-        return None, None, f"cannot reach the source: {type(e).__name__}"
+        return None, None, f"cannot read its slot: {first_line(e)}"
     if row is None:
         return None, None, f"replication slot {src.slot} does not exist"
     return (None if row[0] is None else int(row[0])), bool(row[1]), None

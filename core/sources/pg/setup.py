@@ -267,11 +267,12 @@ def _ensure_publication(
         log.info("source %s: publication %s now publishes partitions under their tables",
                  src.name, src.publication)  # fmt: skip
     if missing and not src.create_publication:
+        names = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in missing).as_string(conn)
         log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
-                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE ... (Weir "
+                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE %s (Weir "
                     "backfills it then)",
                     src.name, ", ".join(table_name(s, t) for s, t in missing), src.publication,
-                    src.publication)  # fmt: skip
+                    pub.as_string(conn), names)  # fmt: skip
         return missing
     if missing:
         # A table joining a publication that capture reads already may hold rows nothing
