@@ -7,6 +7,8 @@ build their JSON from the stored texts, without a response model's validation.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Annotated, Any
 
 import orjson
@@ -29,7 +31,10 @@ from core.api.models import (
 )
 from core.config.model import ConsumerConfig
 from core.errors import Invalid, NotFound
+from core.sources.pg.selected import selection_problems
 from core.store.consumers import Delivery
+
+log = logging.getLogger("weir.api")
 
 _dumps = orjson.dumps
 WaitFor = Annotated[int, Query(ge=0, le=MAX_WAIT_MS, description="long-poll this many ms")]
@@ -130,7 +135,10 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     @api.post("/v1/http-consumers", status_code=201, response_model=ConsumerOut)
     async def create_consumer(cfg: ConsumerConfig) -> dict[str, Any]:
         await consumers.create(cfg)
-        return {**cfg.model_dump(), "origin": "api"}
+        unmatched = await asyncio.to_thread(selection_problems, consumers.cfg, cfg)
+        for problem in unmatched:
+            log.warning("%s", problem)
+        return {**cfg.model_dump(), "origin": "api", "warnings": unmatched}
 
     @api.get("/v1/http-consumers", response_model=ConsumerList)
     async def list_consumers() -> dict[str, Any]:

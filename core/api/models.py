@@ -34,6 +34,11 @@ class Info(Out):
 class ConsumerOut(ConsumerConfig):
     origin: Literal["api", "config"]
     info: Info | None = Field(None, description="only when one consumer is asked for")
+    warnings: list[str] = Field(
+        [],
+        description="made: what its filters or group_columns name that its sources do not "
+        "have (a pattern or column that matches nothing), with the closest name",
+    )
 
 
 class ConsumerList(Out):

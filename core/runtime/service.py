@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
-from core.config.model import PostgresSource, WeirConfig
+from core.config.base import ConnectorBase
+from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
 from core.failures import sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
@@ -195,11 +196,13 @@ def _source_works(
 
 
 def _say_unmatched(cfg: WeirConfig) -> None:
-    """What the file's connectors select that their sources do not have (a typo sends nothing)."""
+    """What the file's connectors and consumers select that their sources do not have (a typo
+    sends nothing)."""
     from core.sources.pg.selected import selection_problems
 
-    for connector in cfg.connectors:
-        for problem in selection_problems(cfg, connector):
+    users: list[ConnectorBase | ConsumerConfig] = [*cfg.connectors, *cfg.consumers]
+    for user in users:
+        for problem in selection_problems(cfg, user):
             log.warning("%s", problem)
 
 

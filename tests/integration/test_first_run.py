@@ -28,6 +28,7 @@ from tests.helpers.capture import wait_for
 README = Path(__file__).resolve().parents[2] / "README.md"
 WEIR = [sys.executable, "-m", "core.cli"]
 ROLE, PASSWORD = "weir_cdc", "change-me"  # the quickstart's
+AUTH = {"Authorization": "Bearer a-token-of-24-characters"}
 
 
 def quickstart() -> dict[str, str]:
@@ -258,11 +259,14 @@ def test_a_selection_that_matches_nothing(
         wait_for(lambda: "did you mean 'public:orders'?" in log.read_text(), timeout=60,
                  what="the warning on the file's connector")  # fmt: skip
         wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        consumer = httpx.post(f"{api}/v1/http-consumers", json={
+            "name": "typo", "filters": {"collection_id": "public:ordrs"},
+            "group_columns": ["stauts"]}, headers=AUTH)  # fmt: skip
         made = httpx.post(f"{api}/v1/connectors", json={
             "name": "by-api", "type": "nats", "stream": "records", "nats": {"url": ns.url},
             "collections": ["public:users", "publc:*"],
             "filters": [{"column": "nmae", "op": "=", "value": "ann"}],
-        }, headers={"Authorization": "Bearer a-token-of-24-characters"})  # fmt: skip
+        }, headers=AUTH)  # fmt: skip
     finally:
         run.send_signal(signal.SIGTERM)
         run.wait(60)
@@ -271,6 +275,12 @@ def test_a_selection_that_matches_nothing(
             "sources' tables (did you mean 'public:orders'?)") in text  # fmt: skip
     assert ("connector events-to-nats: filters: column 'totl' is in none of the tables it "
             "selects (did you mean 'total'?)") in text  # fmt: skip
+    assert consumer.status_code == 201, consumer.text
+    assert consumer.json()["warnings"] == [
+        "consumer typo: collections: 'public:ordrs' matches none of its sources' tables (did you "
+        "mean 'public:orders'?)",
+        "consumer typo: group_columns: 'stauts' is in none of the tables it selects",
+    ]
     assert made.status_code == 201, made.text
     assert made.json()["warnings"] == [
         "connector by-api: collections: 'publc:*' matches none of its sources' tables (did you "

@@ -1,8 +1,9 @@
-"""Whether a connector's selection can match anything its Postgres sources capture: each
-collection pattern against their tables, each filter's column against the columns of the
-tables it selects. A typo there (``public:custmers``, a filter on ``stauts``) would otherwise
-send nothing, for ever, while the connector shows ``streaming``: what matches nothing is said
-at start and on every change over the API, with the closest name.
+"""Whether a connector's or an HTTP pull consumer's selection can match anything its Postgres
+sources capture: each collection pattern against their tables, each filter's (or group's)
+column against the columns of the tables it selects. A typo there (``public:custmers``, a
+filter on ``stauts``) would otherwise send nothing, for ever, while the connector shows
+``streaming``: what matches nothing is said at start and on every change over the API, with
+the closest name.
 
 Said, not refused: a table may be created after the connector (a followed schema).
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 import psycopg
 
-from core.config.base import ConnectorBase, Filter
-from core.config.model import PostgresSource, WeirConfig
+from core.config.base import ConnectorBase
+from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
 from core.ids import collection_id_of
 from core.sources.pg import snapshot
 from core.sources.pg.setup import SourceSetupError, tables_of
@@ -46,10 +47,11 @@ def catalog(src: PostgresSource) -> dict[str, list[str]]:
 
 
 def unmatched(
-    collections: Sequence[str], filters: Sequence[Filter], known: dict[str, list[str]]
+    collections: Sequence[str], columns: Sequence[tuple[str, str]], known: dict[str, list[str]]
 ) -> list[str]:
-    """What in a selection matches nothing of ``known`` (collection -> columns), each said
-    with the closest name."""
+    """What in a selection matches nothing of ``known`` (collection -> columns): its collection
+    patterns, and its ``columns`` (each (the setting, a column name)); each said with the
+    closest name."""
     problems = []
     for pattern in collections:
         match = glob([pattern])
@@ -59,11 +61,11 @@ def unmatched(
     match = glob(collections)
     # the tables it selects; when none (a typo above), any of its sources'
     selected = [cols for c, cols in known.items() if match is None or match(c)] or known.values()
-    columns = {col for cols in selected for col in cols}
-    for f in filters:
-        if columns and f.column not in columns:
-            problems.append(f"filters: column {f.column!r} is in none of the tables it "
-                            "selects" + _closest(f.column, columns))  # fmt: skip
+    pool = {col for cols in selected for col in cols}
+    for setting, column in columns:
+        if pool and column not in pool:
+            problems.append(f"{setting} {column!r} is in none of the tables it selects"
+                            + _closest(column, pool))  # fmt: skip
     return problems
 
 
@@ -72,11 +74,11 @@ def _closest(name: str, names: Any) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
-def selection_problems(cfg: WeirConfig, connector: ConnectorBase) -> list[str]:
-    """``unmatched`` for ``connector`` against the catalogs of its sources, when they are all
-    Postgres sources that answer (an ``http`` source's collections are whatever is sent; one
-    that does not answer is capture's to report)."""
-    sources = [s for s in cfg.sources if connector.sources is None or s.name in connector.sources]
+def selection_problems(cfg: WeirConfig, user: ConnectorBase | ConsumerConfig) -> list[str]:
+    """``unmatched`` for a connector or an HTTP pull consumer against the catalogs of its
+    sources, when they are all Postgres sources that answer (an ``http`` source's collections
+    are whatever is sent; one that does not answer is capture's to report)."""
+    sources = [s for s in cfg.sources if user.sources is None or s.name in user.sources]
     if not sources or not all(isinstance(s, PostgresSource) for s in sources):
         return []
     known: dict[str, list[str]] = {}
@@ -86,5 +88,10 @@ def selection_problems(cfg: WeirConfig, connector: ConnectorBase) -> list[str]:
             known |= catalog(src)
     except (psycopg.Error, SourceSetupError):
         return []
-    return [f"connector {connector.name}: {p}" for p in unmatched(
-        connector.collections, connector.filters, known)]  # fmt: skip
+    if isinstance(user, ConsumerConfig):
+        what, collections = "consumer", [user.filters.collection_id]
+        columns = [("group_columns:", c) for c in user.group_columns or []]
+    else:
+        what, collections = "connector", list(user.collections)
+        columns = [("filters: column", f.column) for f in user.filters]
+    return [f"{what} {user.name}: {p}" for p in unmatched(collections, columns, known)]
