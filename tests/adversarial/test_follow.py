@@ -415,8 +415,11 @@ def test_a_role_that_cannot_create_the_publication_is_told_what_to_do(db_url: st
             prepare(cfg)
     finally:
         execute(db_url, "DROP OWNED BY owner_only", "DROP ROLE owner_only")
-    assert str(e.value).startswith("source 'app': cannot create publication weir_pub (permission")
-    assert "needs CREATE on the database" in str(e.value)
+    assert str(e.value).startswith(
+        "source 'app': role owner_only cannot create publication weir_pub (permission"
+    )
+    assert "as the database's owner run GRANT CREATE ON DATABASE " in str(e.value)
+    assert "TO owner_only; or have it made (CREATE PUBLICATION" in str(e.value)
     assert "set create_publication: false" in str(e.value)
 
 

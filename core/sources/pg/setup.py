@@ -252,12 +252,22 @@ def _ensure_publication(
         try:
             conn.execute(create)
         except psycopg.errors.InsufficientPrivilege as e:
-            raise SourceSetupError(
-                f"source {src.name!r}: role {role_of(conn)} cannot create publication "
-                f"{src.publication} ({str(e).strip().splitlines()[0]}): as the tables' owner run "
-                f"{create.as_string(conn)}; and set create_publication: false (or make the "
-                "role own the tables, with CREATE on the database)"
-            ) from None
+            me, why, made = role_of(conn), str(e).strip().splitlines()[0], create.as_string(conn)
+            owns = conn.execute(
+                "SELECT coalesce(bool_and(pg_has_role(c.relowner, 'USAGE')), true) FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                ([s for s, _ in missing], [t for _, t in missing]),
+            ).fetchone()
+            if owns and owns[0]:  # it owns the tables: CREATE on the database is missing
+                db = sql.Identifier(conn.info.dbname).as_string(conn)
+                fix = (f"as the database's owner run GRANT CREATE ON DATABASE {db} TO {me}; or "
+                       f"have it made ({made}) and set create_publication: false")  # fmt: skip
+            else:
+                fix = (f"as the tables' owner run {made}; and set create_publication: false (or "
+                       "make the role own the tables, with CREATE on the database)")  # fmt: skip
+            raise SourceSetupError(f"source {src.name!r}: role {me} cannot create publication "
+                                   f"{src.publication} ({why}): {fix}") from None  # fmt: skip
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
     if src.create_publication and not row[0]:
