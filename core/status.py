@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import psycopg
 
 from core.config.model import PostgresSource, WeirConfig
+from core.sources.pg.encoding import UnreadableDatabase, connect
 from core.store import Store
 from core.store import status as stored
 
@@ -50,7 +51,7 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
     """(bytes of WAL the slot holds back, whether it is in use, why unknown), asked of the
     source's own server."""
     try:
-        with psycopg.connect(
+        with connect(
             src.url.get_secret_value(), autocommit=True, connect_timeout=5,
             application_name="weir:status",
         ) as conn:  # fmt: skip
@@ -59,7 +60,7 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
                 " FROM pg_replication_slots WHERE slot_name = %s",
                 (src.slot,),
             ).fetchone()
-    except psycopg.Error as e:
+    except (psycopg.Error, UnreadableDatabase) as e:
         return None, None, f"cannot reach the source: {type(e).__name__}"
     if row is None:
         return None, None, f"replication slot {src.slot} does not exist"
