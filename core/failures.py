@@ -24,6 +24,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from core.redact import first_line, redact
+from core.sources.pg.encoding import connect
 
 if TYPE_CHECKING:
     from core.config.model import WeirConfig
@@ -106,7 +107,9 @@ def reach_postgres(url: str, what: str) -> None:
     """Connect once to ``url`` (``what``: "the store", "source app"), or raise
     :class:`Unreachable`: what a command checks before it starts its work."""
     try:
-        with psycopg.connect(url, autocommit=True, application_name="weir"):
+        # As Weir's connections to a source are made: in UTF-8 (a MULE_INTERNAL database is
+        # refused saying why, core/sources/pg/encoding.py).
+        with connect(url, autocommit=True, application_name="weir"):
             pass
     except psycopg.OperationalError as e:
         raise postgres_unreachable(e, url, what) from None

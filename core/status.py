@@ -14,6 +14,7 @@ import psycopg
 from core.config.model import PostgresSource, WeirConfig
 from core.failures import postgres_unreachable
 from core.redact import first_line
+from core.sources.pg.encoding import UnreadableDatabase, connect
 from core.store import Store
 from core.store import status as stored
 
@@ -52,7 +53,7 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
     """(bytes of WAL the slot holds back, whether it is in use, why unknown), asked of the
     source's own server."""
     try:
-        with psycopg.connect(
+        with connect(
             src.url.get_secret_value(), autocommit=True, connect_timeout=5,
             application_name="weir:status",
         ) as conn:  # fmt: skip
@@ -63,7 +64,7 @@ def slot_lag(src: PostgresSource) -> tuple[int | None, bool | None, str | None]:
             ).fetchone()
     except psycopg.OperationalError as e:  # why, as a command says it (never a secret)
         return None, None, str(postgres_unreachable(e, src.url.get_secret_value(), "it"))
-    except psycopg.Error as e:
+    except (psycopg.Error, UnreadableDatabase) as e:
         return None, None, f"cannot read its slot: {first_line(e)}"
     if row is None:
         return None, None, f"replication slot {src.slot} does not exist"

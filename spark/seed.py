@@ -43,6 +43,7 @@ from psycopg import sql
 
 from core.progress import Progress
 from core.sources.pg import snapshot
+from core.sources.pg.encoding import learning
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.snapshot_writer import SnapshotWriter
@@ -113,18 +114,25 @@ def _write(
             yield t, n, accepted
 
 
+def _texts(url: str, target: _Target) -> Any:
+    """While a task's connection streams a COPY, the text of a database not in UTF-8 learns
+    its characters through another (core/sources/pg/encoding.py)."""
+    return learning((p.rel.text for p in target.plans),
+                    lambda: snapshot.connect(url, "weir-seed-text"))  # fmt: skip
+
+
 def _read_and_write(
     url: str, target: _Target, ranges: Iterable[tuple[int, Any, Any]]
 ) -> Iterator[tuple[int, int, int]]:
     """A task of the jar-less path: its key ranges read by COPY and written, in one process."""
-    with snapshot.connect(url) as conn:
+    with snapshot.connect(url) as conn, _texts(url, target):
         yield from _write(
             target,
             ((t, snapshot.read_records(conn, target.plans[t], lo, hi)) for t, lo, hi in ranges),
         )  # fmt: skip
 
 
-def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
+def _write_arrow(url: str, target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
     """A task of the JDBC path (``mapInArrow``): batches of ``t`` and text columns written."""
     import pyarrow as pa
 
@@ -137,8 +145,10 @@ def _write_arrow(target: _Target, batches: Iterator[Any]) -> Iterator[Any]:
                 yield t, snapshot.records_of(rel, zip(*[c.to_pylist() for c in cols], strict=True))
 
     schema = pa.schema([("t", pa.int32()), ("rows", pa.int64()), ("written", pa.int64())])
-    for t, n, accepted in _write(target, parts()):
-        yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]}, schema)
+    with _texts(url, target):
+        for t, n, accepted in _write(target, parts()):
+            yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]},
+                                             schema)  # fmt: skip
 
 
 def java_home() -> str | None:
@@ -220,8 +230,9 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
 def _jdbc_frame(
     spark: Any, url: str, plans: list[snapshot.TablePlan], ranges: list[Any], conn: Any
 ) -> Any:
-    """``weir_pg``'s shape read through JDBC: per table, its columns as UTF-8 text with one
-    partition per key range; the tables' frames in one union."""
+    """``weir_pg``'s shape read through JDBC: per table, its columns' text as the database
+    holds it (the bytes capture reads, core/sources/pg/encoding.py) with one partition per key
+    range; the tables' frames in one union."""
     from pyspark.sql import functions as F
 
     parts = urlsplit(url)
@@ -236,8 +247,9 @@ def _jdbc_frame(
     width = max(len(p.rel.names) for p in plans)
     frames = []
     for t, plan in enumerate(plans):
+        held = sql.Literal(plan.rel.text.encoding).as_string(conn)
         text = ", ".join(
-            f"convert_to({sql.Identifier(n).as_string(conn)}::text, 'UTF8') AS weir_c{i}"
+            f"convert_to({sql.Identifier(n).as_string(conn)}::text, {held}) AS weir_c{i}"
             for i, n in enumerate(plan.rel.names)
         )
         name = sql.Identifier(plan.rel.schema, plan.rel.table).as_string(conn)
@@ -296,7 +308,7 @@ def run_seed(
                 written = [
                     (r.t, r.rows, r.written)
                     for r in frame.mapInArrow(
-                        partial(_write_arrow, target), "t int, rows long, written long"
+                        partial(_write_arrow, url, target), "t int, rows long, written long"
                     ).collect()
                 ]
             else:

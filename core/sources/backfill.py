@@ -112,7 +112,8 @@ class Backfill:
             with Progress(f"backfill {self.table}", st.rows_total) as progress:
                 progress.update(read)
                 while not stop.is_set():
-                    rows = list(snapshot.copy_rows(conn, plan.page_query(last, self.page_size)))
+                    query = plan.page_query(last, self.page_size)
+                    rows = list(snapshot.copy_rows(conn, query, plan.copy_options))
                     if not rows:
                         gone = writer.sweep(rel.collection_id)
                         self._backfills.finish(store_conn, rel.collection_id)

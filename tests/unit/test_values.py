@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime
 
 from hypothesis import given
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from core.envelope import RawJson, dumps
 from core.sources.pg import values as v
+from core.sources.pg.encoding import SourceText
 from core.sources.pg.values import TypeCatalog, parse_array
 
 
@@ -104,9 +106,30 @@ def test_json_passes_through_digit_for_digit_or_as_its_text() -> None:
         assert v.to_json(kept) == RawJson(kept)
 
 
-def test_text_in_other_encodings_reads_whole() -> None:
-    cat = TypeCatalog([(1009, "_text", "b", 25, 0, ",", True)], "WIN1252")
-    assert cat.converter(25)("é".encode("cp1252")) == "é"
-    assert cat.converter(25)(b"\x81") == "\x81"  # no letter in WIN1252: one character a byte
-    assert v.to_text(b"\xe9") == "é"  # SQL_ASCII's non-UTF-8 bytes read as Latin-1
-    assert cat.converter(1009)(b'{"\xe9",x}') == ["é", "x"]  # text[] in WIN1252
+def test_text_in_other_encodings_reads_as_the_server_converts_it() -> None:
+    """Each character as the server converts it (asked once), split by the encoding's byte
+    rules; a value holding one the server converts to nothing arrives as its bytes (Latin-1)."""
+    server = {b"\xa3\xc1": "\uff21", b"\xad\xa1": "①", b"\x8e\xb1": "ｱ", b"\x8f\xb0\xa1": "丂",
+              b"\xa9\xa1": None}  # EUC_JP, as Postgres 16 converts it  # fmt: skip
+    asked: list[list[bytes]] = []
+
+    def learn(encoding: str, chars: list[bytes]) -> list[str | None]:
+        assert encoding == "EUC_JP"
+        asked.append(chars)
+        return [server[c] for c in chars]
+
+    text = SourceText("EUC_JP", -1, learn)
+    assert text(b"x\xa3\xc1\xad\xa1\x8e\xb1\x8f\xb0\xa1\t") == "x\uff21①ｱ丂\t"
+    assert text(b"\xad\xa1\xad\xa1") == "①①" and len(asked) == 1  # known now
+    assert text(b"\xa3\xc1\xa9\xa1") == "\xa3\xc1\xa9\xa1"  # the bytes, as Latin-1
+    assert text(b"plain") == "plain" and len(asked) == 2
+    cat = TypeCatalog([(1009, "_text", "b", 25, 0, ",", True)], text)
+    assert cat.converter(25)(b"\xad\xa1") == "①"
+    assert cat.converter(1009)(b'{"\xad\xa1",x}') == ["①", "x"]  # text[]
+    assert cat.converter(3802)(b'{"\xad\xa1": 1}') == RawJson('{"①": 1}'.encode())
+    assert pickle.loads(pickle.dumps(text))(b"\xad\xa1") == "①"  # a Spark task's: known
+    win1252 = SourceText("WIN1252", -1, lambda _, cs: [{b"\x80": "€", b"\xe9": "é"}.get(c)
+                                                         for c in cs])  # fmt: skip
+    assert win1252(b"\x80 \xe9") == "€ é" and win1252(b"\xe9\x81") == "\xe9\x81"
+    sql_ascii = SourceText("SQL_ASCII")  # no repertoire: UTF-8, else the bytes
+    assert sql_ascii("é".encode()) == "é" and sql_ascii(b"\xe9x") == "\xe9x"

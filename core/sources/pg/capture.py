@@ -28,6 +28,7 @@ from core.failures import postgres_unreachable
 from core.ids import lsn_to_str
 from core.metrics import Metrics
 from core.sources.pg import snapshot
+from core.sources.pg.encoding import REPLICATION_CLIENT_ENCODING, unreadable_name
 from core.sources.pg.pgoutput import start_replication
 from core.sources.pg.relations import Relations, SourceSchemaError
 from core.sources.pg.setup import (
@@ -79,6 +80,9 @@ class PostgresCapture:
             except FATAL as e:
                 self.state, self.detail = "failed", str(e)
                 raise
+            except psycopg.errors.UntranslatableCharacter as e:  # only names are converted
+                self.state, self.detail = "failed", unreadable_name(self.src.name, e)
+                raise SourceSetupError(self.detail) from e
             except (psycopg.OperationalError, SlotBusyError) as e:
                 if self._unreadable(str(e)):
                     continue  # the slot was dropped: the next session makes it and backfills
@@ -128,17 +132,16 @@ class PostgresCapture:
             )
             # Step 3
             start = self._hold_slot(catalog, writer)
-            # Step 4. Text comes in the database's own encoding, unconverted: the server cannot
-            # convert every byte a database may hold (core/sources/pg/values.py decodes it).
-            row = catalog.execute("SHOW server_encoding").fetchone()
-            encoding = str(row[0]) if row else "UTF8"
+            # Step 4. Text comes as the database holds it, unconverted (one character no UTF-8
+            # client can read would end a converting stream at every start), and is read as a
+            # UTF-8 client reads it: core/sources/pg/encoding.py.
             store_schema = self.store.schema if _same_database(catalog, store_conn) else None
             wanted = tables_wanted(src, store_schema)
-            relations = Relations(catalog, src.key_columns, encoding, wanted, src.name)
+            relations = Relations(catalog, src.key_columns, wanted, src.name)
             # Not a `with` block: psycopg would try to COMMIT on a connection in COPY mode.
             repl = self._connect(lambda: psycopg.connect(
                 url, autocommit=True, replication="database", options=SESSION_OPTIONS,
-                client_encoding=encoding, application_name=f"weir:{src.name}",
+                client_encoding=REPLICATION_CLIENT_ENCODING, application_name=f"weir:{src.name}",
             ))  # fmt: skip
             try:
                 self._start(repl, start)

@@ -132,7 +132,8 @@ class TableFollower:
         Any role may write such a message: only a table of this source's is taken, and a drop
         only of a table that is gone."""
         try:
-            schema, table, *why = orjson.loads(content)
+            # The message's text is as the database holds it, as a change's values are.
+            schema, table, *why = orjson.loads(self.relations.text(content))
             if not all(isinstance(v, str) for v in (schema, table, *why)):
                 raise ValueError(content)
         except (ValueError, TypeError):

@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 
 from core.ids import collection_id_of, record_id_of
+from core.sources.pg.encoding import UTF8_TEXT, SourceText, source_text
 from core.sources.pg.pgoutput import UNCHANGED, Tuple, Value
-from core.sources.pg.values import TYPES_SQL, Converter, TypeCatalog, to_text
+from core.sources.pg.values import TYPES_SQL, Converter, TypeCatalog
 from core.store.change import Change
 from core.store.migrations import STORE_MARK
 from core.tables import table_name
@@ -52,6 +53,8 @@ class Relation:
     problem: str | None = None
     ignored: bool = False  # not a table of the source's config: its changes are left out
     partition: bool = False  # a partition (its rows arrive under its table, via the root)
+    # Reads the database's text as the server sends it (core/sources/pg/encoding.py).
+    text: SourceText = UTF8_TEXT
 
 
 class Relations:
@@ -65,23 +68,25 @@ class Relations:
         self,
         catalog: psycopg.Connection[Any],
         key_columns: dict[str, list[str]] | None = None,
-        encoding: str = "UTF8",
         wanted: Callable[[str, str], bool] | None = None,
         source: str = "",
     ) -> None:
-        """``encoding``: what the stream's text is in (the server's, unless it converts).
-        ``wanted(schema, table)``: whether its changes are captured (default: every table's);
-        ``source`` names the source in what is logged of the others."""
+        """``wanted(schema, table)``: whether its changes are captured (default: every
+        table's); ``source`` names the source in what is logged of the others. Values and
+        names come as the database holds them, read by ``text`` (which learns characters
+        through ``catalog``)."""
         self.catalog = catalog
         self.key_columns = key_columns or {}
-        self.types = TypeCatalog(catalog.execute(TYPES_SQL).fetchall(), encoding)
+        self.text: SourceText = source_text(catalog)
+        self.types = TypeCatalog(catalog.execute(TYPES_SQL).fetchall(), self.text)
         self.by_id: dict[int, Relation] = {}
         self.wanted = wanted
         self.source = source
 
     def _name(self, name: str) -> str:
-        """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``)."""
-        return str(self.types.text(name.encode(errors="surrogateescape")))
+        """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``), as a
+        UTF-8 client reads it from the catalog."""
+        return str(self.text(name.encode(errors="surrogateescape")))
 
     def _key(
         self,
@@ -118,10 +123,13 @@ class Relations:
             )
         return tuple(names.index(k) for k in wanted)
 
-    def add(self, msg: tuple[Any, ...]) -> Relation:
+    def add(self, msg: tuple[Any, ...], *, sent: bool = True) -> Relation:
+        """A Relation message; ``sent``: its names are as pgoutput sent them (not read from
+        the catalog)."""
         _, relid, schema, table, replident, cols = msg
-        schema, table = self._name(schema), self._name(table)
-        cols = [(c[0], self._name(c[1]), *c[2:]) for c in cols]
+        if sent:
+            schema, table = self._name(schema), self._name(table)
+            cols = [(c[0], self._name(c[1]), *c[2:]) for c in cols]
         kind = self.catalog.execute(
             "SELECT relkind, relispartition FROM pg_class WHERE oid = %s", (relid,)
         ).fetchone()
@@ -148,6 +156,7 @@ class Relations:
             self._partition_key(relid) if kind is not None and kind[0] == "p" else None,
             problem,
             partition=bool(kind and kind[1]),
+            text=self.text,
         )
         self.by_id[relid] = rel
         return rel
@@ -204,7 +213,7 @@ def row_values(rel: Relation, values: Sequence[Value]) -> tuple[dict[str, Any], 
             try:
                 rec[name] = conv(v)  # type: ignore[arg-type]
             except Exception:  # an odd spelling of a value: its text, never a stop
-                rec[name] = to_text(v)  # type: ignore[arg-type]
+                rec[name] = rel.text(v)  # type: ignore[arg-type]
     return rec, missing
 
 

@@ -31,6 +31,7 @@ import psycopg
 from psycopg import pq, sql
 
 from core.envelope import dumps
+from core.sources.pg import encoding
 from core.sources.pg.relations import (
     Relation,
     Relations,
@@ -54,15 +55,8 @@ class SnapshotPoint:
 
 def connect(url: str, name: str = "weir-snapshot") -> psycopg.Connection[Any]:
     """An autocommit connection to a source database with capture's session settings, in
-    UTF-8 whatever the database's encoding (the bytes read pass on to the store as they are;
-    psycopg would hand out bytes for a SQL_ASCII database's text)."""
-    return psycopg.connect(
-        url,
-        autocommit=True,
-        options=SESSION_OPTIONS,
-        application_name=name,
-        client_encoding="UTF8",
-    )
+    UTF-8 whatever the database's encoding (core/sources/pg/encoding.py)."""
+    return encoding.connect(url, autocommit=True, options=SESSION_OPTIONS, application_name=name)
 
 
 def ensure_capture(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
@@ -202,8 +196,20 @@ class TablePlan:
         return self.range_query(last, None) + self.ordered() + sql.SQL(f" LIMIT {int(limit)}")
 
     def key_of(self, row: list[bytes | None]) -> list[str]:
-        """The keyset position of a row read by COPY (its columns' text)."""
-        return [row[i].decode() for i in self.order]  # type: ignore[union-attr]
+        """The keyset position of a row read by COPY (its columns' text, which the next page's
+        query sends back: so it must be text a UTF-8 client can read)."""
+        key = [self.rel.text.read(row[i]) for i in self.order]  # type: ignore[arg-type]
+        if None in key:
+            raise SourceSchemaError(
+                f"table {self.name}: cannot page by a key that holds text no UTF-8 client can "
+                f"read (docs/design.md “Values”), after {key}"
+            )
+        return key  # type: ignore[return-value]
+
+    @property
+    def copy_options(self) -> str:
+        """The options of the COPY that reads its rows: unconverted, for ``rel.text``."""
+        return encoding.copy_options(self.rel.text)
 
 
 def table_plan(
@@ -225,7 +231,7 @@ def table_plan(
         )
     cols = [(1 if r[6] else 0, r[2], r[3], -1) for r in rows]
     relations = Relations(conn, {name: src.key_columns[name]} if name in src.key_columns else {})
-    rel = relations.add(("R", relid, schema, table, replident, cols))
+    rel = relations.add(("R", relid, schema, table, replident, cols), sent=False)
     if rel.problem is not None:
         raise SourceSchemaError(rel.problem)
     order = list(rel.key)
@@ -245,10 +251,10 @@ def table_plan(
     # (integers, uuids: digits, hex and "-"), joined by "," as record_id_of joins them.
     id_types = {INT2, INT4, INT8, OID, UUID}
     keyed = all(rows[i][5] and relations.types.resolve(rows[i][3]) in id_types for i in rel.key)
-    # The server renders records in UTF-8 only from a UTF-8 database (a SQL_ASCII one may hold
-    # any bytes; Python reads them losslessly).
-    encoding = conn.execute("SHOW server_encoding").fetchone()
-    utf8 = encoding is not None and encoding[0] == "UTF8"
+    # The server renders records only from a UTF-8 database: from others the rows come
+    # unconverted, for the text rule of core/sources/pg/encoding.py (a SQL_ASCII one may hold
+    # any bytes).
+    utf8 = relations.text.encoding == "UTF8"
     return TablePlan(
         rel,
         tuple(r[4] for r in rows),
@@ -308,19 +314,25 @@ def split_copy_line(line: bytes) -> list[bytes | None]:
     return fields
 
 
-def copy_rows(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[list[bytes | None]]:
-    """The rows of ``query`` as its columns' text, streamed by COPY."""
-    return map(split_copy_line, copy_lines(conn, query))
+def copy_rows(
+    conn: psycopg.Connection[Any], query: sql.Composed, options: str = ""
+) -> Iterator[list[bytes | None]]:
+    """The rows of ``query`` as its columns' text, streamed by COPY (with ``options``:
+    ``TablePlan.copy_options``)."""
+    return map(split_copy_line, copy_lines(conn, query, options))
 
 
-def copy_lines(conn: psycopg.Connection[Any], query: sql.Composed) -> Iterator[bytes]:
+def copy_lines(
+    conn: psycopg.Connection[Any], query: sql.Composed, options: str = ""
+) -> Iterator[bytes]:
     """The rows of ``query`` as lines of ``COPY ... TO STDOUT`` (text format), streamed.
 
     Rows that libpq already holds are taken from it directly (``pgconn.get_copy_data``):
     psycopg's ``Copy.read`` costs ~1 us more a row, about what a seed's task spends a row.
     psycopg waits for the socket when libpq holds none.
     """
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as copy:
+    copy_sql = sql.SQL("COPY ({}) TO STDOUT" + options).format(query)
+    with conn.cursor() as cur, cur.copy(copy_sql) as copy:
         pgconn = conn.pgconn
         while True:
             n, view = pgconn.get_copy_data(1)
@@ -373,7 +385,7 @@ def read_records(
     query = plan.records_query(lo, hi)
     if query is not None:
         return (_pair(line) for line in copy_lines(conn, query))
-    return records_of(plan.rel, copy_rows(conn, plan.range_query(lo, hi)))
+    return records_of(plan.rel, copy_rows(conn, plan.range_query(lo, hi), plan.copy_options))
 
 
 def _pair(line: bytes) -> tuple[str, bytes]:

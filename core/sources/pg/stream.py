@@ -269,6 +269,8 @@ class Stream:
             return
         try:
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
+        except psycopg.OperationalError:
+            raise  # the source went away while its text was learned: reconnect
         except Exception as e:
             name = table_name(rel.schema, rel.table)
             raise CaptureError(

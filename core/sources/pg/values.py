@@ -7,10 +7,10 @@ job alike. Its promise: every value comes through, losslessly, and none can stop
   JSON that parsers refuse (numbers beyond the range of a double, lone surrogates, nesting
   deeper than ``MAX_DEPTH``) arrives as a string holding the Postgres text instead.
 - A value whose text a converter cannot read (a type we did not foresee, an odd spelling)
-  arrives as its Postgres text: ``sources.pg.relations.row_values`` falls back to :func:`to_text`.
-- Text is read in the database's own encoding (:func:`text_decoder`); bytes that encoding has no
-  character for (a ``SQL_ASCII`` database holds any) read as Latin-1, one character per byte,
-  so they can be recovered.
+  arrives as its Postgres text: ``sources.pg.relations.row_values`` falls back to the text.
+- Text is what a UTF-8 client reads from the table, whatever the database's encoding, and what
+  none can read arrives as its bytes, one Latin-1 character each: core/sources/pg/encoding.py
+  (``SourceText``) decides it for every reader.
 
 The replication session runs with ``TimeZone=UTC``, ``DateStyle=ISO``, ``bytea_output=hex``,
 ``extra_float_digits=3`` and ``IntervalStyle=iso_8601`` so that the text is predictable.
@@ -223,50 +223,22 @@ _SQL_BY_OID: dict[int, str] = {
 _TEXT_SQL = "{c}::text"  # every other type that is no array: its text, as a JSON string
 
 
-# PostgreSQL server encodings and the Python codecs that read them (docs/design.md “Values”): a
-# database not in UTF-8 is read in its own encoding and decoded here, as the server cannot
-# convert every byte a single-byte database holds (WIN1252's 0x81, anything in SQL_ASCII).
-CODECS = {
-    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "LATIN1": "latin-1", "LATIN2": "iso8859_2",
-    "LATIN3": "iso8859_3", "LATIN4": "iso8859_4", "LATIN5": "iso8859_9", "LATIN6": "iso8859_10",
-    "LATIN7": "iso8859_13", "LATIN8": "iso8859_14", "LATIN9": "iso8859_15",
-    "LATIN10": "iso8859_16", "ISO_8859_5": "iso8859_5", "ISO_8859_6": "iso8859_6",
-    "ISO_8859_7": "iso8859_7", "ISO_8859_8": "iso8859_8", "KOI8R": "koi8_r", "KOI8U": "koi8_u",
-    "WIN866": "cp866", "WIN874": "cp874", "WIN1250": "cp1250", "WIN1251": "cp1251",
-    "WIN1252": "cp1252", "WIN1253": "cp1253", "WIN1254": "cp1254", "WIN1255": "cp1255",
-    "WIN1256": "cp1256", "WIN1257": "cp1257", "WIN1258": "cp1258", "EUC_JP": "euc_jp",
-    "EUC_JIS_2004": "euc_jis_2004", "EUC_KR": "euc_kr", "EUC_CN": "gb2312",
-}  # fmt: skip
-
-
-def text_decoder(encoding: str) -> Converter:
-    """How to read text a server in ``encoding`` sends unconverted: its codec, and Latin-1 for
-    bytes the codec has no character for (one character per byte, so nothing is lost)."""
-    codec = CODECS.get(encoding.upper(), "utf-8")
-    if codec == "utf-8":
-        return to_text
-
-    def decode(b: bytes) -> str:
-        try:
-            return b.decode(codec)
-        except UnicodeDecodeError:
-            return b.decode("latin-1")
-
-    return decode
-
-
 class TypeCatalog:
     """Knows how to turn any column type of one database into JSON values.
 
     Loaded from ``pg_type`` by the capture process; ``refresh`` is called with a fresh row set
     when a Relation message names a type that is not known yet (a type created after start).
-    ``encoding`` is the encoding the server sends text in (its own, or UTF-8 after converting).
+    ``text`` reads the database's text as the server sends it, unconverted (a
+    ``core.sources.pg.encoding.SourceText``; UTF-8 by default).
     """
 
-    def __init__(self, rows: list[tuple[Any, ...]] | None = None, encoding: str = "UTF8") -> None:
+    def __init__(
+        self, rows: list[tuple[Any, ...]] | None = None, text: Converter = to_text
+    ) -> None:
         self.types: dict[int, PgType] = {}
         self._cache: dict[int, Converter] = {}
-        self.text = text_decoder(encoding)
+        # UTF-8 (and SQL_ASCII's bytes) need no reader of their own: to_text is the same.
+        self.text = text if getattr(text, "converts", True) else to_text
         if rows:
             self.refresh(rows)
 
@@ -316,7 +288,7 @@ class TypeCatalog:
         # numeric, uuid, text, enums, dates, times, intervals, ranges, unknown types: the text
         conv = _BY_OID.get(t, to_text)
         if text is to_text or conv not in (to_text, to_json):
-            return conv  # UTF-8, or a type whose text is ASCII
+            return conv  # UTF-8, or a type whose text is ASCII in every server encoding
         if conv is to_text:
             return text
         return lambda b: conv(text(b).encode())
