@@ -32,10 +32,11 @@ import psycopg
 
 from core.config.base import ConnectorBase
 from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
-from core.failures import sources_let_in, wait_for_store
+from core.failures import Unreachable, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
+from core.sources.pg.encoding import UnreadableDatabase
 from core.store import Store, open_store
 from core.store import connectors as api_connectors
 
@@ -92,7 +93,11 @@ def serve(
         return 0
     store = open_store(cfg)
     if worker is None:  # else the supervisor looked
-        sources_let_in(cfg)
+        try:
+            sources_let_in(cfg)
+        except (Unreachable, UnreadableDatabase) as e:  # only the user can fix it
+            log.error("%s", e)
+            return 1
     if clash := api_connectors.clashes(cfg, store):
         log.error(
             "the config file declares connectors that were made over the API: %s; each"
