@@ -138,10 +138,12 @@ LEFT JOIN LATERAL (
 # version not newer than the indexed one is refused), numbered with consecutive seqs in their
 # order; the source's counters move past both, its checkpoint to (commit, end) unless they are
 # null, and its readers hear of it at commit. It takes the source's row lock, which every
-# writer takes (``_lock_source``). Params by name: sid, the versions' collections (c), record
-# tokens (t), versions (v), version_idxs (i), deleted (d) and entry positions (p), the batch's
-# entries (n), first and last commit times, data, commit, end. Yields the source's events and
-# records seqs now, and the versions' positions and seqs.
+# writer takes (``_lock_source``). When it waited for that lock, its probe of the index saw the
+# index as it was before the holder's writes (a backfill's newer rows): the update's own guard
+# keeps those, and the seqs given to versions it left out are never used. Params by name: sid,
+# the versions' collections (c), record tokens (t), versions (v), version_idxs (i), deleted (d)
+# and entry positions (p), the batch's entries (n), first and last commit times, data, commit,
+# end. Yields the source's events and records seqs now, and the versions' positions and seqs.
 WRITE_BATCH = (
     """
 WITH src AS (
@@ -162,9 +164,11 @@ WITH src AS (
     ON CONFLICT (record_id, collection_id, sync_id) DO UPDATE SET
         seq = excluded.seq, version = excluded.version, version_idx = excluded.version_idx,
         deleted = excluded.deleted, updated_at = now(), batch = excluded.batch, pos = excluded.pos
+    WHERE (r.version, r.version_idx) < (excluded.version, excluded.version_idx)
     RETURNING r.pos, r.seq
 ), versions AS (
-    SELECT array_agg(pos ORDER BY pos) AS pos, array_agg(seq ORDER BY pos) AS seq, count(*) AS n
+    SELECT array_agg(pos ORDER BY pos) AS pos, array_agg(seq ORDER BY pos) AS seq,
+           max(seq) AS last
     FROM up
 ), batch AS (
     INSERT INTO {events} (sync_id, first_seq, last_seq, first_committed_at, last_committed_at,
@@ -177,7 +181,7 @@ WITH src AS (
     -- statement changed is one FOR UPDATE skips, and then batch, when no version made up
     -- read src first (a truncate alone), inserted nothing
     UPDATE {sources} s SET events_seq = src.events_seq + %(n)s,
-        records_seq = src.records_seq + v.n,
+        records_seq = coalesce(v.last, src.records_seq),
         commit_lsn = coalesce(%(commit)s::int8, s.commit_lsn),
         end_lsn = coalesce(%(end)s::int8, s.end_lsn),
         updated_at = now()

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -270,6 +271,35 @@ def test_snapshot_writer_inserts_until_a_row_meets_a_stored_record(db_url: str) 
     assert [records[rid][0] for rid in ("a1", "a2", "a3")] == [3, 4, 5]
     assert {records["a4"][0], records["older"][0]} == {6, 7}
     assert records["a5"][0] == records_seq == 8
+
+
+def test_a_change_waiting_for_a_backfills_lock_does_not_replace_its_newer_row(db_url: str) -> None:
+    """Capture's one-statement write of a change older than a backfill's snapshot, made while
+    the backfill holds the source's lock, ends behind it: the backfilled row (newer) stays the
+    record's version, and the records seqs given out stay unique."""
+    cfg = weir_config(db_url, [])
+    store, sid, at = open_store(cfg), cfg.sources[0].sync_id, datetime.now(UTC)
+    with store.connect() as backfill_conn, store.connect() as capture_conn:
+        capture = SourceWriter(capture_conn, store, sid)
+        w = SnapshotWriter(backfill_conn, store, sid, 40, at)
+        assert w.write("public:t", [("r", b'{"v": "snapshot"}')]) == (1, 1)  # holds the lock
+        pid = capture_conn.info.backend_pid
+        change = Change(action="update", collection_id="public:t", record_id="r",
+                        record={"v": "captured"}, changes=None, missing=(), old_record_id=None,
+                        version=30, idx=0, committed_at=utc_iso(at))  # fmt: skip
+        thread = threading.Thread(target=capture.write_commit, args=([change], 30, 31))
+        thread.start()
+        wait_for(lambda: backfill_conn.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone() == (True,), what="capture to wait for the backfill's lock")  # fmt: skip
+        backfill_conn.commit()
+        thread.join(30)
+        assert not thread.is_alive()
+        capture.write_commit([change._replace(record_id="s", version=50)], 50, 51)
+    records = {r["record_id"]: r for r in stored_rows.records(db_url)}
+    assert (records["r"]["version"], records["r"]["record"]["v"]) == (40, "snapshot")
+    assert records["s"]["seq"] > records["r"]["seq"]
+    assert [e["record"]["v"] for e in stored_rows.events(db_url)] == ["captured", "captured"]
 
 
 def test_seed_job_under_concurrent_changes_equals_the_table(
