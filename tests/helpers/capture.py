@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,11 +51,32 @@ def store_for(src: PostgresSource) -> Store:
     return store
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+class _Recent(logging.Handler):
+    """The last warnings Weir logged in this process: a wait that times out says them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: deque[str] = deque(maxlen=8)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}"[:300])
+
+
+_recent = _Recent()
+logging.getLogger("weir").addHandler(_recent)
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    """Polls ``check`` until it holds. A machine twice as slow as this one still passes: the
+    limit only ends a wait that would never end."""
     deadline = time.monotonic() + timeout
+    _recent.lines.clear()
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            said = "".join(f"\n  {line}" for line in _recent.lines) or " none"
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}; Weir's last warnings:{said}"
+            )
         time.sleep(0.05)
 
 
