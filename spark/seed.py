@@ -283,7 +283,7 @@ def run_seed(
     store = open_store(cfg)
     url = src.url.get_secret_value()
     with snapshot.connect(url) as conn:
-        snapshot.ensure_capture(conn, src)
+        snapshot.ensure_capture(conn, src, store)
         plans = [snapshot.table_plan(conn, src, t) for t in tables]
         counts: list[int] = []
         ranges: list[tuple[int, Any, Any]] = []

@@ -53,13 +53,12 @@ def prepare(cfg: WeirConfig) -> Store:
     threads; call this first when writes follow at once (the demo, tests).
     """
     from core.sources.pg import snapshot
-    from core.sources.pg.setup import prepare as prepare_source
 
     store = open_store(cfg)
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
             with snapshot.connect(src.url.get_secret_value(), "weir") as conn:
-                prepare_source(conn, src)
+                snapshot.ensure_capture(conn, src, store)
     return store
 
 

@@ -77,7 +77,7 @@ class Backfill:
             snapshot.connect(self.src.url.get_secret_value()) as conn,
             self.store.connect() as store_conn,
         ):
-            snapshot.ensure_capture(conn, self.src)
+            snapshot.ensure_capture(conn, self.src, self.store)
             plan = snapshot.table_plan(conn, self.src, self.table, self.sort_column)
             rel = plan.rel
             keyset = [rel.names[i] for i in plan.order]

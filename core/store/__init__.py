@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -95,6 +96,17 @@ class Store:
                 self.schema,
                 self.schema,
                 self.schema,
+            )
+
+    def slot_made(self, sync_id: uuid.UUID, slot: str) -> None:
+        """Note that Weir made ``slot`` for this store's source (before its capture first
+        held it): a slot a store did not make is another's (core/sources/pg/slot.py)."""
+        with self.connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET slot_name = %s WHERE sync_id = %s AND NOT slot_tracked"
+                ).format(self.table("sources")),
+                (slot, sync_id),
             )
 
     def prepare(self, sources: Iterable[PostgresSource | HttpSource]) -> None:

@@ -186,3 +186,25 @@ def test_a_slot_renamed_in_the_config_is_named_with_the_old_one(
     assert "the source's slot is now 'weir_slot_v2', but the store was captured through " \
            "'weir_slot'" in caplog.text  # fmt: skip
     assert "SELECT pg_drop_replication_slot('weir_slot')" in caplog.text
+
+
+def test_a_new_store_refuses_the_slot_another_store_reads(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two Weirs with stores of their own, one source and one slot name: the second stops with
+    one line naming the slot and the fix, and the first one's stream goes on whole (a slot
+    read by two loses changes for both)."""
+    execute(db_url, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    first = weir_config(db_url, [])
+    second = weir_config(db_url, [], store={"schema": "weir_second"})
+    with serving(first):
+        execute(db_url, "INSERT INTO t VALUES (1, 1)")
+        wait_for(lambda: _live(db_url) == _table(db_url), what="the first row")
+    weir = Running(second)
+    assert weir.exit_status() == 1
+    said = [r.getMessage() for r in caplog.records if "did not make it" in r.getMessage()]
+    assert said and "replication slot 'weir_slot' exists, and this store did not make it" in (
+        said[-1]), caplog.text  # fmt: skip
+    execute(db_url, "INSERT INTO t VALUES (2, 2)")
+    with serving(first):
+        wait_for(lambda: _live(db_url) == _table(db_url), what="the row made meanwhile")

@@ -12,15 +12,18 @@ import psycopg
 import pytest
 
 from core.sources.pg.capture import PostgresCapture
-from core.sources.pg.setup import SlotBusyError, SourceSetupError, prepare
+from core.sources.pg.setup import SlotBusyError, SourceSetupError, ensure_slot, prepare
 from core.store.writer import WriterBusyError
 from devkit.embedded import EmbeddedPostgres
 from tests.helpers.capture import capturing, pg_source, store_for
 
 
 def _prepare(url: str, **overrides: object) -> None:
+    """The source's checks, publication and slot, as a first start makes them."""
+    src = pg_source(url, **overrides)
     with psycopg.connect(url, autocommit=True) as conn:
-        prepare(conn, pg_source(url, **overrides))
+        prepare(conn, src)
+        ensure_slot(conn, src)
 
 
 def test_wal_level_not_logical() -> None:

@@ -126,7 +126,7 @@ class PostgresCapture:
             # Step 1: one capture per source, whatever the slot says.
             writer.lock(src.name)
             # Step 2
-            waiting = prepare(catalog, src, slot=False)
+            waiting = prepare(catalog, src)
             writer.request_backfills(
                 waiting, f"until it is in publication {src.publication}", again=False
             )

@@ -155,11 +155,9 @@ def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> lis
     return tables
 
 
-def prepare(
-    conn: psycopg.Connection[Any], src: PostgresSource, *, slot: bool = True
-) -> list[tuple[str, str]]:
-    """Check the server and the tables, create or complete the publication, and (``slot``)
-    create the slot if missing. A table added to an existing publication is backfilled
+def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+    """Check the server and the tables, and create or complete the publication (the slot is
+    ``ensure_slot``'s). A table added to an existing publication is backfilled
     (``_ensure_publication``). Returns the tables left out of a publication Weir does not
     manage (``create_publication: false``), to backfill once a DBA adds them.
 
@@ -173,10 +171,7 @@ def prepare(
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    waiting = complete_publication(conn, src, follow=True)
-    if slot:
-        ensure_slot(conn, src)
-    return waiting
+    return complete_publication(conn, src, follow=True)
 
 
 def complete_publication(
@@ -330,8 +325,9 @@ def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
                  ", ".join(table_name(s, t) for s, t in leaving), src.publication)  # fmt: skip
 
 
-def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
-    """Create the replication slot when missing; refuse a slot Weir cannot use."""
+def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> bool:
+    """Create the replication slot when missing (returns True then); refuse a slot Weir cannot
+    use."""
     row = conn.execute(
         "SELECT plugin, active_pid, database = current_database() FROM pg_replication_slots "
         "WHERE slot_name = %s",
@@ -347,7 +343,7 @@ def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
                 f"(it has no REPLICATION): as a superuser, ALTER ROLE {me} REPLICATION"
             ) from None
         log.info("source %s: created replication slot %s", src.name, src.slot)
-        return
+        return True
     plugin, active_pid, same_db = row
     if plugin != "pgoutput" or not same_db:
         raise SourceSetupError(
@@ -360,3 +356,4 @@ def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             f"source {src.name!r}: replication slot {src.slot!r} is in use by another "
             f"process (pid {active_pid}): stop the other consumer or use another slot name"
         )
+    return False

@@ -55,7 +55,14 @@ def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoin
     caller to backfill.
     """
     if not cp.tracked:  # the first start (or the first since Weir kept this rule): adopt it
-        ensure_slot(conn, src)
+        if not ensure_slot(conn, src) and cp.slot != src.slot and cp.end_lsn == 0:
+            raise SourceSetupError(
+                f"source {src.name!r}: replication slot {src.slot!r} exists, and this store "
+                "did not make it: another Weir store (or another program) reads it, and a slot "
+                "read by two loses changes for both. Give this source a slot of its own (slot: "
+                "in its config), or, if nothing reads that one, drop it: SELECT "
+                f"pg_drop_replication_slot('{src.slot}')"
+            )
         return SlotStart(max(cp.end_lsn, _position(conn, src)[0] or 0))
     confirmed, lost = _position(conn, src)
     if confirmed is not None or lost:

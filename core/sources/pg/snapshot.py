@@ -39,12 +39,19 @@ from core.sources.pg.relations import (
     record_id_for,
     row_values,
 )
-from core.sources.pg.setup import SlotBusyError, SourceSetupError, prepare, role_of
+from core.sources.pg.setup import (
+    SlotBusyError,
+    SourceSetupError,
+    ensure_slot,
+    prepare,
+    role_of,
+)
 from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
     from core.config.model import PostgresSource
+    from core.store import Store
 
 
 @dataclass(frozen=True)
@@ -59,11 +66,14 @@ def connect(url: str, name: str = "weir-snapshot") -> psycopg.Connection[Any]:
     return encoding.connect(url, autocommit=True, options=SESSION_OPTIONS, application_name=name)
 
 
-def ensure_capture(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+def ensure_capture(conn: psycopg.Connection[Any], src: PostgresSource, store: Store) -> None:
     """Check the source's tables and create its publication and slot when missing, so that
-    every change from now on is captured (by ``weir run``, now or later)."""
+    every change from now on is captured (by ``weir run``, now or later); a slot made here is
+    noted in the store as its own (core/sources/pg/slot.py ``check_slot``)."""
+    prepare(conn, src)
     with contextlib.suppress(SlotBusyError):  # the slot exists and capture reads it: normal
-        prepare(conn, src)
+        if ensure_slot(conn, src):
+            store.slot_made(src.sync_id, src.slot)
 
 
 def snapshot_point(conn: psycopg.Connection[Any], say: Callable[[str], None]) -> SnapshotPoint:
