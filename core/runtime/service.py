@@ -28,8 +28,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from core.config.base import ConnectorBase
-from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
+from core.config.model import PostgresSource, WeirConfig
 from core.failures import AWAY, for_good, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
@@ -204,10 +203,8 @@ def _say_unmatched(cfg: WeirConfig) -> None:
     sends nothing)."""
     from core.sources.pg.selected import selection_problems
 
-    users: list[ConnectorBase | ConsumerConfig] = [*cfg.connectors, *cfg.consumers]
-    for user in users:
-        for problem in selection_problems(cfg, user):
-            log.warning("%s", problem)
+    for problem in selection_problems(cfg, [*cfg.connectors, *cfg.consumers]):
+        log.warning("%s", problem)
 
 
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
