@@ -20,7 +20,7 @@ from core.commands import (
     table_arg,
 )
 from core.config.settings import settings_or_exit
-from core.failures import Unreachable, bound_postgres_connects, reach_postgres
+from core.failures import bound_postgres_connects, for_good, reach_postgres
 from core.redact import first_line, redact, setup_logging
 from core.registry import connector_specs, setup_of, spec_of
 
@@ -39,7 +39,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     By default a supervisor runs it in worker processes (core/runtime/supervisor.py)."""
     from core.runtime.service import serve
     from core.runtime.supervisor import Supervisor, die_with_parent, worker_named
-    from core.store import StoreError
 
     cfg = load_or_exit(args.config)
     grace = settings_or_exit().shutdown_grace
@@ -54,8 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             return serve(cfg, stop, grace, worker)
         except Exception as e:
-            if isinstance(e, StoreError) or (isinstance(e, Unreachable) and e.for_good):
-                log.error("worker %s: %s", worker.name, first_line(e))
+            if (why := for_good(e)) is not None:
+                log.error("worker %s: %s", worker.name, why)
                 return 1  # it will not go by itself: the supervisor stops, weir run exits 1
             log.error("worker %s: %s; it is started again", worker.name, first_line(e))
             return WORKER_CRASHED

@@ -1,5 +1,7 @@
 """What Weir says when a server it needs does not answer or turns it away: one line naming the
-server (host:port, never credentials), why, and what to check.
+server (host:port, never credentials), why, and what to check. And the one place that decides
+what an error is: a refusal for good (:func:`for_good`: retrying cannot help, Weir ends with its
+line) or a server away (:func:`away`: retry with backoff, saying so).
 
 Every connection attempt is bounded: ``CONNECT_TIMEOUT`` for Postgres (``weir`` sets it as
 ``PGCONNECT_TIMEOUT`` unless the environment or the URL sets one), ``connect_timeout`` for
@@ -24,13 +26,16 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from core.redact import first_line, redact
-from core.sources.pg.encoding import connect
+from core.sources.pg.encoding import UnreadableDatabase, connect
+from core.store import StoreError
 
 if TYPE_CHECKING:
     from core.config.model import WeirConfig
 
 CONNECT_TIMEOUT = 10  # seconds
-AWAY = (psycopg.OperationalError, psycopg.InterfaceError)  # a server restarting, failing over
+# What a server that is down, restarting or failing over raises (a refusal at connect is told
+# apart by postgres_unreachable).
+AWAY = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 def bound_postgres_connects() -> None:
@@ -57,6 +62,21 @@ class Unreachable(Exception):
 REFUSED_FOR_GOOD = ("authentication failed", "does not exist", "no pg_hba.conf entry",
                     "permission denied for database",
                     "permission denied to start WAL sender")  # fmt: skip
+
+
+def for_good(e: BaseException) -> str | None:
+    """The one line to end with when retrying cannot help ``e``, only the user can: a server's
+    refusal at connect (a wrong password, a database, role or privilege that is missing), a
+    database no UTF-8 client can read (MULE_INTERNAL), a store that cannot be used as it is.
+    None for anything else."""
+    refused = isinstance(e, Unreachable) and e.for_good
+    return first_line(e) if refused or isinstance(e, (UnreadableDatabase, StoreError)) else None
+
+
+def away(e: BaseException) -> bool:
+    """Whether ``e`` says a server is away (down, restarting, failing over, no answer yet): try
+    again with backoff, saying so."""
+    return isinstance(e, AWAY) or (isinstance(e, Unreachable) and not e.for_good)
 
 
 def postgres_address(url: str) -> str:
@@ -132,7 +152,7 @@ def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
         try:
             reach_postgres(cfg.store_url, cfg.store_named)
         except Unreachable as e:
-            if e.for_good:
+            if not away(e):
                 raise
             if str(e) != said or time.monotonic() - said_at >= SAY_AGAIN:
                 log.warning("%s; retrying until it answers", e)
@@ -156,7 +176,7 @@ def sources_let_in(cfg: WeirConfig) -> None:
             try:
                 reach_postgres(src.url.get_secret_value(), f"source {src.name}")
             except Unreachable as e:
-                if e.for_good:
+                if not away(e):
                     raise
 
 
@@ -185,7 +205,7 @@ def scheduled(what: str, job: Callable[..., Any]) -> Callable[..., Any]:
     answer for a while (restarting, failing over) is a one-line WARNING, not apscheduler's
     ERROR with a traceback; the next run tries again."""
 
-    def away(e: BaseException) -> None:
+    def skipped(e: BaseException) -> None:
         logging.getLogger("weir.jobs").warning(
             "%s: the database did not answer (%s); the next run tries again", what, first_line(e)
         )
@@ -197,7 +217,7 @@ def scheduled(what: str, job: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return await job(*args)
             except AWAY as e:
-                away(e)
+                skipped(e)
                 return None
 
         return run_async
@@ -207,7 +227,7 @@ def scheduled(what: str, job: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return job(*args)
         except AWAY as e:
-            away(e)
+            skipped(e)
             return None
 
     return run

@@ -135,7 +135,7 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     @api.post("/v1/http-consumers", status_code=201, response_model=ConsumerOut)
     async def create_consumer(cfg: ConsumerConfig) -> dict[str, Any]:
         await consumers.create(cfg)
-        unmatched = await asyncio.to_thread(selection_problems, consumers.cfg, cfg)
+        unmatched = await asyncio.to_thread(selection_problems, consumers.cfg, [cfg])
         for problem in unmatched:
             log.warning("%s", problem)
         return {**cfg.model_dump(), "origin": "api", "warnings": unmatched}

@@ -246,7 +246,7 @@ class Operations:
         if not done:
             raise Conflict(f"a connector named {c.name!r} exists")
         log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
-        unmatched = await asyncio.to_thread(selection_problems, self.cfg, c)
+        unmatched = await asyncio.to_thread(selection_problems, self.cfg, [c])
         for problem in unmatched:
             log.warning("%s", problem)
         return {**self.described(c), "warnings": unmatched}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
+from core.failures import AWAY
 from core.redact import first_line, raw_secrets, redact, remember
 from core.registry import connector_specs
 
@@ -119,15 +119,16 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         detail = redacted(jsonable_encoder(errors))
         return JSONResponse({"detail": detail}, status_code=422)
 
-    @app.exception_handler(psycopg.OperationalError)
-    @app.exception_handler(psycopg.InterfaceError)
-    async def _store_away(request: Request, e: psycopg.Error) -> JSONResponse:
+    async def _store_away(request: Request, e: Exception) -> JSONResponse:
         # The store restarted or dropped a pooled connection (the pool replaces it): the
         # request may be tried again, and the log says so in one line, not a traceback.
         log.warning("api: %s %s: the store did not answer (%s); answered 503", request.method,
                     request.url.path, redact(first_line(e)))  # fmt: skip
         return JSONResponse({"detail": "the store did not answer; try again"}, status_code=503,
                             headers={"Retry-After": "1"})  # fmt: skip
+
+    for away in AWAY:
+        app.add_exception_handler(away, _store_away)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, e: HTTPException) -> JSONResponse:

@@ -62,6 +62,8 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
     except psycopg.Error as e:
         # A quoted piece that may hold the password is left out: any of a conninfo string
         # (key=value words), else one that overlaps what stands before a URL's last '@'.
+        # Not core/redact.py's rule: libpq quotes fragments of a password that match neither
+        # its shapes nor a whole secret, and the config is not remembered yet.
         text = v.get_secret_value()
         conninfo = "=" in text and "://" not in text
         secret = text.rpartition("@")[0].partition("://")[2] or text.rpartition("@")[0]

@@ -28,15 +28,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-import psycopg
-
-from core.config.base import ConnectorBase
-from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
-from core.failures import Unreachable, sources_let_in, wait_for_store
+from core.config.model import PostgresSource, WeirConfig
+from core.failures import AWAY, for_good, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
-from core.sources.pg.encoding import UnreadableDatabase
 from core.store import Store, open_store
 from core.store import connectors as api_connectors
 
@@ -94,8 +90,10 @@ def serve(
     if worker is None:  # else the supervisor looked
         try:
             sources_let_in(cfg)
-        except (Unreachable, UnreadableDatabase) as e:  # only the user can fix it
-            log.error("%s", e)
+        except Exception as e:
+            if (why := for_good(e)) is None:
+                raise
+            log.error("%s", why)
             return 1
     if clash := api_connectors.clashes(cfg, store):
         log.error(
@@ -204,10 +202,8 @@ def _say_unmatched(cfg: WeirConfig) -> None:
     sends nothing)."""
     from core.sources.pg.selected import selection_problems
 
-    users: list[ConnectorBase | ConsumerConfig] = [*cfg.connectors, *cfg.consumers]
-    for user in users:
-        for problem in selection_problems(cfg, user):
-            log.warning("%s", problem)
+    for problem in selection_problems(cfg, [*cfg.connectors, *cfg.consumers]):
+        log.warning("%s", problem)
 
 
 LEASE_POLL = 1.0  # seconds between lease checks: the takeover time when an instance dies
@@ -318,7 +314,7 @@ class _BackfillWork(_ThreadWork):
                     configured = not stop.is_set()
                 run_requested(self.src, self.store, stop)
                 wait = BACKFILL_POLL
-            except psycopg.OperationalError as e:  # a connection lost: resume at the last page
+            except AWAY as e:  # a connection lost: resume at the last page
                 log.warning("backfill of source %s: %s; resuming in %gs", self.src.name,
                             str(e).strip(), RETRY_BACKFILL)  # fmt: skip
                 wait = RETRY_BACKFILL

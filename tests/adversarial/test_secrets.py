@@ -19,7 +19,6 @@ import re
 import signal
 import string
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,8 +37,8 @@ from core.redact import MASK
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import WEIR, weir
 
-WEIR = [sys.executable, "-m", "core.cli"]
 RIGHT = "the-right-one-42"  # what the NATS server takes; every secret planted is wrong
 HOOK_USER = "hookuser"
 
@@ -76,12 +75,6 @@ def found(secrets: list[str], text: str) -> list[str]:
         for m in re.finditer(left + re.escape(form) + right, text):
             out.append(f"{form!r} in {text[max(0, m.start() - 300) : m.end() + 100]!r}")
     return out
-
-
-def weir(*args: str, code: int | None = 0) -> str:
-    out = subprocess.run([*WEIR, *args], capture_output=True, text=True, timeout=60)
-    assert code is None or out.returncode == code, out.stdout + out.stderr
-    return out.stdout + out.stderr
 
 
 def with_password(url: str, user: str, password: str) -> str:

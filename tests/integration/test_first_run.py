@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +23,9 @@ from core.runtime.service import prepare
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import WEIR, answers, weir
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-WEIR = [sys.executable, "-m", "core.cli"]
 ROLE, PASSWORD = "weir_cdc", "change-me"  # the quickstart's
 AUTH = {"Authorization": "Bearer a-token-of-24-characters"}
 
@@ -96,13 +95,9 @@ def _env(
 
 def _fails(config: str, env: dict[str, str], *args: str) -> str:
     """A command that must fail for good: exit 1 within 30 s; its lines that are errors."""
-    started = time.monotonic()
-    out = subprocess.run([*WEIR, *args, "--config", config], capture_output=True, text=True,
-                         timeout=60, env=env)  # fmt: skip
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert time.monotonic() - started < 30, out.stderr
-    assert "Traceback" not in out.stderr, out.stderr
-    return "\n".join(line for line in out.stderr.splitlines() if "INFO" not in line)
+    out = weir(*args, "--config", config, code=1, env=env, timeout=30)
+    assert "Traceback" not in out, out
+    return "\n".join(line for line in out.splitlines() if "INFO" not in line)
 
 
 def test_the_quickstart_as_written(
@@ -224,20 +219,13 @@ def test_a_second_run_on_the_same_api_port(
     first = subprocess.Popen([*WEIR, "run", "--config", config], env=env,
                              stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        wait_for(lambda: _answers(f"http://{port}/health"), timeout=60,
+        wait_for(lambda: answers(f"http://{port}/health"), timeout=60,
                  what="the first weir run's API")  # fmt: skip
         err = _fails(config, env, "run", "--single-process")
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(60)
     assert f"cannot listen on {port}: Address already in use; another weir run" in err, err
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_a_selection_that_matches_nothing(
@@ -258,7 +246,7 @@ def test_a_selection_that_matches_nothing(
     try:
         wait_for(lambda: "did you mean 'public:orders'?" in log.read_text(), timeout=60,
                  what="the warning on the file's connector")  # fmt: skip
-        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        wait_for(lambda: answers(f"{api}/health"), timeout=60, what="the API")
         consumer = httpx.post(f"{api}/v1/http-consumers", json={
             "name": "typo", "filters": {"collection_id": "public:ordrs"},
             "group_columns": ["stauts"]}, headers=AUTH)  # fmt: skip
@@ -306,7 +294,7 @@ def test_a_long_poll_when_weir_run_stops(
         run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
     stopper = threading.Timer(1.0, run.send_signal, (signal.SIGTERM,))
     try:
-        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        wait_for(lambda: answers(f"{api}/health"), timeout=60, what="the API")
         with httpx.Client(
             base_url=api, timeout=30, headers={"Authorization": "Bearer a-token-of-24-characters"}
         ) as client:
@@ -389,7 +377,7 @@ def test_the_store_dropping_the_apis_connections(
     with log.open("w") as f:
         run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
     try:
-        wait_for(lambda: _answers(f"{api}/health"), timeout=60, what="the API")
+        wait_for(lambda: answers(f"{api}/health"), timeout=60, what="the API")
         assert httpx.get(f"{api}/v1/connectors", headers=auth).status_code == 200
         with psycopg.connect(pg.url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

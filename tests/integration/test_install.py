@@ -17,6 +17,7 @@ import yaml
 
 from devkit.embedded import free_port
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import answers
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_the_wheel_installed_away_from_the_checkout_runs(tmp_path: Path, db_url:
                                stderr=f)  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _answers(f"{base}/health") or run.poll() is not None, timeout=60,
+        wait_for(lambda: answers(f"{base}/health") or run.poll() is not None, timeout=60,
                  what="the installed weir's API")  # fmt: skip
         assert run.poll() is None, log.read_text()
         login = httpx.get(f"{base}/console/login")
@@ -79,10 +80,3 @@ def test_the_wheel_installed_away_from_the_checkout_runs(tmp_path: Path, db_url:
     assert css.status_code == 200 and css.text.strip(), css.status_code
     assert pushed.status_code == 200, pushed.text
     assert run.returncode == 0, log.read_text()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 200
-    except httpx.TransportError:
-        return False

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,14 @@ import psycopg
 import pytest
 
 from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, free_port
+from tests.helpers import cli
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import WEIR, answers
 from tests.helpers.kafka_front import KafkaFront
 
 SECRET = "S3cr3t-canary-%-x"  # with a stray %, as users write it into URLs
 IN_URL = quote(SECRET, safe="")  # as it must be written in a URL's user info
 ROLE = "weir_probe"  # a Postgres role that logs in with a password (the others: trust)
-WEIR = [sys.executable, "-m", "core.cli"]
 
 
 def assert_clean(text: str) -> None:
@@ -37,10 +37,7 @@ def assert_clean(text: str) -> None:
 
 def weir(*args: str, code: int = 1) -> str:
     """Output of a `weir -v` command (debug logs, tracebacks), which ends with ``code``."""
-    out = subprocess.run([*WEIR, "-v", *args], capture_output=True, text=True, timeout=90,
-                         env=os.environ | {"CANARY_ENV": SECRET})  # fmt: skip
-    assert out.returncode == code, out.stdout + out.stderr
-    return out.stdout + out.stderr
+    return cli.weir("-v", *args, code=code, env=os.environ | {"CANARY_ENV": SECRET}, timeout=90)
 
 
 def write(tmp_path: Path, spec: dict[str, Any] | str) -> str:
@@ -160,7 +157,8 @@ def test_run_and_its_api(tmp_path: Path, db_url: str) -> None:
     bodies = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            wait_for(lambda: _answers(client), timeout=60, what="the API")
+            wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=60,
+                     what="the API")  # fmt: skip
             ready = client.get("/ready")
             assert ready.status_code == 503 and "Connection refused" in ready.text
             auth = {"Authorization": f"Bearer {token}"}
@@ -189,13 +187,6 @@ def test_run_and_its_api(tmp_path: Path, db_url: str) -> None:
     out = log.read_text()
     assert run.returncode == 0, out
     assert_clean(out + "\n".join(bodies))
-
-
-def _answers(client: httpx.Client) -> bool:
-    try:
-        return client.get("/health").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_nats_setup_with_the_wrong_password(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from core.config.model import PostgresSource
-from core.failures import postgres_unreachable
+from core.failures import AWAY, for_good, postgres_unreachable
 from core.ids import lsn_to_str
 from core.metrics import Metrics
 from core.sources.pg import snapshot
@@ -83,7 +83,7 @@ class PostgresCapture:
             except psycopg.errors.UntranslatableCharacter as e:  # only names are converted
                 self.state, self.detail = "failed", unreadable_name(self.src.name, e)
                 raise SourceSetupError(self.detail) from e
-            except (psycopg.OperationalError, SlotBusyError) as e:
+            except (*AWAY, SlotBusyError) as e:
                 if self._unreadable(str(e)):
                     continue  # the slot was dropped: the next session makes it and backfills
                 first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -103,7 +103,7 @@ class PostgresCapture:
         try:
             with snapshot.connect(self.src.url.get_secret_value(), "weir-catalog") as conn:
                 return unreadable(conn, self.src, error)
-        except psycopg.OperationalError:
+        except AWAY:
             return False  # the source is away: the next session looks again
         except SlotGapError as e:
             self.state, self.detail = "failed", str(e)
@@ -161,9 +161,9 @@ class PostgresCapture:
             return connect()
         except psycopg.OperationalError as e:
             url = self.src.url.get_secret_value()
-            refused = postgres_unreachable(e, url, f"source {self.src.name}")
-            if refused.for_good:
-                raise SourceSetupError(str(refused)) from None
+            why = for_good(postgres_unreachable(e, url, f"source {self.src.name}"))
+            if why is not None:
+                raise SourceSetupError(why) from None
             raise
 
     def _hold_slot(self, catalog: psycopg.Connection[Any], writer: SourceWriter) -> int:

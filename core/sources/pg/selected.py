@@ -74,24 +74,39 @@ def _closest(name: str, names: Any) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
-def selection_problems(cfg: WeirConfig, user: ConnectorBase | ConsumerConfig) -> list[str]:
-    """``unmatched`` for a connector or an HTTP pull consumer against the catalogs of its
-    sources, when they are all Postgres sources that answer (an ``http`` source's collections
-    are whatever is sent; one that does not answer is capture's to report)."""
-    sources = [s for s in cfg.sources if user.sources is None or s.name in user.sources]
-    if not sources or not all(isinstance(s, PostgresSource) for s in sources):
-        return []
-    known: dict[str, list[str]] = {}
-    try:
+def selection_problems(
+    cfg: WeirConfig, users: Sequence[ConnectorBase | ConsumerConfig]
+) -> list[str]:
+    """``unmatched`` for each connector or HTTP pull consumer of ``users`` against the catalogs
+    of its sources, each source's read once for them all, when they are all Postgres sources
+    that answer (an ``http`` source's collections are whatever is sent; one that does not
+    answer is capture's to report)."""
+    read: dict[str, dict[str, list[str]] | None] = {}  # by source; None: it did not answer
+
+    def known_to(sources: list[PostgresSource]) -> dict[str, list[str]] | None:
+        known: dict[str, list[str]] = {}
         for src in sources:
-            assert isinstance(src, PostgresSource)
-            known |= catalog(src)
-    except (psycopg.Error, SourceSetupError):
-        return []
-    if isinstance(user, ConsumerConfig):
-        what, collections = "consumer", [user.filters.collection_id]
-        columns = [("group_columns:", c) for c in user.group_columns or []]
-    else:
-        what, collections = "connector", list(user.collections)
-        columns = [("filters: column", f.column) for f in user.filters]
-    return [f"{what} {user.name}: {p}" for p in unmatched(collections, columns, known)]
+            if src.name not in read:
+                try:
+                    read[src.name] = catalog(src)
+                except (psycopg.Error, SourceSetupError):
+                    read[src.name] = None
+            if (tables := read[src.name]) is None:
+                return None
+            known |= tables
+        return known
+
+    problems = []
+    for user in users:
+        sources = [s for s in cfg.sources if user.sources is None or s.name in user.sources]
+        pg = [s for s in sources if isinstance(s, PostgresSource)]
+        if not sources or len(pg) < len(sources) or (known := known_to(pg)) is None:
+            continue
+        if isinstance(user, ConsumerConfig):
+            what, collections = "consumer", [user.filters.collection_id]
+            columns = [("group_columns:", c) for c in user.group_columns or []]
+        else:
+            what, collections = "connector", list(user.collections)
+            columns = [("filters: column", f.column) for f in user.filters]
+        problems += [f"{what} {user.name}: {p}" for p in unmatched(collections, columns, known)]
+    return problems
