@@ -79,7 +79,9 @@ async def aensure(conn: AConn, store: Store) -> None:
 
 def rebuild(conn: Conn, store: Store) -> None:
     """Make the index anew from every batch, in the caller's transaction: each record's entry
-    with the highest seq. Every source's writers wait meanwhile (their rows are locked)."""
+    with the highest seq, and of one seq the highest version (a backfill's row equal to its
+    record keeps the record's seq: core/store/snapshot_writer.py). Every source's writers wait
+    meanwhile (their rows are locked)."""
     t = store.table
     started = time.monotonic()
     conn.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(t("sources")))
@@ -118,7 +120,8 @@ def rebuild(conn: Conn, store: Store) -> None:
             "INSERT INTO {} (sync_id, collection_id, record_id, seq, version, version_idx,"
             " deleted, updated_at, batch, pos)"
             " SELECT DISTINCT ON (sync_id, collection_id, record_id) * FROM weir_index_stage"
-            " ORDER BY sync_id, collection_id, record_id, seq DESC"
+            " ORDER BY sync_id, collection_id, record_id, seq DESC, version DESC,"
+            " version_idx DESC"
         ).format(t("record_index"))
     )
     conn.execute(sql.SQL("INSERT INTO {} VALUES (now())").format(t("record_index_state")))

@@ -9,14 +9,19 @@ has met an indexed record, a chunk is indexed by COPY with no lookup: the index'
 uniqueness check is the lookup, and a stored record makes the chunk fail, roll back to a
 savepoint and the writer turn to the checked merge (a seed's rows are nearly all new). The
 checked merge looks up the chunk's records and leaves out those whose indexed version is not
-older.
+older. A row whose record equals its stored live version is no new version: it keeps its seq
+(so no reader gets it again) and takes the snapshot's version, written again beside it so that
+an index rebuilt from the batches has it too (core/store/index.py keeps, of one seq, the newest
+version): the sweep leaves it, as it leaves every row read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,17 +35,35 @@ from core.store.writer import ADD_FAILURE, SourceWriter
 
 log = logging.getLogger("weir.store")
 SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
+COMPARE_BATCHES = 64  # store batches decoded at most to compare a chunk's rows with records
 
-# The ordinals of a chunk's records whose indexed version is not older than the snapshot's:
-# params tokens, sync_id, collection, version, idx.
-NOT_OLDER = """
-SELECT u.ord FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, ord)
+# The ordinals of a chunk's records that the index holds, whether their version is older than
+# the snapshot's, and where the live ones are: params tokens, sync_id, collection, version, idx.
+INDEXED = """
+SELECT u.ord, (r.version, r.version_idx) < (%s, %s), r.deleted, r.batch, r.pos
+FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, ord)
 JOIN LATERAL (
-    SELECT version, version_idx FROM {index} r
+    SELECT version, version_idx, deleted, batch, pos FROM {index} r
     WHERE r.record_id = u.t AND r.collection_id = %s AND r.sync_id = %s LIMIT 1
 ) r ON true
-WHERE (r.version, r.version_idx) >= (%s, %s)
 """
+
+
+def same_record(stored: bytes, read: bytes) -> bool:
+    """Whether a row read holds what its stored record holds: the same names and values, each
+    number as written (a column's new scale is a change), in any order."""
+    if stored == read:
+        return True
+    return bool(_exact(stored) == _exact(read))
+
+
+def _exact(text: bytes) -> Any:
+    """JSON's values, each number as its text in a tuple (so never equal to a string)."""
+    return json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_number)
+
+
+def _number(text: str) -> tuple[str]:
+    return (text,)
 
 
 class SnapshotWriter:
@@ -60,7 +83,7 @@ class SnapshotWriter:
         self._ts = utc_iso(at)
         self._all_new = True  # no row has met an indexed record yet: indexed by COPY
         self._writer = SourceWriter(conn, store, sync_id)
-        self._not_older = sql.SQL(NOT_OLDER).format(index=store.table("record_index"))
+        self._indexed = sql.SQL(INDEXED).format(index=store.table("record_index"))
         self._refuse = sql.SQL(ADD_FAILURE).format(store.table("source_failures"))
         index.ensure(conn, store)
 
@@ -78,28 +101,48 @@ class SnapshotWriter:
         if self._all_new:
             accepted = self._place(collection_id, rows, tokens, new=True)
         if accepted is None:
-            found: Any = self.conn.execute
-            refused = {
-                int(r[0]) - 1
-                for r in found(
-                    self._not_older,
-                    (array(tokens), collection_id, self.sync_id, self.version, SNAPSHOT_IDX),
-                ).fetchall()
-            }
-            keep = [i for i in range(len(rows)) if i not in refused]
-            accepted = (
-                self._place(
-                    collection_id, [rows[i] for i in keep], [tokens[i] for i in keep], new=False
-                )
-                or 0
-            )
+            skip, same = self._stored(collection_id, rows, tokens)
+            keep = [i for i in range(len(rows)) if i not in skip]
+            accepted = self._place(
+                collection_id, [rows[i] for i in keep], [tokens[i] for i in keep], new=False,
+                same=same,
+            )  # fmt: skip
+            accepted = (accepted or 0) - len(same)
         return len(rows), accepted
 
+    def _stored(
+        self, collection_id: str, rows: list[tuple[str, bytes]], tokens: list[str]
+    ) -> tuple[set[int], list[tuple[str, Version]]]:
+        """The rows of a chunk not to write as new versions (by index): those whose stored
+        version is not older than the snapshot, and those equal to their live one; and the
+        latter's stored versions, at the snapshot's version."""
+        w = self._writer
+        params = (self.version, SNAPSHOT_IDX, array(tokens), collection_id, self.sync_id)
+        found: Any = self.conn.execute(self._indexed, params).fetchall()
+        skip = {int(r[0]) - 1 for r in found if not r[1]}
+        live = [(int(r[0]) - 1, int(r[3]), int(r[4])) for r in found if r[1] and not r[2]]
+        # The batches holding most of these records, up to COMPARE_BATCHES: the rows of a
+        # record whose history left it alone in a batch are written as new versions rather than
+        # a batch decoded for each.
+        held = w.batches.load(self.conn, [b for b, _ in Counter(
+            batch for _, batch, _ in live).most_common(COMPARE_BATCHES)])  # fmt: skip
+        same: list[tuple[str, Version]] = []
+        for i, batch, pos in live:
+            if batch not in held:
+                continue
+            stored = held[batch].version_at(pos)
+            if same_record(stored.record, rows[i][1]):
+                skip.add(i)
+                same.append((tokens[i], stored._replace(version=self.version, idx=SNAPSHOT_IDX)))
+        return skip, same
+
     def _place(
-        self, collection_id: str, rows: list[tuple[str, bytes]], tokens: list[str], new: bool
-    ) -> int | None:
-        """The rows as versions in a records batch; None when ``new`` and one was indexed."""
-        if not rows:
+        self, collection_id: str, rows: list[tuple[str, bytes]], tokens: list[str], new: bool,
+        same: Sequence[tuple[str, Version]] = (),
+    ) -> int | None:  # fmt: skip
+        """The rows as versions in a records batch, with ``same`` (versions at their own seqs);
+        None when ``new`` and one was indexed."""
+        if not rows and not same:
             return 0
         w = self._writer
         counters = w.records_seq, w.record_batches
@@ -118,7 +161,7 @@ class SnapshotWriter:
                 ),
             )
             for n, ((rid, record), token) in enumerate(zip(rows, tokens, strict=True), 1)
-        ]
+        ] + list(same)
         try:
             with self.conn.transaction():  # a savepoint
                 w.place(versions, new=new)
