@@ -447,4 +447,14 @@ CREATE UNLOGGED TABLE {s}.record_index_state (built_at timestamptz NOT NULL);
 ALTER TABLE {s}.api_connectors ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY;
 """,
     ),
+    (
+        14,
+        "each collection's columns as capture last saw them",
+        """
+-- Each published column of a collection's table as 'name:type oid', in order, as capture last
+-- saw them (null: not yet): when they change (ADD or DROP COLUMN, a type changed), the table
+-- is backfilled, so that its records take the new shape (core/sources/pg/follower.py).
+ALTER TABLE {s}.collections ADD COLUMN columns text[];
+""",
+    ),
 ]

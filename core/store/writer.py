@@ -148,6 +148,12 @@ class SourceWriter:
             " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns ="
             " excluded.key_columns, relid = excluded.relid"
         ).format(collections)
+        self._shapes = sql.SQL(
+            "SELECT collection_id, columns FROM {} WHERE sync_id = %s AND columns IS NOT NULL"
+        ).format(collections)
+        self._set_shape = sql.SQL(
+            "UPDATE {} SET columns = %s WHERE sync_id = %s AND collection_id = %s"
+        ).format(collections)
         self._forget_table = sql.SQL(
             "DELETE FROM {} WHERE sync_id = %s AND collection_id = %s"
         ).format(collections)
@@ -190,6 +196,16 @@ class SourceWriter:
         rows = self.conn.execute(self._tables, (self.sync_id,)).fetchall()
         self.conn.commit()
         return {str(r[0]): (tuple(r[1]), int(r[2])) for r in rows}  # type: ignore[arg-type, call-overload]
+
+    def shapes(self) -> dict[str, tuple[str, ...]]:
+        """Each collection's columns as capture last saw them (``Relation.shape``)."""
+        rows = self.conn.execute(self._shapes, (self.sync_id,)).fetchall()
+        self.conn.commit()
+        return {str(r[0]): tuple(r[1]) for r in rows}  # type: ignore[arg-type]
+
+    def set_shape(self, collection_id: str, shape: tuple[str, ...]) -> None:
+        """Store a collection's columns as capture sees them now, with the next commit."""
+        self.conn.execute(self._set_shape, (list(shape), self.sync_id, collection_id))
 
     def set_table(self, collection_id: str, key: tuple[str, ...] | None, relid: int) -> None:
         """Store a collection's table as capture sees it now (``key`` None: it is gone), with

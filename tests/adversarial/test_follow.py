@@ -5,6 +5,7 @@ records stream equals the table, or the change is on the source's failed list sa
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -504,3 +505,31 @@ def test_a_table_renamed_and_not_written_to(db_url: str) -> None:
         execute(db_url, "ALTER TABLE rn RENAME TO rn3")
         wait_records(db_url, "public:rn", 0)
         wait_records(db_url, "public:rn3", 2)
+
+
+def test_the_records_stream_takes_a_tables_new_columns_without_a_write(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ADD COLUMN with a default, DROP COLUMN and a column's new type, while Weir runs and
+    while it is stopped, with no row written after: the records stream equals the table again
+    (a backfill the change asks for). A table made without a key is named, with the fix."""
+    caplog.set_level(logging.INFO, logger="weir.source")
+    execute(db_url, "CREATE TABLE sh (id int PRIMARY KEY, v text)",
+            "INSERT INTO sh SELECT i, 'v' || i FROM generate_series(1, 3) i")  # fmt: skip
+    cfg = weir_config(db_url, [], backfill={"tables": ["public.sh"]})
+    converged = lambda: _live(db_url, "public:sh") == _table(db_url, "sh")  # noqa: E731
+    with serving(cfg):
+        wait_for(converged, what="the first backfill")
+        for ddl in ("ALTER TABLE sh ADD COLUMN c int DEFAULT 7", "ALTER TABLE sh DROP COLUMN v",
+                    "ALTER TABLE sh ALTER COLUMN c TYPE text"):  # fmt: skip
+            execute(db_url, ddl)
+            wait_for(converged, what=f"the records after {ddl}")
+        for said in ("not seen before", "-v", "~c"):  # an ALTER of a table only backfilled
+            assert f"the columns of public.sh changed ({said}): its records take" in caplog.text
+        execute(db_url, "CREATE TABLE nokey (a int)")
+        wait_for(lambda: "not capturing table public.nokey has no primary key" in caplog.text,
+                 what="the keyless table to be named")  # fmt: skip
+    execute(db_url, "ALTER TABLE sh ADD COLUMN d jsonb DEFAULT '{\"k\": [1]}'")
+    with serving(cfg):
+        wait_for(converged, what="the records after a column added while Weir was stopped")
+    assert stored.live_count(db_url, "public:sh") == 3

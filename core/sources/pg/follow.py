@@ -9,7 +9,8 @@ writes to it never fail), and no error of it ever reaches the user's statement. 
 by capture in order: ``BACKFILL_PREFIX`` (a table joined with rows of its own),
 ``DROPPED_PREFIX`` (a captured table was dropped), ``MISSED_PREFIX`` (the publication could not
 be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication),
-``ALTERED_PREFIX`` (a published table was altered: renamed, say).
+``ALTERED_PREFIX`` (a published table was altered: renamed, or its columns changed),
+``KEYLESS_PREFIX`` (a table was made that cannot be captured: no key, say).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ DROPPED_PREFIX = "weir:dropped"  # one naming a table that was dropped
 MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
 ALTERED_PREFIX = "weir:altered"  # one naming a published table altered (renamed, say), by oid
-TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX, ALTERED_PREFIX)
+KEYLESS_PREFIX = "weir:keyless"  # one naming a table made that cannot be captured (no key, say)
+TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX, ALTERED_PREFIX,
+                  KEYLESS_PREFIX)  # fmt: skip
 # The schema of the trigger's function, in the source database: named unlike a role, so that
 # no role's "$user" in its search_path finds it (it was in "weir" before: OLD_HOME, cleared).
 HOME, OLD_HOME = "weir_follow", "weir"
@@ -139,6 +142,11 @@ BEGIN
             PERFORM pg_logical_emit_message(true, {altered}, json_build_array(
                 t.nspname, t.relname, t.oid::text)::text);
         END IF;
+        IF pub IS NOT NULL AND NOT t.capturable AND NOT t.published
+           AND TG_TAG <> 'ALTER TABLE' THEN  -- made so: the user hears why it is left out
+            PERFORM pg_logical_emit_message(true, {keyless},
+                                            json_build_array(t.nspname, t.relname)::text);
+        END IF;
         CONTINUE WHEN pub IS NULL OR t.published = t.capturable;
         BEGIN
             IF wait_ms IS NOT NULL THEN
@@ -225,6 +233,7 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             missed=sql.Literal(MISSED_PREFIX),
             left=sql.Literal(LEFT_PREFIX),
             altered=sql.Literal(ALTERED_PREFIX),
+            keyless=sql.Literal(KEYLESS_PREFIX),
         )
         .as_string(conn)
     )

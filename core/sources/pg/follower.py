@@ -20,11 +20,12 @@ from core.ids import collection_id_of, lsn_to_str
 from core.sources.pg.follow import (
     ALTERED_PREFIX,
     BACKFILL_PREFIX,
+    KEYLESS_PREFIX,
     LEFT_PREFIX,
     MISSED_PREFIX,
 )
 from core.sources.pg.relations import Relation, Relations
-from core.sources.pg.setup import complete_publication
+from core.sources.pg.setup import TABLE_INFO_SQL, complete_publication, table_problem
 from core.sources.pg.store_thread import StoreThread
 from core.sources.pg.watch import PublicationWatch
 from core.tables import table_name
@@ -35,6 +36,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("weir.source")
 
 PUBLICATION_AGAIN = 10  # seconds before the publication is changed again, when it could not be
+# A table's columns as pgoutput describes them to the publication (``Relation.shape``): not
+# dropped, not generated, in the publication's column list when it has one. Params: the
+# publication, the table's oid.
+COLUMNS_SQL = """
+SELECT a.attname, a.atttypid FROM pg_attribute a
+LEFT JOIN pg_publication_rel r ON r.prrelid = a.attrelid
+    AND r.prpubid = (SELECT oid FROM pg_publication WHERE pubname = %s)
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+  AND (r.prattrs IS NULL OR a.attnum = ANY (r.prattrs))
+ORDER BY a.attnum
+"""
 
 
 class TableFollower:
@@ -47,12 +59,14 @@ class TableFollower:
         relations: Relations,
         store: StoreThread,
         tables: dict[str, tuple[tuple[str, ...], int]],
+        shapes: dict[str, tuple[str, ...]],
         drop: Callable[[str], None],
     ) -> None:
         self.src, self.catalog, self.relations, self.store = src, catalog, relations, store
         self.drop = drop  # every record of a collection ends, in the transaction's order
         # Each collection's table as last seen (its key's columns, its oid), and back.
         self.tables = tables
+        self.shapes = shapes  # and its columns (``Relation.shape``)
         self.by_relid = {relid: c for c, (_, relid) in tables.items()}
         self.publication_again: float | None = None  # when to change it again (_missed)
         self.watch = (
@@ -78,6 +92,8 @@ class TableFollower:
             return
         key = tuple(rel.names[i] for i in rel.key)
         known = self.tables.get(rel.collection_id)
+        self._reshaped(rel.collection_id, rel.schema, rel.table, rel.shape,
+                       same=known == (key, rel.relid))  # fmt: skip
         if known == (key, rel.relid):
             return
         if known == away:
@@ -112,14 +128,42 @@ class TableFollower:
         self._backfill(schema, table, "the table was renamed")
 
     def _altered(self, relid: int, schema: str, table: str) -> None:
-        """A published table was altered (the trigger says so by its oid): renamed, it is taken
-        as such now, not at its next change (a table seldom written would keep its old name)."""
+        """A published table was altered (the trigger says so by its oid): renamed, or its
+        columns changed, it is taken as such now, not at its next change (a table seldom written
+        would keep its old name, and its records their old shape)."""
         collection = collection_id_of(schema, table)
+        if self._name_of(relid) != (schema, table):
+            return  # not so named now (forged, renamed again)
         before = self.by_relid.get(relid)
-        if before is None or before == collection or self._name_of(relid) != (schema, table):
-            return  # not one capture knows, not renamed, or not so named now (forged)
-        self._renamed(before, relid, schema, table, ignored=False)
-        self.by_relid[relid] = collection
+        if before is not None and before != collection:
+            self._renamed(before, relid, schema, table, ignored=False)
+            self.by_relid[relid] = collection
+        shape = tuple(f"{r[0]}:{r[1]}" for r in self.catalog.execute(COLUMNS_SQL, (
+            self.src.publication, relid)).fetchall())  # fmt: skip
+        # A table capture has not seen a change of (its rows backfilled, say) may have had
+        # other columns, which its records hold: it is backfilled (equal rows are not sent).
+        self._reshaped(collection, schema, table, shape, same=before == collection,
+                       unseen=before is None)  # fmt: skip
+
+    def _reshaped(
+        self, collection: str, schema: str, table: str, shape: tuple[str, ...], *, same: bool,
+        unseen: bool = False,
+    ) -> None:  # fmt: skip
+        """Note a collection's columns. When those of a table capture knows (``same``: its oid
+        and key) are others now (ADD or DROP COLUMN, a type changed), or were never seen
+        (``unseen``), it is backfilled, so that its records take the new shape without waiting
+        for each row to change; rows whose record stays the same are not sent again
+        (core/store/snapshot_writer.py)."""
+        before = self.shapes.get(collection)
+        if before == shape:
+            return
+        if (before is not None and same) or unseen:
+            changed = _difference(before, shape) if before is not None else "not seen before"
+            log.info("source %s: the columns of %s changed (%s): its records take them by a "
+                     "backfill", self.src.name, table_name(schema, table), changed)  # fmt: skip
+            self._backfill(schema, table, "its columns changed")
+        self.shapes[collection] = shape
+        self.store.submit("shape", (collection, shape))
 
     def _backfill(self, schema: str, table: str, reason: str) -> None:
         """A backfill of the table, after any that runs already (its snapshot may be older
@@ -159,6 +203,13 @@ class TableFollower:
         if prefix == ALTERED_PREFIX:
             if why and why[0].isdigit():
                 self._altered(int(why[0]), schema, table)
+            return
+        if prefix == KEYLESS_PREFIX:
+            name = table_name(schema, table)
+            row = self.catalog.execute(TABLE_INFO_SQL, (schema, table)).fetchone()
+            problem = table_problem(self.src, name, row) if row is not None else None
+            if problem is not None:  # as at a start (core/sources/pg/setup.py)
+                log.warning("source %s: not capturing %s", self.src.name, problem)
             return
         if prefix == MISSED_PREFIX:
             self._missed(table_name(schema, table), " ".join(why))
@@ -228,3 +279,10 @@ class TableFollower:
                         "%s); it is backfilled then", self.src.name, name, pub, pub,
                         name)  # fmt: skip
             self._backfill(schema, table, f"until it is in publication {pub}")
+
+
+def _difference(before: tuple[str, ...], after: tuple[str, ...]) -> str:
+    """The columns added (+), dropped (-) and of another type (~) between two shapes."""
+    old, new = (dict(c.rsplit(":", 1) for c in shape) for shape in (before, after))
+    return ", ".join([f"+{n}" for n in new if n not in old] + [f"-{n}" for n in old if n not in new]
+                     + [f"~{n}" for n in new if n in old and old[n] != new[n]])  # fmt: skip

@@ -55,6 +55,12 @@ class Relation:
     partition: bool = False  # a partition (its rows arrive under its table, via the root)
     # Reads the database's text as the server sends it (core/sources/pg/encoding.py).
     text: SourceText = UTF8_TEXT
+    types: tuple[int, ...] = ()  # each column's type oid
+
+    @property
+    def shape(self) -> tuple[str, ...]:
+        """Its columns as 'name:type oid', in order (core/sources/pg/follower.py)."""
+        return tuple(f"{n}:{t}" for n, t in zip(self.names, self.types, strict=True))
 
 
 class Relations:
@@ -157,6 +163,7 @@ class Relations:
             problem,
             partition=bool(kind and kind[1]),
             text=self.text,
+            types=tuple(c[2] for c in cols),
         )
         self.by_id[relid] = rel
         return rel
