@@ -88,6 +88,7 @@ class StreamReader:
         self.payloads = Payloads(sync_id, provider)
         self._prefixes: dict[str, str] = {}
         self._times: dict[str, float] = {}
+        self._held: tuple[int, Entries] | None = None  # (first seq, entries) last read
         self._conn: AConn | None = None
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
@@ -242,7 +243,7 @@ class StreamReader:
                      record: Callable[[Version], T]) -> AsyncIterator[list[T]]:  # fmt: skip
         """What the connector takes after ``after`` up to ``upto``, in seq order, a batch (or a
         page of ``page`` versions) at a time: ``event(batch, position, seq)`` of each event,
-        ``record(version)`` of each version."""
+        ``record(version)`` of each version. Events: at most ``page`` in all."""
         takes = None if self._all() else self._takes
         if self.stream == "records":
             while after < upto:
@@ -253,21 +254,42 @@ class StreamReader:
                     return
                 after = found[-1][0]
             return
-        while after < upto:
-            rows = await (await self.conn.execute(
-                self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
-            if not rows:
-                return
-            for first, data in rows:
-                e = Entries.decode(data)
-                wanted = range(max(0, after + 1 - first), min(len(e), upto + 1 - first))
+        left = page
+        while after < upto and left > 0:
+            # Only the seqs the page can still take are read, and so decoded and made into
+            # messages: a store batch holds up to a capture batch (5,000 changes, or a whole
+            # transaction), more than a page, so a page often ends within one, which the next
+            # page goes on from.
+            reach = min(upto, after + left)
+            found = 0
+            async for first, e in self._event_batches(after, reach):
+                wanted = range(max(0, after + 1 - first), min(len(e), reach + 1 - first))
                 if takes is None:
-                    yield [event(e, i, first + i) for i in wanted]
+                    out = [event(e, i, first + i) for i in wanted]
                 else:
                     coll, rid, action, rec = e.coll, e.rid, e.action, e.record
-                    yield [event(e, i, first + i) for i in wanted
+                    out = [event(e, i, first + i) for i in wanted
                            if takes(coll[i], rid[i], action[i], rec[i], first + i)]  # fmt: skip
-                after = min(upto, first + len(e) - 1)
+                left -= len(out)
+                found += 1
+                yield out
+                after = min(reach, first + len(e) - 1)
+            if not found:  # none holds these seqs (retention took them): on past them
+                after = reach
+
+    async def _event_batches(self, after: int, upto: int) -> AsyncIterator[tuple[int, Entries]]:
+        """The events batches holding seqs in (after, upto], decoded: the one the last read
+        ended in is kept (a batch never changes once written), the others read from the store,
+        up to ``BATCHES`` of them."""
+        held = self._held
+        if held is not None and held[0] <= after + 1 < held[0] + len(held[1]):
+            yield held
+            return
+        rows = await (await self.conn.execute(
+            self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
+        for first, data in rows:
+            self._held = held = (first, Entries.decode(data))
+            yield held
 
     def _all(self) -> bool:
         """Whether the connector takes every message (no selection, shard or re-split)."""
