@@ -88,6 +88,7 @@ class StreamReader:
         self.payloads = Payloads(sync_id, provider)
         self._prefixes: dict[str, str] = {}
         self._times: dict[str, float] = {}
+        self._last: tuple[str, float] = ("", 0.0)  # the last time read, and its epoch seconds
         self._held: tuple[int, Entries] | None = None  # (first seq, entries) last read
         self._conn: AConn | None = None
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
@@ -342,8 +343,11 @@ class StreamReader:
         return prefix
 
     def _at(self, ts: str) -> float:
-        """Epoch seconds of a time as messages write it (``...T10:00:00.123456Z``): its second
-        read once for all the commits in it."""
+        """Epoch seconds of a time as messages write it (``...T10:00:00.123456Z``): the
+        changes of a commit, which come one after another, share it, and its second is read
+        once for all the commits in it."""
+        if ts == self._last[0]:
+            return self._last[1]
         if len(ts) != 27:
             return _epoch(ts)
         second = self._times.get(ts[:19])
@@ -351,7 +355,9 @@ class StreamReader:
             if len(self._times) > 1000:
                 self._times.clear()
             second = self._times[ts[:19]] = _epoch(ts[:19] + "Z")
-        return second + int(ts[20:26]) / 1_000_000
+        at = second + int(ts[20:26]) / 1_000_000
+        self._last = (ts, at)
+        return at
 
     def event(self, e: Entries, i: int, seq: int) -> Message:
         sid, coll, rid, action, lsn, ts = (self.sync_id, e.coll[i], e.rid[i], e.action[i],
