@@ -262,7 +262,7 @@ class StreamReader:
             # transaction), more than a page, so a page often ends within one, which the next
             # page goes on from.
             reach = min(upto, after + left)
-            found = 0
+            read = False
             async for first, e in self._event_batches(after, reach):
                 wanted = range(max(0, after + 1 - first), min(len(e), reach + 1 - first))
                 if takes is None:
@@ -272,10 +272,10 @@ class StreamReader:
                     out = [event(e, i, first + i) for i in wanted
                            if takes(coll[i], rid[i], action[i], rec[i], first + i)]  # fmt: skip
                 left -= len(out)
-                found += 1
+                read = True
                 yield out
                 after = min(reach, first + len(e) - 1)
-            if not found:  # none holds these seqs (retention took them): on past them
+            if not read:  # none holds these seqs (retention took them): on past them
                 after = reach
 
     async def _event_batches(self, after: int, upto: int) -> AsyncIterator[tuple[int, Entries]]:
