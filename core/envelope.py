@@ -96,7 +96,9 @@ class Payloads:
     """The payloads of one source's messages (docs/design.md “Messages”): JSON objects whose
     ``record`` and ``changes`` are the stored JSON texts, spliced in without re-parsing, and
     whose ``metadata`` is written piece by piece, what one collection's messages share made
-    once (the same bytes ``orjson`` writes for the metadata as a dict, a third of the time).
+    once (the same bytes ``orjson`` writes for the metadata as a dict, a third of the time),
+    and what one commit's share made once for its messages, which come one after another.
+    Each payload is one join of its pieces: it is made for every message a connector sends.
     """
 
     def __init__(self, sync_id: str, provider: str) -> None:
@@ -104,6 +106,7 @@ class Payloads:
             provider) + b',"collection_id":'  # fmt: skip
         self.postgres = provider == "postgres"
         self._collections: dict[str, tuple[bytes, bytes]] = {}
+        self._commit: tuple[int, str | None, bytes] = (-1, None, b"")
 
     def _pieces(self, collection_id: str) -> tuple[bytes, bytes]:
         """(up to the record id, from it to the time) of a collection's messages."""
@@ -119,36 +122,43 @@ class Payloads:
             got = self._collections[collection_id] = (before, after)
         return got
 
-    def _metadata(self, collection_id: str, record_id: str | None, lsn: int, ts: str | None,
-                  seq: int, key: str) -> bytes:  # fmt: skip
-        before, after = self._pieces(collection_id)
+    def _times(self, lsn: int, ts: str | None) -> bytes:
+        """From the time up to the seq: a commit's messages share it (a records-stream
+        version's own ``lsn`` is its version)."""
+        if self._commit[0] == lsn and self._commit[1] == ts:
+            return self._commit[2]
         t = _dumps(ts)
-        rid = _dumps(record_id)
         if self.postgres:
-            return b"".join((before, rid, after, t, b',"commit_lsn":', str(lsn).encode(),
-                             b',"upstream_updated_at":', t, b',"seq":', str(seq).encode(),
-                             b',"idempotency_key":', _dumps(key)))  # fmt: skip
-        return b"".join((before, rid, after, t, b',"seq":', str(seq).encode(),
-                         b',"idempotency_key":', _dumps(key)))  # fmt: skip
+            made = b"".join((t, b',"commit_lsn":', str(lsn).encode(), b',"upstream_updated_at":',
+                             t, b',"seq":'))  # fmt: skip
+        else:
+            made = t + b',"seq":'
+        self._commit = (lsn, ts, made)
+        return made
 
     def event(self, seq: int, collection_id: str, record_id: str | None, action: str, key: str,
               commit_lsn: int, ts: str, record_json: bytes | None,
               changes_json: bytes | None) -> bytes:  # fmt: skip
         """An events-stream message from its store entry."""
+        before, after = self._pieces(collection_id)
         return b"".join((
             b'{"record":', record_json or b"null", b',"changes":', changes_json or b"null",
-            b',"action":"', action.encode(), b'",',
-            self._metadata(collection_id, record_id, commit_lsn, ts, seq, key), b"}}",
+            _ACTIONS[action], before, _dumps(record_id), after, self._times(commit_lsn, ts),
+            str(seq).encode(), b',"idempotency_key":', _dumps(key), b"}}",
         ))  # fmt: skip
 
     def record(self, seq: int, collection_id: str, record_id: str, key: str, version: int,
                ts: str | None, deleted: bool, record_json: bytes) -> bytes:  # fmt: skip
         """A records-stream message: the record's latest version, or its tombstone."""
+        before, after = self._pieces(collection_id)
         return b"".join((
-            b'{"record":', record_json, b",",
-            self._metadata(collection_id, record_id, version, ts, seq, key),
+            b'{"record":', record_json, b",", before, _dumps(record_id), after,
+            self._times(version, ts), str(seq).encode(), b',"idempotency_key":', _dumps(key),
             b',"deleted":true}}' if deleted else b',"deleted":false}}',
         ))  # fmt: skip
+
+
+_ACTIONS = {a: b',"action":"' + a.encode() + b'",' for a in EVENT_TYPES}
 
 
 def event_key(sync_id: str, commit_lsn: int, commit_idx: int) -> str:

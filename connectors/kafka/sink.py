@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -119,11 +118,29 @@ def producer_config(s: KafkaSettings, name: str) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class _Batch:
-    """A batch waiting for its delivery reports."""
+    """A batch waiting for its delivery reports. ``report`` is the delivery callback of all its
+    messages: one for the batch, not one made for each message, and what it keeps of a report
+    is what settling the batch needs, the last offset per partition and the failures.
+    """
 
     fut: asyncio.Future[None]
     remaining: int
-    reports: list[tuple[KafkaError | None, str, int, int] | None]  # by index in the batch
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset, by partition
+    errors: list[tuple[bytes, KafkaError]] = field(default_factory=list)  # by message key
+
+    def report(self, err: KafkaError | None, msg: Any) -> None:
+        if self.fut.done():  # the batch was given up (overdue, or the sink closed)
+            return
+        if err is None:
+            self.ends[(msg.topic(), msg.partition())] = msg.offset()
+        else:
+            self.errors.append((msg.key(), err))
+        self.count_down()
+
+    def count_down(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.fut.set_result(None)
 
 
 class KafkaSink:
@@ -199,18 +216,6 @@ class KafkaSink:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiting.wait(), POLL_IDLE)
 
-    def _report(self, state: _Batch, i: int, err: KafkaError | None, msg: Any) -> None:
-        if state.fut.done():  # the batch was given up (overdue, or the sink closed)
-            return
-        state.reports[i] = (err, msg.topic(), msg.partition(), msg.offset())
-        self._count_down(state)
-
-    def _count_down(self, state: _Batch) -> None:
-        state.remaining -= 1
-        if state.remaining == 0:
-            state.fut.set_result(None)
-            self._forget(state)
-
     def _forget(self, state: _Batch) -> None:
         self._pending.discard(state)
         if not self._pending:
@@ -220,11 +225,11 @@ class KafkaSink:
         if self._broken is not None:
             raise ConnectionError(f"kafka producer failed: {self._broken.str()}")
         producer = self.producer
-        state = _Batch(asyncio.get_running_loop().create_future(), len(batch), [None] * len(batch))
+        state = _Batch(asyncio.get_running_loop().create_future(), len(batch))
         self._pending.add(state)
         self._waiting.set()
         failed: dict[int, Exception] = {}
-        topic_of, shared, report = self.topics.render, self._headers, self._report
+        topic_of, shared, report = self.topics.render, self._headers, state.report
         for i, m in enumerate(batch):
             # The headers a collection's (events: and action's) messages share, made once.
             common = shared.get((m.collection_id, m.action))
@@ -235,17 +240,16 @@ class KafkaSink:
                 shared[(m.collection_id, m.action)] = common
             headers: list[tuple[str, str | bytes | None]] = [
                 ("idempotency_key", m.key.encode()), *common]  # fmt: skip
-            on_delivery = functools.partial(report, state, i)
             while True:
                 try:
                     producer.produce(topic_of(m), m.payload, m.group.encode(),
-                                     on_delivery=on_delivery, headers=headers)  # fmt: skip
+                                     on_delivery=report, headers=headers)  # fmt: skip
                     break
                 except BufferError:  # the local queue is full: wait for reports to free it
                     await asyncio.sleep(POLL_BUSY)
                 except KafkaException as e:
                     failed[i] = _refused(e.args[0])
-                    self._count_down(state)
+                    state.count_down()
                     break
         timeout = self.settings.delivery_timeout.total_seconds() + 10
         try:
@@ -254,22 +258,25 @@ class KafkaSink:
             raise ConnectionError(f"kafka delivery reports overdue after {timeout:.0f}s") from None
         finally:
             self._forget(state)
-        in_doubt: list[KafkaError] = []
         mark = self._mark
-        for i, rep in enumerate(state.reports):
-            if rep is None:
-                continue
-            err, topic, partition, offset = rep
-            if err is None:
-                key = _key(topic, partition)
-                if offset > mark.get(key, -1):
-                    mark[key] = offset
-            elif err.code() in TOO_LARGE or err.code() in NOT_STORED:
-                failed[i] = _refused(err)
-            else:
-                in_doubt.append(err)
-        if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back
-            raise ConnectionError(f"{len(in_doubt)} kafka deliveries in doubt: {in_doubt[0].str()}")
+        for (topic, partition), offset in state.ends.items():
+            key = _key(topic, partition)
+            if offset > mark.get(key, -1):
+                mark[key] = offset
+        if state.errors:
+            # A report names its message by its key, the group key: a batch holds at most one
+            # message of a group (docs/design.md “Guarantees”, per-record order).
+            at = {m.group.encode(): i for i, m in enumerate(batch)}
+            in_doubt: list[KafkaError] = []
+            for group, err in state.errors:
+                if err.code() in TOO_LARGE or err.code() in NOT_STORED:
+                    failed[at[group]] = _refused(err)
+                else:
+                    in_doubt.append(err)
+            if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back
+                raise ConnectionError(
+                    f"{len(in_doubt)} kafka deliveries in doubt: {in_doubt[0].str()}"
+                )
         if failed:
             raise BatchError(failed)
 

@@ -88,6 +88,8 @@ class StreamReader:
         self.payloads = Payloads(sync_id, provider)
         self._prefixes: dict[str, str] = {}
         self._times: dict[str, float] = {}
+        self._last: tuple[str, float] = ("", 0.0)  # the last time read, and its epoch seconds
+        self._held: tuple[int, Entries] | None = None  # (first seq, entries) last read
         self._conn: AConn | None = None
         self._head = sql.SQL("SELECT {} FROM {} WHERE sync_id = %s").format(
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
@@ -242,7 +244,7 @@ class StreamReader:
                      record: Callable[[Version], T]) -> AsyncIterator[list[T]]:  # fmt: skip
         """What the connector takes after ``after`` up to ``upto``, in seq order, a batch (or a
         page of ``page`` versions) at a time: ``event(batch, position, seq)`` of each event,
-        ``record(version)`` of each version."""
+        ``record(version)`` of each version. Events: at most ``page`` in all."""
         takes = None if self._all() else self._takes
         if self.stream == "records":
             while after < upto:
@@ -253,21 +255,42 @@ class StreamReader:
                     return
                 after = found[-1][0]
             return
-        while after < upto:
-            rows = await (await self.conn.execute(
-                self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
-            if not rows:
-                return
-            for first, data in rows:
-                e = Entries.decode(data)
-                wanted = range(max(0, after + 1 - first), min(len(e), upto + 1 - first))
+        left = page
+        while after < upto and left > 0:
+            # Only the seqs the page can still take are read, and so decoded and made into
+            # messages: a store batch holds up to a capture batch (5,000 changes, or a whole
+            # transaction), more than a page, so a page often ends within one, which the next
+            # page goes on from.
+            reach = min(upto, after + left)
+            read = False
+            async for first, e in self._event_batches(after, reach):
+                wanted = range(max(0, after + 1 - first), min(len(e), reach + 1 - first))
                 if takes is None:
-                    yield [event(e, i, first + i) for i in wanted]
+                    out = [event(e, i, first + i) for i in wanted]
                 else:
                     coll, rid, action, rec = e.coll, e.rid, e.action, e.record
-                    yield [event(e, i, first + i) for i in wanted
+                    out = [event(e, i, first + i) for i in wanted
                            if takes(coll[i], rid[i], action[i], rec[i], first + i)]  # fmt: skip
-                after = min(upto, first + len(e) - 1)
+                left -= len(out)
+                read = True
+                yield out
+                after = min(reach, first + len(e) - 1)
+            if not read:  # none holds these seqs (retention took them): on past them
+                after = reach
+
+    async def _event_batches(self, after: int, upto: int) -> AsyncIterator[tuple[int, Entries]]:
+        """The events batches holding seqs in (after, upto], decoded: the one the last read
+        ended in is kept (a batch never changes once written), the others read from the store,
+        up to ``BATCHES`` of them."""
+        held = self._held
+        if held is not None and held[0] <= after + 1 < held[0] + len(held[1]):
+            yield held
+            return
+        rows = await (await self.conn.execute(
+            self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
+        for first, data in rows:
+            self._held = held = (first, Entries.decode(data))
+            yield held
 
     def _all(self) -> bool:
         """Whether the connector takes every message (no selection, shard or re-split)."""
@@ -320,8 +343,11 @@ class StreamReader:
         return prefix
 
     def _at(self, ts: str) -> float:
-        """Epoch seconds of a time as messages write it (``...T10:00:00.123456Z``): its second
-        read once for all the commits in it."""
+        """Epoch seconds of a time as messages write it (``...T10:00:00.123456Z``): the
+        changes of a commit, which come one after another, share it, and its second is read
+        once for all the commits in it."""
+        if ts == self._last[0]:
+            return self._last[1]
         if len(ts) != 27:
             return _epoch(ts)
         second = self._times.get(ts[:19])
@@ -329,7 +355,9 @@ class StreamReader:
             if len(self._times) > 1000:
                 self._times.clear()
             second = self._times[ts[:19]] = _epoch(ts[:19] + "Z")
-        return second + int(ts[20:26]) / 1_000_000
+        at = second + int(ts[20:26]) / 1_000_000
+        self._last = (ts, at)
+        return at
 
     def event(self, e: Entries, i: int, seq: int) -> Message:
         sid, coll, rid, action, lsn, ts = (self.sync_id, e.coll[i], e.rid[i], e.action[i],
