@@ -60,6 +60,7 @@ STABLE = 60.0  # seconds a worker must live for its next restart to wait RESTART
 DRAIN_MARGIN = 5.0  # seconds past the grace period before a worker that drains is killed
 FAILED_FOR_GOOD = (1, 2)  # exit statuses of serve's failure and of a config error: no restart
 PR_SET_PDEATHSIG = 1
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -239,10 +240,13 @@ class Supervisor:
 
     def _start(self, child: _Child) -> None:
         verbose = ["-v"] if log.isEnabledFor(logging.DEBUG) else []
+        # The worker runs this process's code: from where it was imported (-P: never from a
+        # `core/` in the directory weir was started in).
+        path = os.pathsep.join(filter(None, (CODE_ROOT, os.environ.get("PYTHONPATH"))))
         child.proc = subprocess.Popen(
-            [sys.executable, "-m", "core.cli", *verbose, "run", "--config", self.config,
+            [sys.executable, "-P", "-m", "core.cli", *verbose, "run", "--config", self.config,
              "--worker", child.worker.name, "--parent", str(os.getpid())],
-            env={**os.environ, SHARED_DIR: self.metrics.path},
+            env={**os.environ, SHARED_DIR: self.metrics.path, "PYTHONPATH": path},
         )  # fmt: skip
         child.started = time.monotonic()
         log.info("worker %s started (pid %d)", child.worker.name, child.proc.pid)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,28 @@ def test_metrics_served_by_the_api_worker_count_every_worker_and_survive_a_resta
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+def test_workers_run_weirs_code_not_a_core_folder_where_weir_is_started(
+    tmp_path: Path, db_url: str
+) -> None:
+    """`weir run` started in a directory that holds a `core/` of its own: its workers run Weir
+    (they ran that folder's code: any writable directory could run code inside Weir)."""
+    create_load_table(db_url)
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "__init__.py").write_text("raise SystemExit(7)\n")
+    config = _config(tmp_path, db_url, [])
+    log = tmp_path / "weir.log"
+    weir = Path(sys.executable).with_name("weir")  # the installed command, as users run it
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(weir), "run", "--config", str(config)], cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: "streaming from slot" in log.read_text(), what="capture to stream")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO load (id, v) VALUES (1, 1)")
+        wait_for(lambda: count_events(db_url) == 1, what="the insert to be captured")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+    assert "exited with status" not in log.read_text()
