@@ -120,6 +120,9 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
     else:
         check = "that PostgreSQL runs there and accepts connections from this host"
     for_good = bool(lines) and any(r in text for r in REFUSED_FOR_GOOD)
+    if not lines and (bad := re.search(r"^(?:connection is bad: )?(invalid \w+ value|invalid "
+                                       r"port number).*", text)):  # fmt: skip
+        text, check, for_good = bad[0].removeprefix("connection is bad: "), "its url", True
     return Unreachable(what, postgres_address(url), text, check, for_good)
 
 

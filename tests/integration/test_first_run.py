@@ -140,6 +140,16 @@ def test_a_wrong_password(tmp_path: Path, servers: tuple[EmbeddedPostgres, Embed
     assert (f'cannot reach source app-db at 127.0.0.1:{pg.port}: password authentication failed '
             f'for user "{ROLE}"; check the user and password of its url') in err, err  # fmt: skip
 
+    # A url no server could answer: libpq refuses it before any connection is tried.
+    for bad, said in (
+        ("127.0.0.1:99999/app", 'invalid port number: "99999"'),
+        (f"127.0.0.1:{pg.port}/app?sslmode=bogus", "invalid sslmode value"),
+    ):
+        env = _env(pg) | {"APP_DB_URL": f"postgresql://{ROLE}:{PASSWORD}@{bad}"}
+        err = _fails(_config(tmp_path, ns), env, "run")
+        assert "cannot reach source app-db at 127.0.0.1:" in err and said in err, err
+        assert "check its url" in err and PASSWORD not in err, err
+
 
 def test_a_store_the_role_may_not_make(
     tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
