@@ -60,8 +60,8 @@ def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoin
                 f"source {src.name!r}: replication slot {src.slot!r} exists, and this store "
                 "did not make it: another Weir store (or another program) reads it, and a slot "
                 "read by two loses changes for both. Give this source a slot of its own (slot: "
-                "in its config), or, if nothing reads that one, drop it: SELECT "
-                f"pg_drop_replication_slot('{src.slot}')"
+                "in its config), or, if no other store uses that one (a stopped Weir neither), "
+                f"drop it: SELECT pg_drop_replication_slot('{src.slot}')"
             )
         return SlotStart(max(cp.end_lsn, _position(conn, src)[0] or 0))
     confirmed, lost = _position(conn, src)
