@@ -116,7 +116,9 @@ class Backfill:
                     rows = list(snapshot.copy_rows(conn, query, plan.copy_options))
                     if not rows:
                         gone = writer.sweep(rel.collection_id)
-                        self._backfills.finish(store_conn, rel.collection_id)
+                        key = [rel.names[i] for i in rel.key]
+                        self._backfills.finish(store_conn, rel.collection_id, key, rel.relid,
+                                               rel.shape)  # fmt: skip
                         store_conn.commit()
                         swept = f", {gone:,} gone from the table" if gone else ""
                         progress.finish(f"{read:,} rows read, {written:,} written{swept}")

@@ -59,6 +59,12 @@ class Backfills:
             "UPDATE {} SET finished_at = now(), updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
+        # The columns the table's records were made with (core/store/writer.py set_shape).
+        self._made_with = sql.SQL(
+            "INSERT INTO {} (sync_id, collection_id, key_columns, relid, columns)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (sync_id, collection_id)"
+            " DO UPDATE SET columns = excluded.columns"
+        ).format(store.table("collections"))
 
     def state(self, conn: Conn, collection_id: str) -> BackfillState | None:
         """The table's backfill, None when it never had one."""
@@ -78,8 +84,13 @@ class Backfills:
         """A page was written: its last row's keyset values, and the rows it read and wrote."""
         conn.execute(self._step, (last_key, read, written, self.sync_id, collection_id))
 
-    def finish(self, conn: Conn, collection_id: str) -> None:
+    def finish(
+        self, conn: Conn, collection_id: str, key: list[str], relid: int, shape: tuple[str, ...]
+    ) -> None:
+        """The backfill is done; its rows were read with the table's key and columns
+        (``Relation.shape``), which capture compares with the table's when it changes."""
         conn.execute(self._finish, (self.sync_id, collection_id))
+        conn.execute(self._made_with, (self.sync_id, collection_id, key, relid, list(shape)))
 
     def requests(self, conn: Conn) -> list[tuple[str, str, datetime]]:
         """(schema, table, when) of each backfill capture asked for, oldest first."""

@@ -40,6 +40,7 @@ from core.store.records import (
     lacks,
     split_object,
 )
+from core.tables import table_name
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ class SourceWriter:
         self._shapes = sql.SQL(
             "SELECT collection_id, columns FROM {} WHERE sync_id = %s AND columns IS NOT NULL"
         ).format(collections)
+        self._shape = sql.SQL(
+            "SELECT columns FROM {} WHERE sync_id = %s AND collection_id = %s"
+        ).format(collections)
         self._set_shape = sql.SQL(
             "UPDATE {} SET columns = %s WHERE sync_id = %s AND collection_id = %s"
         ).format(collections)
@@ -203,8 +207,23 @@ class SourceWriter:
         self.conn.commit()
         return {str(r[0]): tuple(r[1]) for r in rows}  # type: ignore[arg-type]
 
-    def set_shape(self, collection_id: str, shape: tuple[str, ...]) -> None:
-        """Store a collection's columns as capture sees them now, with the next commit."""
+    def set_shape(self, collection_id: str, table: tuple[str, str], shape: tuple[str, ...],
+                  unseen: bool) -> None:  # fmt: skip
+        """A collection's columns as capture sees them now (``Relation.shape``), with the next
+        commit. When its records were made with others (ADD or DROP COLUMN, a type changed;
+        capture saw them, or a backfill noted them), or with columns no one noted and
+        ``unseen``, the table is backfilled, so that its records take the new shape without
+        waiting for each row to change; rows whose record stays the same are not sent again
+        (core/store/snapshot_writer.py)."""
+        row: Any = self.conn.execute(self._shape, (self.sync_id, collection_id)).fetchone()
+        before = None if row is None or row[0] is None else tuple(row[0])
+        if before == shape:
+            return
+        if before is not None or unseen:
+            changed = "not noted before" if before is None else _difference(before, shape)
+            log.info("the columns of %s changed (%s): its records take them by a backfill",
+                     table_name(*table), changed)  # fmt: skip
+            self.request_backfills([table], "its columns changed")
         self.conn.execute(self._set_shape, (list(shape), self.sync_id, collection_id))
 
     def set_table(self, collection_id: str, key: tuple[str, ...] | None, relid: int) -> None:
@@ -498,3 +517,11 @@ INSERT INTO {} (sync_id, schema_name, table_name, reason) VALUES (%s, %s, %s, %s
 ON CONFLICT (sync_id, schema_name, table_name)
 """
 REPLACE_REQUEST = "DO UPDATE SET reason = excluded.reason, requested_at = now()"
+
+
+def _difference(before: tuple[str, ...], after: tuple[str, ...]) -> str:
+    """The columns added (+), dropped (-) and of another type (~) between two shapes
+    (``name:type oid`` each)."""
+    old, new = (dict(c.rsplit(":", 1) for c in shape) for shape in (before, after))
+    return ", ".join([f"+{n}" for n in new if n not in old] + [f"-{n}" for n in old if n not in new]
+                     + [f"~{n}" for n in new if n in old and old[n] != new[n]])  # fmt: skip

@@ -92,23 +92,22 @@ class TableFollower:
             return
         key = tuple(rel.names[i] for i in rel.key)
         known = self.tables.get(rel.collection_id)
-        self._reshaped(rel.collection_id, rel.schema, rel.table, rel.shape,
-                       same=known == (key, rel.relid))  # fmt: skip
-        if known == (key, rel.relid):
-            return
-        if known == away:
-            self._backfill(rel.schema, rel.table, "the table came back into the source's tables")
-        elif known is not None and known[0] and known[0] != key:
-            log.warning("source %s: table %s is keyed by %s now, no longer by %s: its records "
-                        "are keyed anew by a backfill", self.src.name,
-                        table_name(rel.schema, rel.table), ", ".join(key),
-                        ", ".join(known[0]))  # fmt: skip
-            self._backfill(rel.schema, rel.table, "the table's key changed")
-        elif known is not None:  # another table took the name (one renamed to it, say)
-            self._backfill(rel.schema, rel.table, "another table took the name")
-        self.tables[rel.collection_id] = (key, rel.relid)
-        self.by_relid[rel.relid] = rel.collection_id
-        self.store.submit("table", (rel.collection_id, key, rel.relid))
+        if known != (key, rel.relid):
+            if known == away:
+                self._backfill(rel.schema, rel.table,
+                               "the table came back into the source's tables")  # fmt: skip
+            elif known is not None and known[0] and known[0] != key:
+                log.warning("source %s: table %s is keyed by %s now, no longer by %s: its "
+                            "records are keyed anew by a backfill", self.src.name,
+                            table_name(rel.schema, rel.table), ", ".join(key),
+                            ", ".join(known[0]))  # fmt: skip
+                self._backfill(rel.schema, rel.table, "the table's key changed")
+            elif known is not None:  # another table took the name (one renamed to it, say)
+                self._backfill(rel.schema, rel.table, "another table took the name")
+            self.tables[rel.collection_id] = (key, rel.relid)
+            self.by_relid[rel.relid] = rel.collection_id
+            self.store.submit("table", (rel.collection_id, key, rel.relid))
+        self._reshaped(rel.collection_id, rel.schema, rel.table, rel.shape)
 
     def _renamed(self, before: str, relid: int, schema: str, table: str, *, ignored: bool) -> None:
         """The table known as ``before`` has another name: the old name's records are gone, and
@@ -140,30 +139,21 @@ class TableFollower:
             self.by_relid[relid] = collection
         shape = tuple(f"{r[0]}:{r[1]}" for r in self.catalog.execute(COLUMNS_SQL, (
             self.src.publication, relid)).fetchall())  # fmt: skip
-        # A table capture has not seen a change of (its rows backfilled, say) may have had
-        # other columns, which its records hold: it is backfilled (equal rows are not sent).
-        self._reshaped(collection, schema, table, shape, same=before == collection,
-                       unseen=before is None)  # fmt: skip
+        # A table capture has not seen a change of, and no backfill noted, may have had other
+        # columns, which its records hold: it is backfilled (equal rows are not sent).
+        self._reshaped(collection, schema, table, shape, unseen=before is None)
 
     def _reshaped(
-        self, collection: str, schema: str, table: str, shape: tuple[str, ...], *, same: bool,
-        unseen: bool = False,
+        self, collection: str, schema: str, table: str, shape: tuple[str, ...],
+        *, unseen: bool = False,
     ) -> None:  # fmt: skip
-        """Note a collection's columns. When those of a table capture knows (``same``: its oid
-        and key) are others now (ADD or DROP COLUMN, a type changed), or were never seen
-        (``unseen``), it is backfilled, so that its records take the new shape without waiting
-        for each row to change; rows whose record stays the same are not sent again
-        (core/store/snapshot_writer.py)."""
-        before = self.shapes.get(collection)
-        if before == shape:
+        """A table's columns as capture sees them now: the store compares them with those its
+        records were last made with (core/store/writer.py ``set_shape``) when they are others
+        than capture last saw."""
+        if self.shapes.get(collection) == shape:
             return
-        if (before is not None and same) or unseen:
-            changed = _difference(before, shape) if before is not None else "not seen before"
-            log.info("source %s: the columns of %s changed (%s): its records take them by a "
-                     "backfill", self.src.name, table_name(schema, table), changed)  # fmt: skip
-            self._backfill(schema, table, "its columns changed")
         self.shapes[collection] = shape
-        self.store.submit("shape", (collection, shape))
+        self.store.submit("shape", (collection, (schema, table), shape, unseen))
 
     def _backfill(self, schema: str, table: str, reason: str) -> None:
         """A backfill of the table, after any that runs already (its snapshot may be older
@@ -279,10 +269,3 @@ class TableFollower:
                         "%s); it is backfilled then", self.src.name, name, pub, pub,
                         name)  # fmt: skip
             self._backfill(schema, table, f"until it is in publication {pub}")
-
-
-def _difference(before: tuple[str, ...], after: tuple[str, ...]) -> str:
-    """The columns added (+), dropped (-) and of another type (~) between two shapes."""
-    old, new = (dict(c.rsplit(":", 1) for c in shape) for shape in (before, after))
-    return ", ".join([f"+{n}" for n in new if n not in old] + [f"-{n}" for n in old if n not in new]
-                     + [f"~{n}" for n in new if n in old and old[n] != new[n]])  # fmt: skip

@@ -20,8 +20,8 @@ class StoreThread:
     (changes, (commit_lsn, end_lsn)))`` (a write and its commit), ``("advance", end_lsn)``, and
     ``("backfill", ((schema, table), reason))``, ``("drop", (collection, lsn, idx,
     committed_at))``, ``("table", (collection, key, relid))``, ``("shape", (collection,
-    columns))`` and ``("refuse", (lsn, idx, collection, action, reason))``, which go with the
-    next commit.
+    (schema, table), columns, unseen))`` and ``("refuse", (lsn, idx, collection, action,
+    reason))``, which go with the next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
     commit or advance. A store error is raised in the capture thread at its next call. At
     most ``DEPTH`` items wait, so memory stays bounded.
