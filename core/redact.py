@@ -45,8 +45,9 @@ _USERINFO = re.compile(
     r"(?<![\w+.-])(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?/*[^\s:/@'\"]*:)"
     r"(?P<password>(?!//)[^\s'\"]*)@"
 )
-# The same in a whole value (a config field), where quotes and spaces are the password's own.
-_USERINFO_VALUE = re.compile(r"^(?P<head>[^@]*?:)(?P<password>(?!/).*)@", re.S)
+# The same in a whole value (a config field), where quotes and spaces are the password's own,
+# and it may start with a '/' (not with '//': that is a scheme's, ``nats://u:p@h``).
+_USERINFO_VALUE = re.compile(r"^(?P<head>[^@]*?:)(?P<password>(?!//).*)@", re.S)
 _KEY_VALUE = re.compile(
     r"(?i)(\b\w*(?:password|passwd|secret|token|key|signature|sig|auth|credential)=)"
     r"('[^']*'|[^\s&,;'\"]+)"

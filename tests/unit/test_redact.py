@@ -18,6 +18,7 @@ from core.redact import (
     RedactingFormatter,
     Secrets,
     raw_secrets,
+    redact,
     redact_urls,
     remember,
     remember_config,
@@ -186,3 +187,12 @@ def test_a_config_is_shown_masked_by_field_not_by_value() -> None:
     assert shown(dumped) == {"name": "secretnats", "nats": {"namespace": "secret",
         "url": "nats://u:***@h:1", "password": SECRET_MASK}, "kafka": {"librdkafka": {
         "sasl.password": SECRET_MASK, "client.id": "secret"}}}  # fmt: skip
+
+
+def test_a_url_password_that_starts_with_a_slash_and_holds_a_quote_is_a_secret() -> None:
+    """``nats//user:/pw"@host`` (a scheme missing its colon, a password written raw): its
+    password is hidden where a message quotes the value (``weir config validate`` printed it)."""
+    value = 'nats//natsuser:/Ihd5Z"@127.0.0.1:4222'
+    remember(secrets_of({"nats": {"url": value}}))
+    said = redact(f"'{value}': expected nats://host:port; missing \"/Ihd5Z\"")
+    assert "Ihd5Z" not in said, said
