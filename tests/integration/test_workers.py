@@ -153,9 +153,11 @@ def test_metrics_served_by_the_api_worker_count_every_worker_and_survive_a_resta
                 got.update(samples(client))
             except httpx.TransportError:
                 return False
-            return got.get(("weir_connector_delivered_total", conn)) == n
+            # The in-flight gauge is set by the session's loop, at its next turn after the acks.
+            return got.get(("weir_connector_delivered_total", conn)) == n and got.get(
+                ("weir_connector_in_flight", conn)) == 0  # fmt: skip
 
-        wait_for(counted, timeout=60, what=f"/metrics to count {n} deliveries")
+        wait_for(counted, timeout=60, what=f"/metrics to count {n} deliveries, none in flight")
         return got
 
     conn, src = (("connector", "events"),), (("source", "app"),)
