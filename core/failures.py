@@ -58,6 +58,7 @@ class Unreachable(Exception):
         self.for_good = for_good
 
 
+BAD_URL = "connection is bad: "  # psycopg's words for a conninfo libpq did not accept
 # What a Postgres server refuses a connection for until someone changes something.
 REFUSED_FOR_GOOD = ("authentication failed", "does not exist", "no pg_hba.conf entry",
                     "permission denied for database",
@@ -120,9 +121,8 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
     else:
         check = "that PostgreSQL runs there and accepts connections from this host"
     for_good = bool(lines) and any(r in text for r in REFUSED_FOR_GOOD)
-    if not lines and (bad := re.search(r"^(?:connection is bad: )?(invalid \w+ value|invalid "
-                                       r"port number).*", text)):  # fmt: skip
-        text, check, for_good = bad[0].removeprefix("connection is bad: "), "its url", True
+    if text.startswith(BAD_URL):  # libpq refused the url itself, before trying any server
+        text, check, for_good = text.removeprefix(BAD_URL), "its url", True
     return Unreachable(what, postgres_address(url), text, check, for_good)
 
 
