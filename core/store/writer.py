@@ -149,14 +149,11 @@ class SourceWriter:
             " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns ="
             " excluded.key_columns, relid = excluded.relid"
         ).format(collections)
-        self._shapes = sql.SQL(
-            "SELECT collection_id, columns FROM {} WHERE sync_id = %s AND columns IS NOT NULL"
-        ).format(collections)
-        self._shape = sql.SQL(
-            "SELECT columns FROM {} WHERE sync_id = %s AND collection_id = %s"
-        ).format(collections)
+        # A collection's columns set, answering those it had (none: no row).
         self._set_shape = sql.SQL(
-            "UPDATE {} SET columns = %s WHERE sync_id = %s AND collection_id = %s"
+            "UPDATE {0} n SET columns = %s FROM {0} o WHERE o.sync_id = n.sync_id"
+            " AND o.collection_id = n.collection_id AND n.sync_id = %s AND n.collection_id = %s"
+            " RETURNING o.columns"
         ).format(collections)
         self._forget_table = sql.SQL(
             "DELETE FROM {} WHERE sync_id = %s AND collection_id = %s"
@@ -201,12 +198,6 @@ class SourceWriter:
         self.conn.commit()
         return {str(r[0]): (tuple(r[1]), int(r[2])) for r in rows}  # type: ignore[arg-type, call-overload]
 
-    def shapes(self) -> dict[str, tuple[str, ...]]:
-        """Each collection's columns as capture last saw them (``Relation.shape``)."""
-        rows = self.conn.execute(self._shapes, (self.sync_id,)).fetchall()
-        self.conn.commit()
-        return {str(r[0]): tuple(r[1]) for r in rows}  # type: ignore[arg-type]
-
     def set_shape(self, collection_id: str, table: tuple[str, str], shape: tuple[str, ...],
                   unseen: bool) -> None:  # fmt: skip
         """A collection's columns as capture sees them now (``Relation.shape``), with the next
@@ -215,16 +206,14 @@ class SourceWriter:
         ``unseen``, the table is backfilled, so that its records take the new shape without
         waiting for each row to change; rows whose record stays the same are not sent again
         (core/store/snapshot_writer.py)."""
-        row: Any = self.conn.execute(self._shape, (self.sync_id, collection_id)).fetchone()
+        row: Any = self.conn.execute(self._set_shape, (list(shape), self.sync_id, collection_id)
+                                     ).fetchone()  # fmt: skip
         before = None if row is None or row[0] is None else tuple(row[0])
-        if before == shape:
-            return
-        if before is not None or unseen:
+        if before != shape and (before is not None or unseen):
             changed = "not noted before" if before is None else _difference(before, shape)
             log.info("the columns of %s changed (%s): its records take them by a backfill",
                      table_name(*table), changed)  # fmt: skip
             self.request_backfills([table], "its columns changed")
-        self.conn.execute(self._set_shape, (list(shape), self.sync_id, collection_id))
 
     def set_table(self, collection_id: str, key: tuple[str, ...] | None, relid: int) -> None:
         """Store a collection's table as capture sees it now (``key`` None: it is gone), with

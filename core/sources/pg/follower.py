@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from core.ids import collection_id_of, lsn_to_str
+from core.sources.pg import snapshot
 from core.sources.pg.follow import (
     ALTERED_PREFIX,
     BACKFILL_PREFIX,
@@ -24,7 +25,7 @@ from core.sources.pg.follow import (
     LEFT_PREFIX,
     MISSED_PREFIX,
 )
-from core.sources.pg.relations import Relation, Relations
+from core.sources.pg.relations import Relation, Relations, shape_of
 from core.sources.pg.setup import TABLE_INFO_SQL, complete_publication, table_problem
 from core.sources.pg.store_thread import StoreThread
 from core.sources.pg.watch import PublicationWatch
@@ -36,17 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("weir.source")
 
 PUBLICATION_AGAIN = 10  # seconds before the publication is changed again, when it could not be
-# A table's columns as pgoutput describes them to the publication (``Relation.shape``): not
-# dropped, not generated, in the publication's column list when it has one. Params: the
-# publication, the table's oid.
-COLUMNS_SQL = """
-SELECT a.attname, a.atttypid FROM pg_attribute a
-LEFT JOIN pg_publication_rel r ON r.prrelid = a.attrelid
-    AND r.prpubid = (SELECT oid FROM pg_publication WHERE pubname = %s)
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-  AND (r.prattrs IS NULL OR a.attnum = ANY (r.prattrs))
-ORDER BY a.attnum
-"""
 
 
 class TableFollower:
@@ -59,14 +49,12 @@ class TableFollower:
         relations: Relations,
         store: StoreThread,
         tables: dict[str, tuple[tuple[str, ...], int]],
-        shapes: dict[str, tuple[str, ...]],
         drop: Callable[[str], None],
     ) -> None:
         self.src, self.catalog, self.relations, self.store = src, catalog, relations, store
         self.drop = drop  # every record of a collection ends, in the transaction's order
         # Each collection's table as last seen (its key's columns, its oid), and back.
         self.tables = tables
-        self.shapes = shapes  # and its columns (``Relation.shape``)
         self.by_relid = {relid: c for c, (_, relid) in tables.items()}
         self.publication_again: float | None = None  # when to change it again (_missed)
         self.watch = (
@@ -137,8 +125,8 @@ class TableFollower:
         if before is not None and before != collection:
             self._renamed(before, relid, schema, table, ignored=False)
             self.by_relid[relid] = collection
-        shape = tuple(f"{r[0]}:{r[1]}" for r in self.catalog.execute(COLUMNS_SQL, (
-            self.src.publication, relid)).fetchall())  # fmt: skip
+        rows = self.catalog.execute(snapshot.COLUMNS_SQL, (schema, table)).fetchall()
+        shape = shape_of([r[2] for r in rows], [r[3] for r in rows])  # as a backfill reads it
         # A table capture has not seen a change of, and no backfill noted, may have had other
         # columns, which its records hold: it is backfilled (equal rows are not sent).
         self._reshaped(collection, schema, table, shape, unseen=before is None)
@@ -148,11 +136,7 @@ class TableFollower:
         *, unseen: bool = False,
     ) -> None:  # fmt: skip
         """A table's columns as capture sees them now: the store compares them with those its
-        records were last made with (core/store/writer.py ``set_shape``) when they are others
-        than capture last saw."""
-        if self.shapes.get(collection) == shape:
-            return
-        self.shapes[collection] = shape
+        records were last made with (core/store/writer.py ``set_shape``)."""
         self.store.submit("shape", (collection, (schema, table), shape, unseen))
 
     def _backfill(self, schema: str, table: str, reason: str) -> None:

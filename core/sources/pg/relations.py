@@ -7,7 +7,7 @@ again after its schema changes; :class:`Relations` keeps what is needed to conve
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +59,13 @@ class Relation:
 
     @property
     def shape(self) -> tuple[str, ...]:
-        """Its columns as 'name:type oid', in order (core/sources/pg/follower.py)."""
-        return tuple(f"{n}:{t}" for n, t in zip(self.names, self.types, strict=True))
+        return shape_of(self.names, self.types)
+
+
+def shape_of(names: Iterable[str], types: Iterable[int]) -> tuple[str, ...]:
+    """A table's columns as 'name:type oid', in order: what its records are made with
+    (core/store/writer.py ``set_shape``)."""
+    return tuple(f"{n}:{t}" for n, t in zip(names, types, strict=True))
 
 
 class Relations:

@@ -145,7 +145,7 @@ class Stream:
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
         self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
         self.follower = TableFollower(src, catalog, relations, self.store, writer.tables(),
-                                      writer.shapes(), self._drop)  # fmt: skip
+                                      self._drop)  # fmt: skip
         self.on_message = {"I": self._change, "U": self._change, "D": self._change,
                            "B": self._begin, "C": self._commit, "T": self._truncate,
                            "R": self._relation, "M": self._logical}  # fmt: skip
