@@ -74,6 +74,7 @@ def weir_capture(url: str, n: int, profile: bool) -> tuple[float, float]:
     )
     store = Store(url)
     store.prepare([src])
+    store.slot_made(src.sync_id, src.slot)  # make_backlog made it for this store
     capture = PostgresCapture(src, store)
     stop = threading.Event()
     profiler = None

@@ -235,9 +235,12 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
         base = sub.count if sub else 0
         if sub:
             sub.measure = True
-        spy = None
+        spies = {}  # one py-spy a process: --subprocesses merged the workers into one
         if weir and args.profile:
-            spy = py_spy(weir.pid, args.seconds, workdir / f"{name}.spy", subprocesses=True)
+            spies = {procs.name(p): (py_spy(p, args.seconds, workdir / f"{name}.{p}.spy", rate=200,
+                                     nonblocking=False, gil=True),
+                                     workdir / f"{name}.{p}.spy")
+                     for p in procs.tree(weir.pid)}  # fmt: skip
         t0 = time.perf_counter()
         if args.bulk:
             bulk(url)
@@ -254,9 +257,10 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
                 if time.monotonic() > deadline:
                     raise TimeoutError("pg_recvlogical did not confirm the load")
                 time.sleep(0.2)
-        if spy:
+        for proc, (spy, path) in spies.items():
             spy.wait(60)
-            by_process(workdir / f"{name}.spy", RESULTS / "cost-profile.txt", name)
+            if path.exists():
+                by_process(path, RESULTS / "cost-profile.txt", f"{name} {proc}")
         if sub:
             sub.wait_for(base + n, timeout=300)
         drain_s = time.perf_counter() - t0
@@ -310,20 +314,20 @@ def floor_reader(pg: EmbeddedPostgres, url: str) -> subprocess.Popen[bytes]:
     return recv
 
 
-def by_process(spy: Path, out: Path, phase: str, top: int = 30) -> None:
-    """py-spy's raw stacks of a process tree as self time by function, per process."""
-    own: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+def by_process(spy: Path, out: Path, title: str, top: int = 30) -> None:
+    """One process's py-spy raw stacks as self time by function: samples of the thread that
+    holds the GIL (the process's Python CPU; py-spy's idle detection counted ``time.sleep`` and
+    ``select`` as busy here)."""
+    counts: collections.Counter[str] = collections.Counter()
     for line in spy.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if count.isdigit():
-            frames = stack.split(";")
-            own[frames[0]][frames[-1]] += int(count)
+            counts[stack.split(";")[-1]] += int(count)
+    total = sum(counts.values()) or 1
     with out.open("a") as f:
-        for proc, counts in sorted(own.items(), key=lambda kv: -sum(kv[1].values())):
-            total = sum(counts.values())
-            f.write(f"phase {phase}: {proc}, {total} samples\n")
-            f.writelines(f"{100 * n / total:5.1f}%  {fn}\n" for fn, n in counts.most_common(top))
-            f.write("\n")
+        f.write(f"phase {title}: {total} samples\n")
+        f.writelines(f"{100 * n / total:5.1f}%  {fn}\n" for fn, n in counts.most_common(top))
+        f.write("\n")
 
 
 def main() -> None:
