@@ -101,7 +101,7 @@ async def delete(store: Store, conn: AConn, name: str) -> bool:
                 left = max(1, int((deadline - time.monotonic()) * 1000))
                 await conn.execute("SELECT set_config('lock_timeout', %s, true)", (str(left),))
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                                   (fence_key(key, sync_id),))  # fmt: skip
+                                   (fence_key(store, key, sync_id),))  # fmt: skip
         except psycopg.errors.LockNotAvailable:
             raise StillSending(f"connector {name} is deleted, but its session of {key} on source "
                                f"{sync_id} did not end within {DELETE_WAIT:.0f}s: stop the "

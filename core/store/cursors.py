@@ -24,6 +24,7 @@ from psycopg import sql
 from core.envelope import BrokerMark, earliest
 from core.shards import Resplit, Shard, shard_named, split
 from core.store import AConn, Store
+from core.store.shared import lock_key
 
 log = logging.getLogger("weir.engine")
 
@@ -69,8 +70,8 @@ class Cursor:
 FENCE_POLL = 0.2  # seconds between attempts to take a fence another session holds
 
 
-def fence_key(cursor_key: str, sync_id: str) -> str:
-    return f"weir:fence:{cursor_key}:{sync_id}"
+def fence_key(store: Store, cursor_key: str, sync_id: str) -> str:
+    return lock_key(store.schema, "fence", f"{cursor_key}:{sync_id}")
 
 
 class Cursors:
@@ -96,7 +97,7 @@ class Cursors:
         holds it: a session sends only while it holds the fence, so an owner that lost its
         lease (its lease connection dropped, or it was frozen) but still sends keeps the next
         owner waiting until its session ends, instead of both sending at once."""
-        key, said = fence_key(self.key, self.sync_id), False
+        key, said = fence_key(self.store, self.key, self.sync_id), False
         take = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))"
         while not (row := await (await conn.execute(take, (key,))).fetchone()) or not row[0]:
             if not said:
@@ -125,7 +126,7 @@ class Cursors:
         ConnectorGone when the connector was deleted, or when no cursor of it is left though
         the caller ``had`` one: it never starts again from its ``start_position``."""
         async with conn.transaction():
-            lock = f"weir:cursors:{self.connector}:{self.sync_id}"
+            lock = lock_key(self.store.schema, "cursors", f"{self.connector}:{self.sync_id}")
             await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
             row = await (await conn.execute(sql.SQL("SELECT {}").format(self._exists),
                                             self._whose())).fetchone()  # fmt: skip
@@ -165,7 +166,8 @@ class Cursors:
         try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
         for s in split(was):  # held by its lease's owner and by its session, while they last
             key = s.key(self.connector)
-            for lock in (f"weir:lease:connector:{key}", fence_key(key, self.sync_id)):
+            lease = lock_key(self.store.schema, "lease", f"connector:{key}")
+            for lock in (lease, fence_key(self.store, key, self.sync_id)):
                 row = await (await conn.execute(try_lock, (lock,))).fetchone()
                 if not row or not row[0]:
                     busy.append(str(s))

@@ -9,7 +9,9 @@ numbered migration that drops the old one first (``CREATE OR REPLACE`` cannot ch
 
 from __future__ import annotations
 
-# Each function is SQL with {s} standing for the quoted schema name.
+# Each function is SQL with {s} standing for the quoted schema name, and {consume_lock} for the
+# key of the lock on a consumer's receives without the consumer's name, as a literal (the
+# store's schema is in it: core/store/shared.py).
 FUNCTIONS: dict[str, str] = {
     # The shard of a record of a connector split into p_shards (core/shards.py says why, and
     # computes the same in Python): the first 32 bits of the MD5 of collection/record_id.
@@ -43,7 +45,7 @@ LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
 DECLARE
     room integer;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('weir:consume:' || p_consumer, 0));
+    PERFORM pg_advisory_xact_lock(hashtextextended({consume_lock} || p_consumer, 0));
     SELECT p_max_pending - count(*) INTO room FROM (
         SELECT 1 FROM {s}.consumer_messages c
         WHERE c.consumer = p_consumer AND c.outstanding LIMIT p_max_pending) q;

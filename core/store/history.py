@@ -457,4 +457,13 @@ ALTER TABLE {s}.api_connectors ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY
 ALTER TABLE {s}.collections ADD COLUMN columns text[];
 """,
     ),
+    (  # its check is core/store/upgrade.py
+        15,
+        "the store's advisory locks and NOTIFY channel carry its schema",
+        """
+-- No table changes. From here on the keys of the store's advisory locks and its NOTIFY channel
+-- carry its schema (core/store/shared.py), so that two stores in one database never meet; a
+-- Weir of an earlier version, which takes the old keys, must not run beside this one.
+""",
+    ),
 ]

@@ -26,6 +26,7 @@ from psycopg import sql
 from core.envelope import record_token
 from core.store import AConn, Conn, Store, array
 from core.store.batches import Entries
+from core.store.shared import lock_key
 
 log = logging.getLogger("weir.store")
 
@@ -56,7 +57,8 @@ def ensure(conn: Conn, store: Store) -> None:
         return
     with conn.transaction():
         conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"weir:index:{store.schema}",)
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (lock_key(store.schema, "index"),),
         )
         if not built(conn, store):
             rebuild(conn, store)

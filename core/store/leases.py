@@ -8,13 +8,12 @@ Every method raises ``psycopg.Error`` when the connection fails.
 
 from __future__ import annotations
 
-import hashlib
-
 import psycopg
 from psycopg import sql
 
 from core.store import SESSION, Conn, Store
 from core.store.connectors import VERSION
+from core.store.shared import lease_application, lock_key
 
 
 class Owners:
@@ -25,8 +24,7 @@ class Owners:
         or ``all``): instances of one group share them out."""
         self.store = store
         self.instance = instance
-        schema = hashlib.md5(store.schema.encode(), usedforsecurity=False).hexdigest()[:6]
-        self.prefix = f"weir-leases:{group}.{schema}:"  # another store's instances are no peers
+        self.prefix = lease_application(store.schema, group)  # another store's are no peers
         t = store.table("owners")
         self._heartbeat = sql.SQL("UPDATE {} SET heartbeat = now() WHERE instance = %s").format(t)
         self._claim = sql.SQL(
@@ -71,12 +69,15 @@ class Owners:
         """Lock ``work`` on ``conn`` and record the instance as its owner, unless another
         connection holds it: then False."""
         row = conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"weir:lease:{work}",)
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self._key(work),)
         ).fetchone()
         if not row or not row[0]:
             return False
         conn.execute(self._claim, (work, self.instance))
         return True
+
+    def _key(self, work: str) -> str:
+        return lock_key(self.store.schema, "lease", work)
 
     def report(self, conn: Conn, work: str, state: str, detail: str) -> None:
         """Record ``work``'s state and why, while the instance owns it."""
@@ -84,7 +85,7 @@ class Owners:
 
     def give_up(self, conn: Conn, work: str) -> None:
         """Let another instance have ``work`` (its lease ends; it is no longer shown as ours)."""
-        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"weir:lease:{work}",))
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self._key(work),))
         conn.execute(self._give_up, (work, self.instance))
 
     def operated(self, conn: Conn) -> tuple[set[str], str]:

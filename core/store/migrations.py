@@ -16,6 +16,7 @@ from psycopg import sql
 
 from core.store.functions import FUNCTIONS
 from core.store.history import MIGRATIONS
+from core.store.shared import lock_key
 from core.store.upgrade import CONVERSIONS
 
 log = logging.getLogger("weir.store")
@@ -58,9 +59,12 @@ def foreign_tables(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
     return sorted(str(t) for t in found)
 
 
-def _execute(conn: psycopg.Connection[tuple[object, ...]], body: str, s: sql.Identifier) -> None:
-    """Run SQL with {s} standing for the quoted schema name."""
-    conn.execute(sql.SQL(body.replace("{s}", "{schema}")).format(schema=s))
+def render(body: str, schema: str) -> sql.Composed:
+    """A migration's or function's SQL, with {s} standing for the quoted schema name and
+    {consume_lock} for the key of the Consume API's lock as a literal (core/store/shared.py)."""
+    return sql.SQL(body.replace("{s}", "{schema}")).format(
+        schema=sql.Identifier(schema), consume_lock=sql.Literal(lock_key(schema, "consume"))
+    )
 
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
@@ -76,7 +80,9 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
     its functions to their current bodies when that is the newest migration."""
     s = sql.Identifier(schema)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('weir:migrate:' || %s))", (schema,))
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key(schema, "migrate"),)
+        )
         conn.execute("SELECT set_config(%s, 'on', true)", (STORE_DDL,))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
         conn.execute(
@@ -94,7 +100,7 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
             if version <= current or version > target:
                 continue
             log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
-            _execute(conn, body, s)
+            conn.execute(render(body, schema))
             if version in CONVERSIONS:
                 CONVERSIONS[version](conn, schema)
             conn.execute(
@@ -106,7 +112,7 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
             current = version
         if current == MIGRATIONS[-1][0]:  # not a store a newer Weir has migrated further
             for body in FUNCTIONS.values():
-                _execute(conn, body, s)
+                conn.execute(render(body, schema))
         unmarked = conn.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"

@@ -36,7 +36,7 @@ from core.store.batches import Entries, Version
 from core.store.cursors import Cursor, Cursors
 from core.store.index import Batches, IndexMissing
 from core.store.selection import Selection
-from core.store.writer import NOTIFY_CHANNEL
+from core.store.shared import channel
 
 BATCHES = 16  # events batches read per query
 Entry = tuple[int, str, str | None, bytes | None]  # seq, collection, record id, record JSON
@@ -410,7 +410,9 @@ class Notifier:
                     self.store.url, autocommit=True, application_name="weir:notify",
                     options=SESSION,
                 ) as conn:  # fmt: skip
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                    await conn.execute(
+                        sql.SQL("LISTEN {}").format(sql.Identifier(channel(self.store.schema)))
+                    )
                     for callbacks in self._subscribers.values():  # missed while not listening
                         for callback in callbacks:
                             callback()

@@ -5,6 +5,10 @@ Migration 12 moves the streams of a store made by Weir up to migration 11, a row
 row per record with their JSON as jsonb, into batches (core/store/batches.py): every event keeps
 its seq, every record its seq, version and tombstone, so cursors, consumer queues and failed
 lists, which name messages by seq, stay valid. Their JSON is jsonb's text of it.
+
+Migration 15 changes no table, but the keys of the store's advisory locks: it refuses while an
+instance of an earlier Weir runs on the store (its lease connections are open), which would take
+the same works under the old keys.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from psycopg import sql
 
 from core.envelope import record_token
 from core.store.batches import Entries, Version
+from core.store.shared import lease_application
 
 log = logging.getLogger("weir.store")
 
@@ -141,5 +146,21 @@ def _text(value: str | None) -> bytes | None:
     return None if value is None else value.encode()
 
 
+def none_earlier_runs(conn: Any, schema: str) -> None:
+    """Refuse while a ``weir run`` of an earlier version runs on the store: it does not see the
+    leases, writer locks and fences this version takes, so both would run the same works."""
+    row = conn.execute(
+        "SELECT string_agg(DISTINCT application_name, ', ') FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE %s",
+        (lease_application(schema, "%") + "%",),
+    ).fetchone()
+    if row[0] is not None:
+        raise RuntimeError(
+            f"instances of an earlier Weir run on the store (schema {schema}; their lease "
+            f"connections: {row[0]}): stop every instance of the store, then start this version"
+            " (its locks carry the store's schema; docs/operations.md “Upgrading”)"
+        )
+
+
 # By migration: what runs after its SQL, in the same transaction.
-CONVERSIONS: dict[int, Callable[[Any, str], None]] = {12: to_batches}
+CONVERSIONS: dict[int, Callable[[Any, str], None]] = {12: to_batches, 15: none_earlier_runs}

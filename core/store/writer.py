@@ -40,6 +40,7 @@ from core.store.records import (
     lacks,
     split_object,
 )
+from core.store.shared import channel, lock_key
 from core.tables import table_name
 
 
@@ -60,7 +61,6 @@ class WriterBusyError(RuntimeError):
 
 
 log = logging.getLogger("weir.store")
-NOTIFY_CHANNEL = "weir_stream"
 
 
 def _lock_source(store: Store) -> sql.Composed:
@@ -74,14 +74,14 @@ def _lock_source(store: Store) -> sql.Composed:
 
 def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
     """Sets ``columns`` of a source's row (params: their values, then sync_id) and notifies its
-    readers: connectors LISTEN on NOTIFY_CHANNEL and hear it when the transaction commits,
+    readers: connectors LISTEN on the store's channel and hear it when the transaction commits,
     with the heads of both streams (``SYNC_ID:EVENTS_SEQ:RECORDS_SEQ``)."""
     sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
     return sql.SQL(
         "WITH s AS (UPDATE {} SET {}, updated_at = now() WHERE sync_id = %s"
         " RETURNING sync_id, events_seq, records_seq)"
         " SELECT pg_notify({}, sync_id::text || ':' || events_seq || ':' || records_seq) FROM s"
-    ).format(store.table("sources"), sets, sql.Literal(NOTIFY_CHANNEL))
+    ).format(store.table("sources"), sets, sql.Literal(channel(store.schema)))
 
 
 Rows = list[tuple[Any, ...]]  # a batch being written: its entries' fields (Entries.from_rows)
@@ -129,7 +129,7 @@ class SourceWriter:
         self._checkpoint = _advance(store, ("commit_lsn", "end_lsn")).as_bytes(conn)
         self._write_batch = sql.SQL(WRITE_BATCH).format(
             sources=sources, index=store.table("record_index"),
-            events=store.table("event_batches"), channel=sql.Literal(NOTIFY_CHANNEL),
+            events=store.table("event_batches"), channel=sql.Literal(channel(store.schema)),
         ).as_bytes(conn)  # fmt: skip
         self._refused: list[tuple[Change, str]] = []
         self._advance = sql.SQL(
@@ -161,8 +161,8 @@ class SourceWriter:
 
     def lock(self, source_name: str) -> None:
         row = self.conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended('weir:writer:' || %s, 0))",
-            (str(self.sync_id),),
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+            (lock_key(self.store.schema, "writer", str(self.sync_id)),),
         ).fetchone()
         self.conn.commit()
         if not row or not row[0]:

@@ -24,6 +24,7 @@ import httpx
 import psycopg
 import pytest
 
+from core.store import Store
 from core.store import connectors as api_connectors
 from core.store.cursors import fence_key
 from devkit.embedded import EmbeddedNats, free_port
@@ -216,7 +217,7 @@ def test_a_delete_answers_once_a_session_holding_a_cursor_has_ended(
         def held_elsewhere(name: str) -> None:
             """Made while another instance's session holds its fence and cursor."""
             other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
-                          (fence_key(name, row[0]),))  # fmt: skip
+                          (fence_key(Store(table), name, row[0]),))  # fmt: skip
             c = broker.connector(name, "events", sources=["app"])
             assert client.post("/v1/connectors", json=c).status_code == 201
             other.execute("INSERT INTO weir.cursors (connector, sync_id, stream, seq)"

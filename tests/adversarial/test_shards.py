@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from core.shards import Shard, shard_of
 from core.store.migrations import migrate
+from core.store.shared import lock_key
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.conftest import fresh_database
 from tests.helpers.brokers import Harness, NatsHarness, wait_delivered
@@ -102,7 +103,7 @@ def test_a_resplit_skips_what_each_old_shard_sent_however_far_apart(
     insert = "INSERT INTO load (id, v) SELECT g, 0 FROM generate_series(1, %s) g"
     mine = [i for i in range(1, 401) if shard_of("public:load", str(i), 2) == 0]
     with psycopg.connect(db_url, autocommit=True) as hold:
-        lease = "weir:lease:connector:" + Shard(1, 2).key("events")
+        lease = lock_key("weir", "lease", "connector:" + Shard(1, 2).key("events"))
         hold.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lease,))
         with WeirProcess(config, tmp_path / "weir.log") as weir:
             execute(db_url, insert, params=(400,))

@@ -123,7 +123,7 @@ def test_functions_get_their_current_body_from_one_file_whatever_made_the_store(
         assert migrations.migrate_to(conn, store.schema, 3) == 3
         migrations.migrate(conn, store.schema)
         for name, body in FUNCTIONS.items():
-            expected = body.split("$$")[1].replace("{s}", '"weir"')
+            expected = migrations.render(body, store.schema).as_string(conn).split("$$")[1]
             assert conn.execute(source, (name,)).fetchone() == (expected,)
 
 

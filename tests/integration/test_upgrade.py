@@ -15,6 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from core.store import Store, migrations
+from core.store.leases import Owners
 from devkit.embedded import CHECKOUT, EmbeddedNats
 from tests.helpers import stored
 from tests.helpers.brokers import NatsHarness
@@ -84,3 +86,23 @@ def test_a_row_per_change_store_is_upgraded_under_load(
     with psycopg.connect(db_url) as conn:
         table = {str(i): {"id": i, "v": v} for i, v in conn.execute("SELECT id, v FROM load")}
     assert {r["record_id"]: r["record"] for r in stored.records(db_url, live_only=True)} == table
+
+
+def test_a_store_is_not_upgraded_to_schema_keyed_locks_while_an_earlier_weir_runs(
+    db_url: str,
+) -> None:
+    """Migration 15 changed the keys of the store's locks: while a `weir run` of an earlier
+    version is on the store (its lease connection open), this version refuses to start on it,
+    saying what to do, and starts once that one has stopped. Another store's instance in the
+    database is no hindrance."""
+    store = Store(db_url)
+    with store.connect() as conn:
+        assert migrations.migrate_to(conn, store.schema, 14) == 14
+    with Owners(Store(db_url, "weir_other"), "host:1:abc").connect():
+        with Owners(store, "host:2:abc").connect():
+            with pytest.raises(RuntimeError, match="stop every instance of the store") as refused:
+                store.prepare([])
+            assert "weir-leases:all." in str(refused.value)
+        store.prepare([])
+    with store.connect() as conn:
+        assert conn.execute("SELECT 1 FROM weir.schema_migrations WHERE version = 15").fetchone()

@@ -179,8 +179,9 @@ def complete_publication(
 ) -> list[tuple[str, str]]:
     """Add the source's capturable tables missing from its publication (each backfilled), and
     (``follow``) install the event trigger; one caller at a time per publication (capture, a
-    backfill and a seed may all start at once). Returns the tables missing from a publication
-    Weir does not manage."""
+    backfill and a seed may all start at once; the lock is the publication's, in the source
+    database, whichever store's source it is: not a store's, core/store/shared.py). Returns the
+    tables missing from a publication Weir does not manage."""
     lock = ("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
             "SELECT pg_advisory_unlock(hashtextextended(%s, 0))")  # fmt: skip
     key = f"weir:prepare:{src.publication}"
