@@ -1,5 +1,5 @@
 """The ``nats`` connector's settings (docs/design.md “Guarantees”;
-docs/configuration.md “Connector types”)."""
+docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``sqs`` connector's settings (docs/configuration.md “Connector types”)."""
+"""The ``sqs`` connector's settings (docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``webhook`` connector's settings (docs/configuration.md “Connector types”;
+"""The ``webhook`` connector's settings (docs/configuration.md “Keys”;
 docs/design.md “Webhook requests”)."""
 
 from __future__ import annotations
