@@ -237,8 +237,8 @@ Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
 
 
 class ApiConfig(Model):
-    """The HTTP server of ``weir run``: Consume API, management, ingest. Every route needs
-    ``Authorization: Bearer <one of tokens>``.
+    """The HTTP server of ``weir run``: Consume API, management, ingest. Every route but the
+    probes (``/health``, ``/ready``) needs ``Authorization: Bearer <one of tokens>``.
     """
 
     listen: str = Field(
