@@ -1,4 +1,4 @@
-"""The ``kafka`` connector's settings (docs/configuration.md “Connector types”)."""
+"""The ``kafka`` connector's settings (docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from core.templates import check_template
 
 
 class KafkaSasl(Model):
-    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
-    username: str
-    password: SecretStr
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="the SASL mechanism"
+    )
+    username: str = Field(description="the SASL user")
+    password: SecretStr = Field(description="the SASL user's password")
 
 
 class KafkaTls(TlsFiles):
-    key_password: SecretStr | None = None
+    key_password: SecretStr | None = Field(None, description="the password of an encrypted key")
 
 
 class KafkaSettings(Model):
@@ -26,19 +28,53 @@ class KafkaSettings(Model):
     {provider} and {collection}; characters a topic name cannot hold become ``_``.
     """
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topic: str | None = None  # default: sequin-records / sequin-events
-    partitions: int = Field(6, ge=1)  # for `weir kafka setup`
-    replication_factor: int = Field(1, ge=1)
-    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
-    linger: Duration = timedelta(milliseconds=5)
-    batch_bytes: int = Field(1_000_000, ge=1)
-    max_message_bytes: int = Field(1_000_000, ge=1000)
-    delivery_timeout: Duration = timedelta(seconds=30)
-    auto_create_topics: bool = False
-    sasl: KafkaSasl | None = None
-    tls: KafkaTls | None = None
-    librdkafka: dict[str, str | int | float | bool] = {}  # more client properties, applied last
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="brokers to start from: host:port, comma-separated"
+    )
+    topic: str | None = Field(
+        None,
+        description="the topic, or a template of topics with placeholders `{stream}`, "
+        "`{sync_id}`, `{provider}`, `{collection}` (characters a topic name cannot hold become "
+        "`_`); default: `sequin-{stream}`",
+    )
+    partitions: int = Field(6, ge=1, description="partitions of the topic weir kafka setup makes")
+    replication_factor: int = Field(
+        1, ge=1, description="replicas of the topic weir kafka setup makes"
+    )
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "lz4", description="the producer's compression (compression.type)"
+    )
+    linger: Duration = Field(
+        timedelta(milliseconds=5),
+        description="how long the producer waits to fill a batch (linger.ms)",
+    )
+    batch_bytes: int = Field(
+        1_000_000, ge=1, description="bytes of one partition's batch at most (batch.size)"
+    )
+    max_message_bytes: int = Field(
+        1_000_000,
+        ge=1000,
+        description="a larger message goes to the failed list at once (message.max.bytes)",
+    )
+    delivery_timeout: Duration = Field(
+        timedelta(seconds=30),
+        description="how long the producer tries a message before it fails and is retried "
+        "(message.timeout.ms)",
+    )
+    auto_create_topics: bool = Field(
+        False,
+        description="let the broker create a missing topic on first use, when it allows that "
+        "(allow.auto.create.topics)",
+    )
+    sasl: KafkaSasl | None = Field(None, description="SASL authentication")
+    tls: KafkaTls | None = Field(
+        None, description="TLS: a CA to trust and, for mutual TLS, a client certificate and key"
+    )
+    librdkafka: dict[str, str | int | float | bool] = Field(
+        {},
+        description="any other librdkafka client property, applied last (one named `*password`, "
+        "`*secret`, `*token` or `*.pem` is a secret)",
+    )
 
     @field_validator("topic")
     @classmethod
@@ -51,8 +87,10 @@ class KafkaSettings(Model):
 class KafkaConnector(ConnectorBase):
     """Produces one stream to a Kafka topic (or a topic per collection), keyed by record."""
 
-    type: Literal["kafka"]
-    kafka: KafkaSettings = KafkaSettings()
+    type: Literal["kafka"] = Field(
+        description="produces to a Kafka topic (or a topic per collection), keyed by record"
+    )
+    kafka: KafkaSettings = Field(KafkaSettings(), description="where and how to produce")
 
     @property
     def topic(self) -> str:

@@ -1,5 +1,5 @@
 """The ``nats`` connector's settings (docs/design.md “Guarantees”;
-docs/configuration.md “Connector types”)."""
+docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,18 @@ from core.redact import redact_urls
 class StreamLimits(Model):
     """A JetStream stream ``weir nats setup`` creates when it is missing."""
 
-    name: str
-    subjects: list[str]
-    max_msgs_per_subject: int = -1
-    max_age: Duration = timedelta(0)
-    discard: Literal["old", "new"] = "old"
-    duplicate_window: Duration = timedelta(minutes=2)
-    storage: Literal["file", "memory"] = "file"
-    replicas: int = Field(1, ge=1, le=5)
+    name: str = Field(description="the stream's name")
+    subjects: list[str] = Field(description="the subjects it takes")
+    max_msgs_per_subject: int = Field(-1, description="messages kept per subject; -1: no limit")
+    max_age: Duration = Field(timedelta(0), description="how long messages are kept; 0: for ever")
+    discard: Literal["old", "new"] = Field(
+        "old", description="when full, drop the oldest messages (old) or refuse new ones (new)"
+    )
+    duplicate_window: Duration = Field(
+        timedelta(minutes=2), description="how long JetStream keeps message ids to drop repeats"
+    )
+    storage: Literal["file", "memory"] = Field("file", description="where messages are kept")
+    replicas: int = Field(1, ge=1, le=5, description="copies of each message in a cluster")
 
 
 def _records_stream() -> StreamLimits:
@@ -45,18 +49,40 @@ def _events_stream() -> StreamLimits:
 class NatsSettings(Model):
     """Where and how to connect. Auth: user/password, token, nkey seed file or creds file."""
 
-    url: str | list[str] = "nats://127.0.0.1:4222"
-    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_-]+$")
-    user: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None
-    nkey_seed_file: Path | None = None
-    creds_file: Path | None = None
-    tls: TlsFiles | None = None
-    ack_timeout: Duration = timedelta(seconds=5)
-    connect_timeout: Duration = timedelta(seconds=5)
-    records_stream: StreamLimits = Field(default_factory=_records_stream)
-    events_stream: StreamLimits = Field(default_factory=_events_stream)
+    url: str | list[str] = Field(
+        "nats://127.0.0.1:4222",
+        description="the server, or a list of a cluster's (nats://, tls://, ws://, wss://)",
+    )
+    namespace: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the subjects' second token: `sequin-{stream}.{namespace}.…`",
+    )
+    user: str | None = Field(None, description="user, with password")
+    password: SecretStr | None = Field(None, description="the user's password")
+    token: SecretStr | None = Field(None, description="an auth token")
+    nkey_seed_file: Path | None = Field(None, description="a file holding an NKey seed")
+    creds_file: Path | None = Field(None, description="a credentials file (JWT and NKey seed)")
+    tls: TlsFiles | None = Field(
+        None, description="TLS: a CA to trust and, for mutual TLS, a client certificate and key"
+    )
+    ack_timeout: Duration = Field(
+        timedelta(seconds=5),
+        description="how long a batch waits for JetStream's acks before the connection counts "
+        "as lost",
+    )
+    connect_timeout: Duration = Field(
+        timedelta(seconds=5),
+        description="the bound of each connection attempt (each server is tried twice)",
+    )
+    records_stream: StreamLimits = Field(
+        default_factory=_records_stream,
+        description="the JetStream stream weir nats setup makes, or checks, for the records stream",
+    )
+    events_stream: StreamLimits = Field(
+        default_factory=_events_stream,
+        description="the JetStream stream weir nats setup makes, or checks, for the events stream",
+    )
 
     @field_validator("url")
     @classmethod
@@ -96,5 +122,11 @@ class NatsSettings(Model):
 class NatsConnector(ConnectorBase):
     """Forwards one stream to JetStream subjects ``sequin-records.…`` / ``sequin-events.…``."""
 
-    type: Literal["nats"]
-    nats: NatsSettings = NatsSettings()
+    type: Literal["nats"] = Field(
+        description="publishes to NATS JetStream subjects `sequin-{stream}.{namespace}.…`"
+    )
+    nats: NatsSettings = Field(
+        NatsSettings(),
+        description="where and how to connect; one way to authenticate at most: user and "
+        "password, token, nkey_seed_file or creds_file",
+    )

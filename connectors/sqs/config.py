@@ -1,4 +1,4 @@
-"""The ``sqs`` connector's settings (docs/configuration.md “Connector types”)."""
+"""The ``sqs`` connector's settings (docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,27 @@ class SqsSettings(Model):
     chain unless given here.
     """
 
-    queue_url: str
-    region: str = "us-east-1"
-    endpoint_url: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: SecretStr | None = None
-    session_token: SecretStr | None = None
-    request_timeout: Duration = timedelta(seconds=10)
-    max_concurrent_requests: int = Field(16, ge=1, le=256)
+    queue_url: str = Field(
+        description="the queue, or a template of queues with placeholders `{stream}`, "
+        "`{sync_id}`, `{provider}`, `{collection}` (characters a queue name cannot hold become "
+        "`_`); a name ending in `.fifo` is a FIFO queue"
+    )
+    region: str = Field("us-east-1", description="the AWS region")
+    endpoint_url: str | None = Field(
+        None, description="another endpoint than AWS's (LocalStack, a VPC endpoint)"
+    )
+    access_key_id: str | None = Field(
+        None,
+        description="with secret_access_key; default: the standard AWS chain",
+    )
+    secret_access_key: SecretStr | None = Field(None, description="with access_key_id")
+    session_token: SecretStr | None = Field(
+        None, description="of temporary credentials, with access_key_id"
+    )
+    request_timeout: Duration = Field(
+        timedelta(seconds=10), description="to connect, and to read an answer"
+    )
+    max_concurrent_requests: int = Field(16, ge=1, le=256, description="requests at once at most")
 
     @field_validator("queue_url")
     @classmethod
@@ -41,5 +54,8 @@ class SqsSettings(Model):
 class SqsConnector(ConnectorBase):
     """Sends one stream to an SQS queue: FIFO queues keep per-record order and dedupe."""
 
-    type: Literal["sqs"]
-    sqs: SqsSettings
+    type: Literal["sqs"] = Field(
+        description="sends to an SQS queue (or a queue per collection): FIFO queues keep "
+        "per-record order and dedupe"
+    )
+    sqs: SqsSettings = Field(description="where to send")

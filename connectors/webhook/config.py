@@ -1,4 +1,4 @@
-"""The ``webhook`` connector's settings (docs/configuration.md “Connector types”;
+"""The ``webhook`` connector's settings (docs/configuration.md “Keys”;
 docs/design.md “Webhook requests”)."""
 
 from __future__ import annotations
@@ -25,11 +25,21 @@ class WebhookSettings(Model):
     sent with every request (their values are secrets: an API key, a bearer token).
     """
 
-    url: str
-    secret: SecretStr | None = None
-    headers: dict[str, Annotated[SecretStr, AfterValidator(_one_line)]] = {}
-    timeout: Duration = timedelta(seconds=10)
-    max_connections: int = Field(16, ge=1, le=256)
+    url: str = Field(description="where to POST: an http:// or https:// URL")
+    secret: SecretStr | None = Field(
+        None,
+        description="signs each request: `webhook-signature: sha256=<hex>`, the HMAC-SHA256 of "
+        "`{webhook-timestamp}.{body}`",
+    )
+    headers: dict[str, Annotated[SecretStr, AfterValidator(_one_line)]] = Field(
+        {},
+        description="sent with every request; their values are secrets and hold no line break "
+        "(YAML's `|` adds one, `|-` does not)",
+    )
+    timeout: Duration = Field(
+        timedelta(seconds=10), description="a request not answered within it is retried"
+    )
+    max_connections: int = Field(16, ge=1, le=256, description="connections at once at most")
 
     @field_validator("url")
     @classmethod
@@ -44,6 +54,11 @@ class WebhookConnector(ConnectorBase):
     failed list.
     """
 
-    type: Literal["webhook"]
-    batch: BatchPolicy = BatchPolicy(max_messages=100, max_bytes=1024 * 1024)
-    webhook: WebhookSettings
+    type: Literal["webhook"] = Field(
+        description='POSTs batches as `{"data": [message, ...]}`; a 2xx answer acknowledges them'
+    )
+    batch: BatchPolicy = Field(
+        BatchPolicy(max_messages=100, max_bytes=1024 * 1024),
+        description="the messages of one request",
+    )
+    webhook: WebhookSettings = Field(description="where to POST")

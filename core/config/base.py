@@ -112,9 +112,11 @@ class Model(BaseModel):
 class TlsFiles(Model):
     """TLS to a broker: a CA to trust and, for mutual TLS, a client certificate and key."""
 
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    ca_file: Path | None = Field(None, description="CA certificates to trust (PEM)")
+    cert_file: Path | None = Field(
+        None, description="client certificate (PEM) for mutual TLS, with key_file"
+    )
+    key_file: Path | None = Field(None, description="the client certificate's key (PEM)")
 
     @model_validator(mode="after")
     def _pair(self) -> Self:
@@ -123,25 +125,31 @@ class TlsFiles(Model):
 
 
 class BatchPolicy(Model):
-    """How much goes to the broker in one write. A batch leaves as soon as a write slot is free
-    (``max_in_flight``), so it fills up under load and stays small, and quick, when idle.
-    """
+    """A connector's ``batch``: how much goes to the broker in one write."""
 
-    max_messages: int = Field(500, ge=1, le=10_000)
-    max_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(500, ge=1, le=10_000, description="messages in one write at most")
+    max_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="payload bytes in one write at most (a larger message goes alone)",
+    )
 
 
 class RetryPolicy(Model):
-    """Backoff between attempts of one message: initial * multiplier**n, capped, with jitter.
+    """A connector's ``retry``: backoff between attempts, capped, with jitter (:meth:`delay`)."""
 
-    ``max_attempts`` unset retries for ever; set, the message then goes to the failed list.
-    """
-
-    initial: Duration = timedelta(milliseconds=100)
-    max: Duration = timedelta(seconds=10)
-    multiplier: float = Field(2.0, ge=1.0)
-    jitter: float = Field(0.2, ge=0.0, le=1.0)
-    max_attempts: int | None = Field(None, ge=1)
+    initial: Duration = Field(timedelta(milliseconds=100), description="the first wait")
+    max: Duration = Field(timedelta(seconds=10), description="the longest wait, before jitter")
+    multiplier: float = Field(2.0, ge=1.0, description="each wait is the one before times this")
+    jitter: float = Field(
+        0.2, ge=0.0, le=1.0, description="each wait is made up to this fraction shorter or longer"
+    )
+    max_attempts: int | None = Field(
+        None,
+        ge=1,
+        description="attempts before the message goes to the failed list; unset: for ever, but "
+        "for a message that alone loses the connection 3 times",
+    )
 
     def delay(self, attempt: int, rand: float) -> float:
         """Seconds to wait before attempt ``attempt + 1``; ``rand`` is uniform in [0, 1)."""
@@ -160,9 +168,14 @@ FilterOp = Literal[
 class Filter(Model):
     """One condition on a field of the message's record; a connector's filters all must hold."""
 
-    column: str = Field(min_length=1)
-    op: FilterOp
-    value: Any = None
+    column: str = Field(min_length=1, description="a top-level field of the record")
+    op: FilterOp = Field(description="how the field compares with value")
+    value: Any = Field(
+        None,
+        description="JSON as YAML 1.2 reads it: a list for in and not_in, none for is_null and "
+        "is_not_null, a LIKE pattern (`%` any text, `_` one character) for like; values compare "
+        "as jsonb compares them, numbers by value, never across types",
+    )
 
     @model_validator(mode="after")
     def _value_fits_op(self) -> Filter:
@@ -234,17 +247,42 @@ class ConnectorBase(Model):
     """
 
     type: str  # each connector's model narrows it to its Literal (core/registry.py)
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    stream: Literal["records", "events"]
-    sources: list[str] | None = None
-    collections: list[str] = ["*"]
-    actions: list[Action] | None = None
-    start_position: StartPosition = "beginning"
-    filters: list[Filter] = []
-    batch: BatchPolicy = BatchPolicy()
-    retry: RetryPolicy = RetryPolicy()
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="its position, failed list and pause are kept under it: letters, digits, "
+        "`_` and `-`, up to 64",
+    )
+    stream: Literal["records", "events"] = Field(
+        description="records: each record's newest version; events: every change"
+    )
+    sources: list[str] | None = Field(None, description="the sources it reads; default: all")
+    collections: list[str] = Field(
+        ["*"], description="patterns of the collection ids it takes (`public:orders`, `*` any text)"
+    )
+    actions: list[Action] | None = Field(
+        None, description="the events it takes (events stream only); default: all"
+    )
+    start_position: StartPosition = Field(
+        "beginning",
+        description="where its first start begins: every retained message (records: every "
+        "current record), only messages stored after it, a seq or a time; then its saved "
+        "position wins",
+    )
+    filters: list[Filter] = Field([], description="conditions on the record that must all hold")
+    batch: BatchPolicy = Field(
+        BatchPolicy(),
+        description="how much goes to the broker in one write: a batch leaves as soon as a "
+        "write slot is free (max_in_flight), so it fills up under load and stays small when idle",
+    )
+    retry: RetryPolicy = Field(
+        RetryPolicy(),
+        description="the waits between attempts of a failed message, and between reconnects: "
+        "initial, then multiplied by multiplier at each attempt, at most max, with jitter",
+    )
     max_in_flight: int = Field(8, ge=1, le=256, description="batches awaiting the broker")
-    max_pending: int = Field(20_000, ge=10, le=1_000_000, description="messages read ahead")
+    max_pending: int = Field(
+        20_000, ge=10, le=1_000_000, description="messages read ahead from the store"
+    )
     shards: int = Field(
         1,
         ge=1,

@@ -82,9 +82,19 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
 class StoreConfig(Model):
     """Where the streams are kept. ``url`` defaults to the first postgres source's url."""
 
-    url: SecretStr | None = None
-    schema_: str = Field("weir", alias="schema")
-    events_retention: Duration = timedelta(days=7)
+    url: SecretStr | None = Field(
+        None,
+        description="the store's database (a URL or conninfo string); default: the first "
+        "postgres source's",
+    )
+    schema_: str = Field(
+        "weir", alias="schema", description="the schema of the store's tables (lower-case)"
+    )
+    events_retention: Duration = Field(
+        timedelta(days=7),
+        description="how long the events stream keeps events; the records stream keeps every "
+        "record's newest version for ever",
+    )
 
     _url = field_validator("url")(check_postgres_url)
 
@@ -97,8 +107,16 @@ class StoreConfig(Model):
 
 
 class SourceBase(Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    id: uuid.UUID | None = None
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="named by connectors, consumers and commands: letters, digits, `_` and `-`, "
+        "up to 64",
+    )
+    id: uuid.UUID | None = Field(
+        None,
+        description="the sync id its messages carry (metadata, NATS subjects); default: one "
+        "made from the name",
+    )
 
     @property
     def sync_id(self) -> uuid.UUID:
@@ -108,24 +126,46 @@ class SourceBase(Model):
 class BackfillConfig(Model):
     """Tables ``weir run`` backfills into the records stream, once each, beside live capture."""
 
-    tables: list[TableName] = Field([], description="schema.table entries; default: every table")
-    page_size: int = Field(5000, ge=1, le=100_000)
+    tables: list[TableName] = Field([], description="the tables; default: every captured table")
+    page_size: int = Field(
+        5000,
+        ge=1,
+        le=100_000,
+        description="rows read at a time (also by weir backfill and by the backfills capture "
+        "asks for)",
+    )
     sort_columns: dict[TableName, str] = Field(
-        {}, description="schema.table: a NOT NULL column to page by before the key"
+        {}, description="per table, a NOT NULL column to page by before the key"
     )
 
 
 class PostgresSource(SourceBase):
     """A database captured by logical replication (pgoutput)."""
 
-    kind: Literal["postgres"]
-    url: SecretStr
-    publication: str = "weir_pub"
-    slot: str = "weir_slot"
-    tables: list[TableName] = []
-    schemas: list[str] = []
-    key_columns: dict[TableName, list[str]] = {}
-    create_publication: bool = True
+    kind: Literal["postgres"] = Field(
+        description="a database captured by logical replication (pgoutput)"
+    )
+    url: SecretStr = Field(description="the database (a URL or conninfo string)")
+    publication: str = Field("weir_pub", description="the publication capture reads (lower-case)")
+    slot: str = Field(
+        "weir_slot",
+        description="the replication slot (lower-case), made when missing; a slot is one store's",
+    )
+    tables: list[TableName] = Field([], description="tables to capture")
+    schemas: list[str] = Field(
+        [], description="schemas whose tables are captured, also those created later (followed)"
+    )
+    key_columns: dict[TableName, list[str]] = Field(
+        {},
+        description="the key columns of a table without a primary key (it needs REPLICA "
+        "IDENTITY FULL)",
+    )
+    create_publication: bool = Field(
+        True,
+        description="create the publication when missing and keep the tables in it; false: "
+        "it is made for the source by someone else, and a table missing from it is captured "
+        "(and backfilled) once added",
+    )
     on_unstorable: Literal["stop", "fail"] = Field(
         "stop",
         description="a change the store cannot hold (a record whose JSON is over 255 MiB): stop "
@@ -136,14 +176,29 @@ class PostgresSource(SourceBase):
         description="when the slot was dropped, invalidated or moved by another program: stop "
         "with an error naming the lost changes, or go on and backfill every table",
     )
-    heartbeat_interval: Duration = timedelta(seconds=30)
-    status_interval: Duration = timedelta(seconds=10)
-    max_batch: int = Field(5000, ge=1, le=100_000)
-    max_batch_wait: Duration = timedelta(milliseconds=50)
+    heartbeat_interval: Duration = Field(
+        timedelta(seconds=30),
+        description="after this long without a transaction, a heartbeat goes through the "
+        "source's WAL, so that the slot moves on",
+    )
+    status_interval: Duration = Field(
+        timedelta(seconds=10),
+        description="how often capture tells Postgres its position when no store write has "
+        "a new one to confirm",
+    )
+    max_batch: int = Field(5000, ge=1, le=100_000, description="changes in one store write at most")
+    max_batch_wait: Duration = Field(
+        timedelta(milliseconds=50),
+        description="the longest a batch gathers changes before its store write",
+    )
     slot_lag_warning: ByteSize = Field(
         ByteSize(1 << 30), description="warn when the slot holds back more WAL (e.g. 512MiB)"
     )
-    backfill: BackfillConfig | None = None
+    backfill: BackfillConfig | None = Field(
+        None,
+        description="tables weir run backfills into the records stream, once each, beside live "
+        "capture; also the settings of weir backfill and of the backfills capture asks for",
+    )
 
     _url = field_validator("url")(check_postgres_url)
 
@@ -168,22 +223,36 @@ class PostgresSource(SourceBase):
 class HttpSource(SourceBase):
     """Records pushed over HTTP by an API sync."""
 
-    kind: Literal["http"]
-    provider: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    kind: Literal["http"] = Field(
+        description="records pushed over HTTP by an API sync (POST /v1/sources/{name}/records); "
+        "needs api"
+    )
+    provider: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="the provider its messages name (metadata, NATS subjects, `{provider}`)",
+    )
 
 
 Source = Annotated[PostgresSource | HttpSource, Field(discriminator="kind")]
 
 
 class ApiConfig(Model):
-    """The HTTP server of ``weir run``: Consume API, management, ingest. Every route needs
-    ``Authorization: Bearer <one of tokens>``.
+    """The HTTP server of ``weir run``: Consume API, management, ingest. Every route but the
+    probes (``/health``, ``/ready``) needs ``Authorization: Bearer <one of tokens>``.
     """
 
-    listen: str = Field("127.0.0.1:7376", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:\d{1,5}$")
-    tokens: list[SecretStr] = Field(min_length=1)
+    listen: str = Field(
+        "127.0.0.1:7376",
+        pattern=r"^\[?[0-9A-Za-z.:-]+\]?:\d{1,5}$",
+        description="host:port to serve on (an IPv6 address in brackets)",
+    )
+    tokens: list[SecretStr] = Field(
+        min_length=1,
+        description="bearer tokens, each of 16 characters or more: the API (all but /health and "
+        "/ready) and the console's login take any of them",
+    )
     max_body_bytes: ByteSize = Field(
-        ByteSize(16 * 1024 * 1024), ge=1024, description="larger request bodies get 413 (16MiB)"
+        ByteSize(16 * 1024 * 1024), ge=1024, description="larger request bodies get 413"
     )
 
     @field_validator("tokens")
@@ -202,25 +271,54 @@ class ApiConfig(Model):
 class ConsumerFilters(Model):
     """Which messages a consumer gets: ``*`` wildcards on collection and record ids."""
 
-    collection_id: Text = Field("*", min_length=1, max_length=256)
-    resource_id: Text = Field("*", min_length=1, max_length=256)
+    collection_id: Text = Field(
+        "*", min_length=1, max_length=256, description="pattern of the collection ids it gets"
+    )
+    resource_id: Text = Field(
+        "*", min_length=1, max_length=256, description="pattern of the record ids it gets"
+    )
 
 
 class ConsumerConfig(Model):
     """An HTTP pull consumer (docs/consume-api.md “Consumers”), from YAML or ``POST
     /v1/http-consumers``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    stream: Literal["records", "events"] = "events"
-    sources: list[str] | None = Field(None, description="source names; default all")
-    ack_wait_ms: int = Field(30_000, ge=100, le=12 * 3600 * 1000, description="visibility timeout")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="its name in the API's paths: letters, digits, `_` and `-`, up to 64",
+    )
+    stream: Literal["records", "events"] = Field(
+        "events", description="records: each record's newest version; events: every change"
+    )
+    sources: list[str] | None = Field(None, description="the sources it reads; default: all")
+    ack_wait_ms: int = Field(
+        30_000,
+        ge=100,
+        le=12 * 3600 * 1000,
+        description="visibility timeout, in ms: a received message not acked by then is "
+        "delivered again",
+    )
     max_deliver: int = Field(  # le: the store's integer
         -1, ge=-1, le=2**31 - 1, description="deliveries before the failed list; -1: no limit"
     )
-    deliver_policy: Literal["all", "new"] = "all"
-    max_ack_pending: int = Field(10_000, ge=1, le=1_000_000)
-    max_waiting: int = Field(20, ge=1, le=10_000)
-    filters: ConsumerFilters = ConsumerFilters()
+    deliver_policy: Literal["all", "new"] = Field(
+        "all",
+        description="all: every retained message (records: every current record); new: only "
+        "messages stored after its creation",
+    )
+    max_ack_pending: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="messages delivered and neither acked nor nacked at most (a hard cap)",
+    )
+    max_waiting: int = Field(
+        20, ge=1, le=10_000, description="receive calls waiting at once; one more gets 429"
+    )
+    filters: ConsumerFilters = Field(
+        ConsumerFilters(),
+        description="which messages it gets, by patterns (`*` any text) of their ids",
+    )
     group_columns: list[Text] | None = Field(
         None, description="record fields that group messages; default: the record id"
     )
@@ -266,12 +364,29 @@ class WorkersConfig(Model):
 
 
 class WeirConfig(Model):
-    store: StoreConfig = Field(default_factory=lambda: StoreConfig.model_validate({}))
-    api: ApiConfig | None = None
-    workers: WorkersConfig = Field(default_factory=lambda: WorkersConfig.model_validate({}))
-    sources: list[Source] = []
-    connectors: list[Connector] = []
-    consumers: list[ConsumerConfig] = []
+    store: StoreConfig = Field(
+        default_factory=lambda: StoreConfig.model_validate({}),
+        description="where the streams are kept: a schema in a Postgres database",
+    )
+    api: ApiConfig | None = Field(
+        None,
+        description="the HTTP API inside weir run (Consume API, management, ingest, console); "
+        "consumers and http sources need it",
+    )
+    workers: WorkersConfig = Field(
+        default_factory=lambda: WorkersConfig.model_validate({}),
+        description="the worker processes weir run spreads its work over",
+    )
+    sources: list[Source] = Field(
+        [], description="the databases captured and the HTTP syncs pushed in, told apart by kind"
+    )
+    connectors: list[Connector] = Field(
+        [],
+        description="each forwards one stream to a destination, whose kind its type names",
+    )
+    consumers: list[ConsumerConfig] = Field(
+        [], description="HTTP pull consumers of the Consume API; more can be made over the API"
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> WeirConfig:

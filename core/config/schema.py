@@ -1,5 +1,6 @@
 """``config/weir.schema.json``: the JSON Schema of the config file, generated from the models,
-for editors and CI checks of users' files. ``python -m core.config.schema`` rewrites it.
+for editors and CI checks of users' files. ``python -m core.config.schema`` rewrites it, and the
+key reference of docs/configuration.md (core/config/reference.py).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.config import reference
 from core.config.model import WeirConfig
 
 PATH = Path(__file__).parents[2] / "config" / "weir.schema.json"
@@ -26,4 +28,5 @@ def render() -> str:
 
 if __name__ == "__main__":
     PATH.write_text(render())
-    print(f"wrote {PATH}")
+    reference.PAGE.write_text(reference.rewrite(reference.PAGE.read_text()))
+    print(f"wrote {PATH} and {reference.PAGE}")

@@ -117,6 +117,29 @@ def test_json_schema_is_up_to_date() -> None:
     )
 
 
+def test_every_key_has_a_description() -> None:
+    """The JSON Schema and the configuration page show them."""
+    from core.config.schema import schema
+
+    doc = schema()
+    models = [("WeirConfig", doc), *doc["$defs"].items()]
+    bare = [
+        f"{name}.{key}"
+        for name, model in models
+        for key, field in model.get("properties", {}).items()
+        if "description" not in field
+    ]
+    assert not bare, f"give these config fields a Field(description=...): {bare}"
+
+
+def test_configuration_page_is_up_to_date() -> None:
+    from core.config.reference import PAGE, rewrite
+
+    assert PAGE.read_text() == rewrite(PAGE.read_text()), (
+        "docs/configuration.md “Keys” is stale: .venv/bin/python -m core.config.schema rewrites it"
+    )
+
+
 def test_connector_problems_name_the_key(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
