@@ -55,15 +55,21 @@ def single_row_backlog(conn: psycopg.Connection[Any], n: int) -> None:
 
 
 def py_spy(
-    pid: int, seconds: float, out: Path, *, subprocesses: bool = False, rate: int = 50,
-    nonblocking: bool = True, gil: bool = False,
+    pid: int,
+    seconds: float,
+    out: Path,
+    *,
+    subprocesses: bool = False,
+    rate: int = 50,
+    nonblocking: bool = True,
+    gil: bool = False,
 ) -> subprocess.Popen[bytes]:
     """py-spy sampling ``pid`` (and its child processes) for ``seconds`` into ``out`` (raw,
     collapsed stacks)."""
     return subprocess.Popen(
         [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid),
-         "-d", str(int(seconds)), "-f", "raw", "-o", str(out), *(["--nonblocking"] if nonblocking else []),
-         *(["--gil"] if gil else []), "-r", str(rate),
+         "-d", str(int(seconds)), "-f", "raw", "-o", str(out), "-r", str(rate),
+         *(["--nonblocking"] if nonblocking else []), *(["--gil"] if gil else []),
          *(["--subprocesses"] if subprocesses else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
