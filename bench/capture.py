@@ -96,7 +96,10 @@ def weir_capture(url: str, n: int, profile: bool) -> tuple[float, float]:
     watcher.start()
     if profiler:
         profiler.start()
-    capture.run(stop)
+    try:
+        capture.run(stop)
+    finally:
+        stop.set()  # the watcher too, when capture failed
     if profiler:
         profiler.stop()
         print(profiler.output_text(unicode=False, color=False, show_all=False))
