@@ -46,6 +46,7 @@ from core.sources.pg import snapshot
 from core.sources.pg.encoding import learning
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
+from core.store.backfills import Backfills
 from core.store.snapshot_writer import SnapshotWriter
 
 if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
@@ -323,6 +324,15 @@ def run_seed(
             if watcher.is_alive():
                 watcher.join()
             spark.stop()
+    # The columns the records were made with: an ALTER before the table's next change then
+    # backfills it, as after a backfill (core/store/writer.py set_shape).
+    with store.connect() as store_conn:
+        backfills = Backfills(store, src.sync_id)
+        for plan in plans:
+            rel = plan.rel
+            key = [rel.names[i] for i in rel.key]
+            backfills.made_with(store_conn, rel.collection_id, key, rel.relid, rel.shape)
+        store_conn.commit()
     return [
         SeedResult(
             plan.name,

@@ -87,9 +87,15 @@ class Backfills:
     def finish(
         self, conn: Conn, collection_id: str, key: list[str], relid: int, shape: tuple[str, ...]
     ) -> None:
-        """The backfill is done; its rows were read with the table's key and columns
-        (``Relation.shape``), which capture compares with the table's when it changes."""
+        """The backfill is done; its rows were read with the table's key and columns."""
         conn.execute(self._finish, (self.sync_id, collection_id))
+        self.made_with(conn, collection_id, key, relid, shape)
+
+    def made_with(
+        self, conn: Conn, collection_id: str, key: list[str], relid: int, shape: tuple[str, ...]
+    ) -> None:
+        """A backfill or a seed wrote the table's records with its key and these columns
+        (``Relation.shape``), which capture compares with the table's when it changes."""
         conn.execute(self._made_with, (self.sync_id, collection_id, key, relid, list(shape)))
 
     def requests(self, conn: Conn) -> list[tuple[str, str, datetime]]:
