@@ -26,10 +26,9 @@ import random
 from collections.abc import Callable, Sequence
 
 from core.config.base import ConnectorBase
-from core.config.model import HttpSource, PostgresSource
 from core.engine.ports import Commits, Reader
 from core.engine.rules import Suspects
-from core.engine.session import Session
+from core.engine.session import Session, Source
 from core.engine.sink import Sink
 from core.metrics import Metrics
 from core.registry import make_sink
@@ -40,8 +39,6 @@ from core.store.reader import StreamReader
 from core.store.selection import selection
 
 log = logging.getLogger("weir.engine")
-
-Source = PostgresSource | HttpSource
 
 
 class Forwarder:

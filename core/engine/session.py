@@ -15,16 +15,18 @@ import logging
 import random
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
+from core.config.base import ConnectorBase
+from core.config.model import HttpSource, PostgresSource
 from core.engine.lane import Lane
-from core.engine.rules import Groups
-from core.engine.sink import BatchError, FatalError
+from core.engine.ports import Commits, Reader
+from core.engine.rules import Groups, Suspects
+from core.engine.sink import BatchError, FatalError, Sink
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
+from core.metrics import Metrics
 from core.store.cursors import FenceLost, Resplitting
-
-if TYPE_CHECKING:
-    from core.engine.forwarder import Forwarder
 
 log = logging.getLogger("weir.engine")
 
@@ -36,10 +38,35 @@ SAVE_EVERY = 0.1  # seconds between cursor saves
 FENCE_SAID = 1.0  # seconds a session waits for its fence before its state says so
 
 
+Source = PostgresSource | HttpSource
+
+
+class Host(Protocol):
+    """What a session takes from and keeps in the connector it runs for, across its sessions
+    (core/engine/forwarder.py's ``Forwarder``)."""
+
+    cfg: ConnectorBase
+    name: str  # in logs, metrics and weir status
+    metrics: Metrics
+    sources: Sequence[Source]
+    notifier: Commits
+    open_sink: Callable[[ConnectorBase], Sink]
+    open_reader: Callable[[Source], Reader]
+    kick: asyncio.Event  # something to do: a batch finished, a source committed
+    notified: bool  # a commit came since the session last read
+    state: str
+    detail: str
+    said: bool  # that start_position no longer applies
+    had: bool  # its cursors: a session finding none then stops (ConnectorGone)
+    suspects: Suspects  # the messages that lost a connection, and how often
+
+    def set_state(self, state: str, detail: str = "") -> None: ...
+
+
 class Session:
     """One connection's worth of forwarding: state here is rebuilt from the store each time."""
 
-    def __init__(self, fw: Forwarder, stop: asyncio.Event) -> None:
+    def __init__(self, fw: Host, stop: asyncio.Event) -> None:
         self.fw = fw
         self.cfg = fw.cfg
         self.stop = stop
