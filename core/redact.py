@@ -148,7 +148,7 @@ def remember_config(cfg: BaseModel) -> None:
     """Hide the secrets of a loaded config (:func:`secrets_of`) from everything this process
     prints, and know its other strings (names, schemas, namespaces) as Weir's own words: a log
     line that carries one of them whole prints it, even when a password is the same word (the
-    store's schema ``weir`` of the compose file's ``weir:weir``)."""
+    store's schema ``weir``, the compose file's password)."""
     _SECRETS.remember(secrets_of(cfg), names_of(cfg))
 
 

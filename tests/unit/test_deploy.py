@@ -1,5 +1,5 @@
 """The deploy files: the systemd unit passes `systemd-analyze verify`, and the config the
-compose file mounts is valid.
+compose file mounts is valid (tests/integration/test_container.py runs the compose file).
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 
 
 def test_compose_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APP_DB_URL", "postgresql://weir:weir@postgres/app")
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    monkeypatch.setenv("APP_DB_URL", compose["weir"]["environment"]["APP_DB_URL"])
     monkeypatch.setenv("WEIR_API_TOKEN", "an-api-token-of-32-characters-xx")
     cfg = load_config(DEPLOY / "weir.compose.yaml")
     assert {c.type for c in cfg.connectors} == {"nats", "kafka", "sqs"}
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    assert "wal_level=logical" in compose["services"]["postgres"]["command"]
-    assert compose["services"]["weir"]["ports"] == ["127.0.0.1:7376:7376"]
+    assert "wal_level=logical" in compose["postgres"]["command"]
+    assert compose["weir"]["ports"] == ["127.0.0.1:${WEIR_API_PORT:-7376}:7376"]
+    published = [p for s in compose.values() for p in s.get("ports", [])]
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published

@@ -164,7 +164,7 @@ def own_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("own_secrets")
 def test_log_lines_keep_weirs_own_words() -> None:
-    """With the compose file's ``weir:weir``, the logger's name, the message's own words and
+    """With the compose file's password ``weir``, the logger's name, the message's own words and
     the config's names it carries (the store's schema ``weir``) stay; what else it carries (an
     error) has the password masked as a whole."""
     cfg = WeirConfig.model_validate({"store": {"url": "postgresql://weir:weir@db/app"}})
