@@ -325,7 +325,7 @@ def run_seed(
                 watcher.join()
             spark.stop()
     # The columns the records were made with: an ALTER before the table's next change then
-    # backfills it, as after a backfill (core/store/writer.py set_shape).
+    # backfills it, as after a backfill (core/store/collections.py set_shape).
     with store.connect() as store_conn:
         backfills = Backfills(store, src.sync_id)
         for plan in plans:

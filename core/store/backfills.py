@@ -59,7 +59,7 @@ class Backfills:
             "UPDATE {} SET finished_at = now(), updated_at = now()"
             " WHERE sync_id = %s AND collection_id = %s"
         ).format(t)
-        # The columns the table's records were made with (core/store/writer.py set_shape).
+        # The columns the table's records were made with (core/store/collections.py set_shape).
         self._made_with = sql.SQL(
             "INSERT INTO {} (sync_id, collection_id, key_columns, relid, columns)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (sync_id, collection_id)"

@@ -127,7 +127,7 @@ class PostgresCapture:
             writer.lock(src.name)
             # Step 2
             waiting = prepare(catalog, src)
-            writer.request_backfills(
+            writer.collections.request_backfills(
                 waiting, f"until it is in publication {src.publication}", again=False
             )
             # Step 3
@@ -173,7 +173,7 @@ class PostgresCapture:
         cp = writer.checkpoint()
         start = check_slot(catalog, src, cp)
         if start.gap is not None:
-            writer.request_backfills(capturable_tables(catalog, src), start.gap)
+            writer.collections.request_backfills(capturable_tables(catalog, src), start.gap)
         if (
             start.gap is not None
             or not cp.tracked

@@ -136,7 +136,7 @@ class TableFollower:
         *, unseen: bool = False,
     ) -> None:  # fmt: skip
         """A table's columns as capture sees them now: the store compares them with those its
-        records were last made with (core/store/writer.py ``set_shape``)."""
+        records were last made with (core/store/collections.py ``set_shape``)."""
         self.store.submit("shape", (collection, (schema, table), shape, unseen))
 
     def _backfill(self, schema: str, table: str, reason: str) -> None:

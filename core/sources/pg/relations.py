@@ -64,7 +64,7 @@ class Relation:
 
 def shape_of(names: Iterable[str], types: Iterable[int]) -> tuple[str, ...]:
     """A table's columns as 'name:type oid', in order: what its records are made with
-    (core/store/writer.py ``set_shape``)."""
+    (core/store/collections.py ``set_shape``)."""
     return tuple(f"{n}:{t}" for n, t in zip(names, types, strict=True))
 
 

@@ -63,13 +63,13 @@ class StoreThread:
                     self.on_commit(arg[1])
                 elif kind == "backfill":  # committed with what comes next
                     table, reason = arg
-                    self.writer.request_backfills([table], reason)
+                    self.writer.collections.request_backfills([table], reason)
                 elif kind == "drop":  # committed with what comes next
                     self.writer.drop(*arg)
                 elif kind == "table":  # committed with what comes next
-                    self.writer.set_table(*arg)
+                    self.writer.collections.set_table(*arg)
                 elif kind == "shape":  # committed with what comes next
-                    self.writer.set_shape(*arg)
+                    self.writer.collections.set_shape(*arg)
                 elif kind == "refuse":  # committed with what comes next
                     self.writer.refuse(*arg)
                 else:

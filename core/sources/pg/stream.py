@@ -144,8 +144,8 @@ class Stream:
         self.store = StoreThread(writer, position.stored, position.confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
         self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
-        self.follower = TableFollower(src, catalog, relations, self.store, writer.tables(),
-                                      self._drop)  # fmt: skip
+        self.follower = TableFollower(src, catalog, relations, self.store,
+                                      writer.collections.tables(), self._drop)  # fmt: skip
         self.on_message = {"I": self._change, "U": self._change, "D": self._change,
                            "B": self._begin, "C": self._commit, "T": self._truncate,
                            "R": self._relation, "M": self._logical}  # fmt: skip
