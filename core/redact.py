@@ -52,6 +52,13 @@ _KEY_VALUE = re.compile(
     r"(?i)(\b\w*(?:password|passwd|secret|token|key|signature|sig|auth|credential)=)"
     r"('[^']*'|[^\s&,;'\"]+)"
 )
+# An HTTP credential (an ``Authorization`` header's value): a scheme, then the credentials, which
+# a server may echo alone (``{"error": "invalid token", "token": "..."}``).
+_AUTH_SCHEME = re.compile(
+    r"(?i)^\s*(?:bearer|basic|token|digest|bot|negotiate|api-?key|key|jwt|oauth|splunk|sso-key)"
+    r"\s+(?P<credentials>\S.*?)\s*$",
+    re.S,
+)
 # A config key whose string value is a secret though not typed SecretStr (librdkafka's).
 _CREDENTIAL_KEY = re.compile(r"(?i)(?:password|passwd|secret|token|credentials?|api_?key|\.pem)$")
 
@@ -90,9 +97,12 @@ def _pieces(password: str) -> list[str]:
 def _forms(value: str) -> set[str]:
     """What to search for of a secret value: the value itself unless it is a whole URL (its
     host is no secret), and of the user info it holds, the password, its pieces and the
-    ``Authorization: Basic`` that an HTTP client makes of it."""
+    ``Authorization: Basic`` that an HTTP client makes of it; of an HTTP credential
+    (``Bearer tok``), the credentials alone too."""
     m = _USERINFO_VALUE.search(value)
     out = set() if "://" in value and m else _spellings(value)
+    if auth := _AUTH_SCHEME.match(value):  # the credentials are a secret whole, as the value
+        out |= _spellings(auth.group("credentials"))
     if m and m.group("password"):
         user, password = m.group("head")[:-1].rsplit("/", 1)[-1], m.group("password")
         out |= _spellings(password) | {s for p in _pieces(password) for s in _spellings(p)}

@@ -83,14 +83,18 @@ def with_password(url: str, user: str, password: str) -> str:
 
 
 class Echo:
-    """A webhook receiver that answers every request 401 with the headers it was sent (as a
-    careless receiver does), and ``body`` when given instead."""
+    """A webhook receiver that answers every request 401 with the headers it was sent and the
+    credentials of its ``Authorization`` alone (as careless receivers do), and ``body`` when
+    given instead."""
 
     def __init__(self, body: str | None = None) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
-                text = body if body is not None else json.dumps(dict(self.headers.items()))
+                sent = dict(self.headers.items())
+                scheme_and_token = self.headers.get("authorization", "").split(" ", 1)
+                text = body if body is not None else json.dumps(
+                    {"token": scheme_and_token[-1], **sent})  # fmt: skip
                 self.send_response(401)
                 self.send_header("content-length", str(len(text.encode())))
                 self.end_headers()

@@ -196,3 +196,12 @@ def test_a_url_password_that_starts_with_a_slash_and_holds_a_quote_is_a_secret()
     remember(secrets_of({"nats": {"url": value}}))
     said = redact(f"'{value}': expected nats://host:port; missing \"/Ihd5Z\"")
     assert "Ihd5Z" not in said, said
+
+
+def test_an_http_credentials_token_is_masked_alone_too() -> None:
+    """A receiver that answers 401 with the token of ``Authorization: Bearer …`` alone (found
+    by an outside tryout) shows no secret; the scheme's word stays."""
+    s = Secrets()
+    s.remember(["Bearer BearerTok8765", "basic dXNlcjpwdw==", "X1"])
+    said = s.redact('HTTP 401: {"token": "BearerTok8765", "basic": "dXNlcjpwdw=="} Bearer ok')
+    assert said == 'HTTP 401: {"token": "***", "basic": "***"} Bearer ok'
