@@ -5,9 +5,10 @@ events- and records-stream messages, as a Postgres source's changes do
 A batch is one store transaction under the source row's lock, so batches of one source commit
 one after the other, also from several Weir processes. Versions: a record's ``version`` (else
 its ``upstream_updated_at`` in microseconds, else the time of ingest) must be newer than the
-stored one, or the record is skipped; so an older version never overwrites a newer one, and
-sending a batch again changes nothing. Each batch gets the next number of the source's
-``commit_lsn``, which with the position in the batch makes the events' idempotency keys.
+stored one, and the record other than the stored one, or it is skipped; so an older version
+never overwrites a newer one, and sending a batch again changes nothing. Each batch gets the
+next number of the source's ``commit_lsn``, which with the position in the batch makes the
+events' idempotency keys.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from core.config.model import HttpSource, WeirConfig
 from core.envelope import record_token, utc_iso
@@ -39,8 +48,8 @@ class IngestRecord(BaseModel):
     collection_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s.*>\x00]+$")
     record_id: str = Field(min_length=1, max_length=512)
     data: dict[str, Any] | None = Field(None, description="the record; optional for a delete")
-    deleted: bool = False
-    version: int | None = Field(None, ge=0, le=2**63 - 1)
+    deleted: StrictBool = False  # "yes" or 1 is refused, not taken for true
+    version: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
     upstream_updated_at: datetime | None = None
 
     @field_validator("record_id", mode="before")
@@ -123,7 +132,7 @@ class Ingest:
             ts = rec.upstream_updated_at or now
             version = rec.version if rec.version is not None else _micros(ts)
             cur = current.get((coll, rid))
-            if cur is not None and version <= cur[0]:
+            if cur is not None and (version <= cur[0] or _same(cur, rec)):
                 continue
             diff = None
             if rec.deleted:
@@ -154,6 +163,17 @@ class Ingest:
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
+
+
+def _same(cur: tuple[int, bool, dict[str, Any]], rec: IngestRecord) -> bool:
+    """Whether a pushed record is the stored one: a delete of a deleted record, or the same
+    names and values (numbers as written) of a live one. It is no new version."""
+    _, deleted, stored = cur
+    if deleted or rec.deleted:
+        return deleted and rec.deleted
+    return orjson.dumps(stored, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+        rec.data, option=orjson.OPT_SORT_KEYS
+    )
 
 
 def _micros(ts: datetime) -> int:

@@ -420,8 +420,26 @@ def test_http_ingest_keeps_the_newest_version(table: str) -> None:
                     {**sub, "data": {"plan": "old"}, "version": 2}) == {"accepted": 1,
                                                                         "skipped": 1}  # fmt: skip
         assert push({**sub, "data": {"plan": "b"}, "version": 3}) == {"accepted": 0, "skipped": 1}
-        assert push({**sub, "deleted": True, "version": 4}) == {"accepted": 1, "skipped": 0}
-        events = receive_all(client, "w", 3)
+        # the same record again, newer: no new version (found by an outside tryout: a push
+        # without versions, sent again, was a new event each time)
+        assert push({**sub, "data": {"plan": "b"}, "version": 5}) == {"accepted": 0, "skipped": 1}
+        assert push({**sub, "deleted": True, "version": 6}) == {"accepted": 1, "skipped": 0}
+        assert push({**sub, "deleted": True, "version": 7}) == {"accepted": 0, "skipped": 1}
+        other = {"collection_id": "stripe:subscription", "record_id": "sub_2"}
+        assert push({**other, "data": {"n": 1}}) == {"accepted": 1, "skipped": 0}
+        assert push({**other, "data": {"n": 1}}) == {"accepted": 0, "skipped": 1}
+        assert push({**other, "data": {"n": 1.0}}) == {"accepted": 1, "skipped": 0}  # as written
+        for wrong in ({"deleted": "yes"}, {"deleted": 1}, {"version": "2"}, {"version": 1.0},
+                      {"version": True}):  # fmt: skip
+            r = client.post("/v1/sources/stripe/records",
+                            json={"records": [{**other, "data": {}, **wrong}]})  # fmt: skip
+            assert r.status_code == 422 and next(iter(wrong)) in r.text, (wrong, r.text)
+        everything = receive_all(client, "w", 5)
+        assert len(everything) == 5, everything
+        of = lambda rid: [m for m in everything if m["record"]["resource_id"] == rid]  # noqa: E731
+        assert [(m["record"]["action"], m["record"]["data"]) for m in of("sub_2")] == [
+            ("insert", {"n": 1}), ("update", {"n": 1.0})]  # fmt: skip
+        events = of("sub_1")
         assert [(m["record"]["action"], m["record"]["data"], m["record"]["changes"])
                 for m in events] == [("insert", {"plan": "a\x00"}, None),
                                      ("update", {"plan": "b"}, {"plan": "a\x00"}),
