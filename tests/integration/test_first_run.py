@@ -212,6 +212,24 @@ def test_a_table_the_role_may_not_read(
     err = _fails(config, _env(pg), "backfill", "--source", "app-db", "--table", "public.notes")
     grant = re.search(r"as its owner run (GRANT SELECT ON .*)$", err)
     assert grant is not None and f"role {ROLE} may not read table public.notes" in err, err
+    # Captured, it is named at start with the GRANT, before a backfill stops at it (found by
+    # an outside tryout: weir run streamed without a word).
+    with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
+        conn.execute("SET ROLE app")
+        conn.execute("ALTER PUBLICATION weir_pub ADD TABLE notes")
+    spec = yaml.safe_load(Path(config).read_text())
+    spec["sources"][0]["tables"].append("public.notes")
+    Path(config).write_text(yaml.safe_dump(spec))
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
+    try:
+        wait_for(lambda: "streaming from slot" in log.read_text(), timeout=60, what="capture")
+        said = f"role {ROLE} may not read public.notes, which a backfill reads"
+        assert said in log.read_text() and grant[1] in log.read_text(), log.read_text()
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
     with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
         conn.execute(grant[1])
     out = subprocess.run([*WEIR, "backfill", "--source", "app-db", "--table", "public.notes",

@@ -187,7 +187,10 @@ def complete_publication(
     key = f"weir:prepare:{src.publication}"
     conn.execute(lock[0], (key,))
     try:
-        waiting = _ensure_publication(conn, src, capturable_tables(conn, src))
+        tables = capturable_tables(conn, src)
+        waiting = _ensure_publication(conn, src, tables)
+        if follow:
+            _say_unreadable(conn, src, tables)
         if follow and src.create_publication:
             follow_tables(conn, src)
         elif follow:
@@ -295,6 +298,26 @@ def _ensure_publication(
             src.publication,
         )
     return []
+
+
+def _say_unreadable(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> None:
+    """Name the captured tables the source's role may not read, with the GRANT: capture needs
+    no SELECT, but every backfill does (one asked for after a column change, too), and would
+    stop at them."""
+    rows = conn.execute(
+        "SELECT s, t FROM unnest(%s::text[], %s::text[]) AS u(s, t)"
+        " WHERE NOT has_table_privilege(format('%%I.%%I', s, t), 'SELECT')",
+        ([s for s, _ in tables], [t for _, t in tables]),
+    ).fetchall()
+    if rows:
+        me = role_of(conn)
+        names = ", ".join(table_name(s, t) for s, t in rows)
+        grant = ", ".join(sql.Identifier(s, t).as_string(conn) for s, t in rows)
+        log.warning("source %s: role %s may not read %s, which a backfill reads (capture does "
+                    "not): as their owner run GRANT SELECT ON %s TO %s", src.name, me, names,
+                    grant, me)  # fmt: skip
 
 
 def role_of(conn: psycopg.Connection[Any]) -> str:
