@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from core.config.base import ConnectorBase, Duration, Model, TlsFiles, check_pair
 from core.redact import redact_urls
@@ -31,19 +31,19 @@ class StreamLimits(Model):
     replicas: int = Field(1, ge=1, le=5, description="copies of each message in a cluster")
 
 
+# The streams' defaults: a key given in the config replaces its default alone.
+_RECORDS_STREAM = {"name": "SEQUIN-RECORDS", "subjects": ["sequin-records.>"],
+                   "max_msgs_per_subject": 1}  # fmt: skip
+_EVENTS_STREAM = {"name": "SEQUIN-EVENTS", "subjects": ["sequin-events.>"],
+                  "max_msgs_per_subject": 100, "max_age": "7d"}  # fmt: skip
+
+
 def _records_stream() -> StreamLimits:
-    return StreamLimits(
-        name="SEQUIN-RECORDS", subjects=["sequin-records.>"], max_msgs_per_subject=1
-    )
+    return StreamLimits.model_validate(_RECORDS_STREAM)
 
 
 def _events_stream() -> StreamLimits:
-    return StreamLimits(
-        name="SEQUIN-EVENTS",
-        subjects=["sequin-events.>"],
-        max_msgs_per_subject=100,
-        max_age=timedelta(days=7),
-    )
+    return StreamLimits.model_validate(_EVENTS_STREAM)
 
 
 class NatsSettings(Model):
@@ -99,6 +99,15 @@ class NatsSettings(Model):
                     f"{redact_urls(u)!r}: its port is not a number (in a password, '/', '?', "
                     "'#' and '@' are written %2F, %3F, %23 and %40)"
                 ) from None
+        return v
+
+    @field_validator("records_stream", "events_stream", mode="before")
+    @classmethod
+    def _stream_defaults(cls, v: Any, info: ValidationInfo) -> Any:
+        """The keys of a stream the config leaves out keep their defaults (its name too)."""
+        if isinstance(v, dict):
+            return {**(_RECORDS_STREAM if info.field_name == "records_stream" else _EVENTS_STREAM),
+                    **v}  # fmt: skip
         return v
 
     @model_validator(mode="after")
