@@ -136,6 +136,8 @@ def reach_postgres(url: str, what: str) -> None:
             pass
     except psycopg.OperationalError as e:
         raise postgres_unreachable(e, url, what) from None
+    except psycopg.ProgrammingError as e:  # a value psycopg reads itself (connect_timeout=abc)
+        raise Unreachable(what, postgres_address(url), str(e), "its url", for_good=True) from None
 
 
 STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 25.0  # seconds between attempts to reach the store

@@ -144,6 +144,7 @@ def test_a_wrong_password(tmp_path: Path, servers: tuple[EmbeddedPostgres, Embed
     for bad, said in (
         ("127.0.0.1:99999/app", 'invalid port number: "99999"'),
         (f"127.0.0.1:{pg.port}/app?sslmode=bogus", "invalid sslmode value"),
+        (f"127.0.0.1:{pg.port}/app?connect_timeout=abc", "connect_timeout: 'abc'"),  # psycopg's
     ):
         env = _env(pg) | {"APP_DB_URL": f"postgresql://{ROLE}:{PASSWORD}@{bad}"}
         err = _fails(_config(tmp_path, ns), env, "run")
