@@ -23,9 +23,7 @@ import asyncio
 import json
 import logging
 import math
-import os
 import re
-import socket
 import threading
 from typing import Annotated, Any
 
@@ -41,6 +39,7 @@ from core.api import consume, consume_routes, ingest_routes, manage_routes, prob
 from core.api.console import routes as console
 from core.api.console.sessions import token_ok
 from core.api.consume import Consumers
+from core.api.listen import listen
 from core.api.manage import Operations
 from core.api.models import Refused
 from core.config.model import WeirConfig
@@ -161,19 +160,6 @@ def build_app(
     return app
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The API's listening socket, or an error that says who may hold the port."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as e:
-        why = os.strerror(e.errno) if e.errno else str(e)
-        raise OSError(
-            f"cannot listen on {host}:{port}: {why}; another weir run or another program may "
-            "hold the port: stop it, or set api.listen to a free one"
-        ) from None
-
-
 class ApiServer:
     """The API in a thread of its own: ``start()`` returns once it listens; ``stop()`` drains."""
 
@@ -207,7 +193,7 @@ class ApiServer:
 
     async def _serve(self) -> None:
         assert self.cfg.api is not None
-        sock = _listen(self.host, self.port)  # before anything else: a port in use is said at once
+        sock = listen(self.host, self.port)  # before anything else: a port in use is said at once
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             self.store.url,
             min_size=2,

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from core.api.listen import listen
 from core.config.model import PostgresSource, WeirConfig
 from core.failures import sources_let_in, wait_for_store
 from core.metrics import SHARED_DIR
@@ -215,6 +216,12 @@ class Supervisor:
             return 0
         open_store(self.cfg)  # made or migrated once, here: what stops it is said once, exit 1
         sources_let_in(self.cfg)
+        if self.cfg.api is not None:  # a port in use is said before capture makes a slot
+            try:
+                listen(*self.cfg.api.host_port).close()
+            except OSError as e:
+                log.error("api: cannot start: %s", e)
+                return 1
         self.metrics = MetricsDir()
         try:
             self._supervise()
