@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import logging
 import re
@@ -204,10 +205,9 @@ def names_of(value: Any) -> list[str]:
     return []
 
 
-def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
-    """The secrets of data that ``model`` did not validate (a config file with mistakes): the
-    strings under a key that is a ``SecretStr`` wherever ``model`` and the models in it have
-    it or that names a credential, and the others that hold a URL's password."""
+@functools.cache
+def _secret_keys(model: type[BaseModel]) -> frozenset[str]:
+    """The keys that are a ``SecretStr`` wherever ``model`` and the models in it have them."""
 
     def secret(prop: Any) -> bool:  # in the JSON schema: SecretStr is "format": "password"
         if isinstance(prop, dict):
@@ -217,7 +217,14 @@ def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
     schema = model.model_json_schema(by_alias=True)
     props = [p for m in [schema, *schema.get("$defs", {}).values()]
              for p in m.get("properties", {}).items()]  # fmt: skip
-    keys = {k for k, p in props if secret(p)} - {k for k, p in props if not secret(p)}
+    return frozenset({k for k, p in props if secret(p)} - {k for k, p in props if not secret(p)})
+
+
+def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
+    """The secrets of data that ``model`` did not validate (a config file with mistakes): the
+    strings under a key that is a ``SecretStr`` wherever ``model`` and the models in it have
+    it or that names a credential, and the others that hold a URL's password."""
+    keys = _secret_keys(model)
 
     def walk(data: Any, inside: bool) -> list[str]:
         if isinstance(data, str):

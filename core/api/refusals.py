@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.failures import AWAY
-from core.redact import first_line, raw_secrets, redact, remember
+from core.redact import Secrets, first_line, raw_secrets, redact
 from core.registry import connector_specs
 
 log = logging.getLogger("weir.api")
@@ -44,14 +44,14 @@ REFUSALS = [
 ]
 
 
-def redacted(value: Any) -> Any:
-    """``value`` (JSON-like) with every string redacted."""
+def redacted(value: Any, also: Secrets | None = None) -> Any:
+    """``value`` (JSON-like) with every string redacted, of ``also``'s secrets too."""
     if isinstance(value, str):
-        return redact(value)
+        return redact(also.redact(value) if also else value)
     if isinstance(value, dict):
-        return {k: redacted(v) for k, v in value.items()}
+        return {k: redacted(v, also) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [redacted(v) for v in value]
+        return [redacted(v, also) for v in value]
     return value
 
 
@@ -111,12 +111,14 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         # what was wrong and where, not the input again (it can be large or nested deep); the
-        # secrets of a body that did not validate are hidden too (a message may quote one)
-        remember(raw_secrets(e.body, WeirConfig))
+        # secrets of a body that did not validate are hidden too (a message may quote one), in
+        # this answer only: kept for the process, what clients send would grow without bound
+        secrets = Secrets()
+        secrets.remember(raw_secrets(e.body, WeirConfig))
         errors = [{k: v for k, v in err.items() if k != "input"} for err in e.errors()]
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
-        detail = redacted(jsonable_encoder(errors))
+        detail = redacted(jsonable_encoder(errors), secrets)
         return JSONResponse({"detail": detail}, status_code=422)
 
     async def _store_away(request: Request, e: Exception) -> JSONResponse:

@@ -21,6 +21,7 @@ import httpx
 import psycopg
 import pytest
 
+from core.redact import redact
 from core.runtime.service import serve
 from tests.helpers.api import api_serving
 from tests.helpers.brokers import WebhookHarness
@@ -230,6 +231,21 @@ def test_sources_connectors_and_consumers_are_listed(table: str) -> None:
                       "/v1/connectors/{name}/failed/{entry}/retry",
                       "/v1/http-consumers/{name}/failed/discard"):  # fmt: skip
             assert route in paths
+
+
+def test_refused_bodies_leave_nothing_behind(table: str) -> None:
+    """A body that does not validate has its secrets masked in its own 422, and nothing of it
+    is kept: what clients send cannot grow the API's memory (a fuzzer's invalid bodies, each
+    kept as a secret to mask in everything later, grew the process to 23 GB)."""
+    with api_serving(table) as client:
+        sent = [f"not-kept-{i:04d}-secret" for i in range(200)]
+        for secret in sent:
+            hook = {"url": "http://127.0.0.1:1/x", "secret": secret}
+            body = {"name": "x", "type": "webhook", "max_in_flight": 0, "webhook": hook}
+            r = client.post("/v1/connectors", json=body)
+            assert r.status_code == 422 and secret not in r.text, r.text
+        kept = [s for s in sent if redact(f"{s} in a later log line") != f"{s} in a later log line"]
+        assert kept == []
 
 
 def test_connectors_made_changed_and_deleted_over_the_api_run_without_a_restart(
