@@ -68,6 +68,7 @@ async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
                 where,
                 "it refused the credentials",
                 "nats.user/password, token, nkey_seed_file or creds_file",
+                for_good=True,
             ) from None
         raise Unreachable(
             "NATS", where, network_reason(last), "nats.url and that nats-server runs there"

@@ -30,6 +30,7 @@ from core.engine.ports import Commits, Reader
 from core.engine.rules import Suspects
 from core.engine.session import Session, Source
 from core.engine.sink import Sink
+from core.failures import for_good
 from core.metrics import Metrics
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
@@ -39,6 +40,12 @@ from core.store.reader import StreamReader
 from core.store.selection import selection
 
 log = logging.getLogger("weir.engine")
+
+
+class Refused(Exception):
+    """A connector of the config file that its destination turned away for good (wrong
+    credentials) before it ever connected: ``weir run`` ends with this line, as it does for a
+    source. One made over the API, or one that was connected before, retries instead."""
 
 
 class Forwarder:
@@ -79,6 +86,7 @@ class Forwarder:
         self.detail = ""
         self.said = False  # that start_position no longer applies
         self.had = False  # its cursors: a later session finding none stops (ConnectorGone)
+        self.connected = False  # a session connected to the destination once
         self.suspects = Suspects()  # kept across sessions: they charge a lost connection
 
     def _store_reader(self, src: Source) -> Reader:
@@ -113,6 +121,11 @@ class Forwarder:
                 self.set_state("deleted", str(e))
                 return
             except Exception as e:  # any failure: a new session from the saved cursors
+                why = for_good(e)
+                if why is not None and not self.connected and self.cfg.incarnation is None:
+                    self.set_state("failed", why)
+                    log.error("connector %s: %s", self.name, why)
+                    raise Refused(why) from None
                 attempt = 1 if session.delivered else attempt + 1
                 delay = self.cfg.retry.delay(attempt, random.random())
                 self.set_state("reconnecting", f"{type(e).__name__}: {e}; retry in {delay:.1f}s")

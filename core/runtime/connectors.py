@@ -17,7 +17,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.config.model import Connector, WeirConfig
-from core.engine.forwarder import Forwarder
+from core.engine.forwarder import Forwarder, Refused
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.shards import Shard
@@ -110,7 +110,14 @@ class ConnectorWork:
         self.loop = loop
         self._halt = asyncio.Event()  # binds to the loop when first awaited
         self._run: concurrent.futures.Future[None] | None = None
-        self.error: BaseException | None = None  # the engine retries every failure itself
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why it ended for good (core/engine/forwarder.py's ``Refused``): the engine retries
+        every other failure itself."""
+        if self._run is None or not self._run.done() or self._run.cancelled():
+            return None
+        return self._run.exception()
 
     @property
     def running(self) -> bool:
@@ -134,5 +141,7 @@ class ConnectorWork:
         except concurrent.futures.TimeoutError:
             log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
             self._run.cancel()
+        except Refused:
+            pass  # said as it ended
         except Exception as e:
             log.error("connector %s: %s", self.forwarder.name, e)

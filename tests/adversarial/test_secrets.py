@@ -270,7 +270,16 @@ def test_no_secret_in_anything_a_user_sees(
             }  # fmt: skip
             planted = [*s, *token, *header, basic(HOOK_USER, s[3])]
             seen = []
+            # NATS turning its credentials away would end weir run for a connector of the
+            # file (tests/integration/test_first_run.py): these are made over the API instead,
+            # and retry, saying why
+            made = [c for c in spec["connectors"] if c["type"] == "nats"]
+            spec["connectors"] = [c for c in spec["connectors"] if c not in made]
             with running(tmp, spec, token[0]) as (client, config):
+                for c in made:
+                    r = client.post("/v1/connectors", json=c)
+                    assert r.status_code == 201, r.text
+                    seen.append(r.text)
                 with psycopg.connect(secrets_db, autocommit=True) as conn:
                     conn.execute("INSERT INTO t (body) VALUES ('x')")
                 for name in ("hooks", "hooks-basic"):
@@ -286,7 +295,7 @@ def test_no_secret_in_anything_a_user_sees(
                 seen += [weir("failed", "list", "hooks", *cli),  # the bearer token's echo
                          weir("failed", "show", "hooks-basic", entry["id"], *cli),  # Basic's
                          weir("status", *cli, "--interval", "0.1")]  # fmt: skip
-                for name in [c["name"] for c in spec["connectors"]]:
+                for name in [c["name"] for c in spec["connectors"] + made]:
                     seen += [client.get(f"/v1/connectors/{name}{tail}").text
                              for tail in ("", "/config")]  # fmt: skip
                 seen += [client.get(p).text for p in ("/v1/sources", "/v1/connectors", "/ready")]

@@ -57,6 +57,7 @@ class FakeBroker:
         self.last: dict[str, int] = {}  # each stream's last position
         self.writes: list[list[str]] = []
         self.connects = 0
+        self.refusals: dict[int, BaseException] = {}  # the connects (1: the first) that raise
         self._faults: dict[str, deque[BaseException]] = {}  # by key: one per coming write
         self._always: dict[str, BaseException] = {}  # by key: every write
         self._next_batches: deque[dict[int, Exception] | Drop | None] = deque()
@@ -164,6 +165,8 @@ class FakeSink:
         """Called once, first, by each engine session: takes the broker's current positions
         as the mark, as the NATS sink reads its streams' last sequences."""
         self.broker.connects += 1
+        if refusal := self.broker.refusals.get(self.broker.connects):
+            raise refusal
         self._mark = dict(self.broker.last)
         self.connected = True
 

@@ -152,6 +152,24 @@ def test_a_wrong_password(tmp_path: Path, servers: tuple[EmbeddedPostgres, Embed
         assert "check its url" in err and PASSWORD not in err, err
 
 
+def test_wrong_nats_credentials(
+    tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
+) -> None:
+    """A destination that turns the connector's credentials away ends ``weir run`` as a
+    source's does, naming the connector and what to check (it retried them for ever)."""
+    pg, _ = servers
+    with EmbeddedNats(args=["--user", "natsuser", "--pass", "the-right-one"]) as guarded:
+        config = _config(tmp_path, guarded)
+        spec = yaml.safe_load(Path(config).read_text())
+        spec["connectors"][0]["nats"] |= {"user": "natsuser", "password": "not-the-one-9"}
+        Path(config).write_text(yaml.safe_dump(spec))
+        err = _fails(config, _env(pg), "run")
+    name = spec["connectors"][0]["name"]
+    assert (f"connector {name}: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused the "
+            "credentials; check nats.user/password") in err, err  # fmt: skip
+    assert "not-the-one-9" not in err, err
+
+
 def test_a_store_the_role_may_not_make(
     tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
 ) -> None:

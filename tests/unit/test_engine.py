@@ -17,9 +17,10 @@ from unittest.mock import patch
 import pytest
 
 from core.engine import session
-from core.engine.forwarder import Forwarder
+from core.engine.forwarder import Forwarder, Refused
 from core.engine.session import SAVE_EVERY
 from core.engine.sink import FatalError, RetryableError
+from core.failures import Unreachable
 from tests.helpers.fake_sink import FakeBroker
 from tests.helpers.fake_store import Failed, FakeStore
 from tests.helpers.forwarding import connector, forward, unsafe_saves, until
@@ -291,4 +292,33 @@ def test_nothing_is_sent_once_the_store_ended_the_fenced_session() -> None:
         store.fence_lost = False
 
     run(store, broker, cfg=connector(), during=during)
+    assert broker.stored_keys() == [m.key for m in msgs]
+
+
+def _refused() -> Unreachable:
+    return Unreachable("NATS", "h:4222", "it refused the credentials", "nats.user", for_good=True)
+
+
+def test_a_file_connector_turned_away_for_good_at_its_first_connect_ends_the_run() -> None:
+    store, broker = FakeStore(), FakeBroker()
+    store.append("r0")
+    broker.refusals[1] = _refused()
+    with pytest.raises(Refused, match=r"it refused the credentials; check nats\.user"):
+        asyncio.run(forward(connector(), store, broker))
+    assert broker.connects == 1 and broker.stored == []
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["made-over-the-api", "connected-before"])
+def test_a_refusal_for_good_is_retried_by_a_connector_that_may_not_end_the_run(made: bool) -> None:
+    """One made over the API (a client may not end the service), or one that connected once
+    (credentials turned away since may be restored): each retries, and delivers once let in."""
+    store, broker = FakeStore(), FakeBroker()
+    msgs = [store.append(f"r{i}") for i in range(5)]
+    cfg = connector().made(1) if made else connector()
+    if not made:
+        broker.drop_connection(stored=1)
+    first = 1 if made else 2
+    broker.refusals |= {first: _refused(), first + 1: _refused()}
+    run(store, broker, cfg=cfg)
+    assert broker.connects == first + 2
     assert broker.stored_keys() == [m.key for m in msgs]
