@@ -284,7 +284,7 @@ def run_seed(
     store = open_store(cfg)
     url = src.url.get_secret_value()
     with snapshot.connect(url) as conn:
-        snapshot.ensure_capture(conn, src, store)
+        snapshot.ensure_capture(conn, src, store, say=True)
         plans = [snapshot.table_plan(conn, src, t) for t in tables]
         counts: list[int] = []
         ranges: list[tuple[int, Any, Any]] = []

@@ -158,7 +158,7 @@ def configured_tables(src: PostgresSource) -> list[str]:
     if src.backfill is not None and src.backfill.tables:
         return list(src.backfill.tables)
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        return [table_name(s, t) for s, t in capturable_tables(conn, src)]
+        return [table_name(s, t) for s, t in capturable_tables(conn, src, say=False)]
 
 
 def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:

@@ -182,6 +182,18 @@ def test_a_keyless_table_in_a_publication_weir_does_not_manage(
     assert "cannot capture the insert of table public.log" in error
 
 
+def test_a_keyless_table_is_named_once_at_a_start_with_a_backfill(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table Weir cannot capture is named once, with the fix: the backfill listing the
+    same tables does not name it again (it was named twice)."""
+    execute(db_url, "CREATE TABLE nk (a int)", "CREATE TABLE k (id int PRIMARY KEY)",
+            "INSERT INTO k VALUES (1)")  # fmt: skip
+    with serving(weir_config(db_url, [], backfill={})):
+        wait_records(db_url, "public:k", 1)
+    assert caplog.text.count("not capturing table public.nk has no primary key") == 1, caplog.text
+
+
 def test_a_table_the_dba_adds_later_is_backfilled(db_url: str) -> None:
     """With ``create_publication: false`` a followed table missing from the publication is
     not captured (said at start); once the DBA adds it, its rows are backfilled and its
@@ -526,9 +538,11 @@ def test_the_records_stream_takes_a_tables_new_columns_without_a_write(
             wait_for(converged, what=f"the records after {ddl}")
         for said in ("+c", "-v", "~c"):  # the first backfill noted the table's columns
             assert f"the columns of public.sh changed ({said}): its records take" in caplog.text
-        execute(db_url, "CREATE TABLE nokey (a int)")
-        wait_for(lambda: "not capturing table public.nokey has no primary key" in caplog.text,
-                 what="the keyless table to be named")  # fmt: skip
+        execute(db_url, "CREATE TABLE nokey (a serial, b text)")
+        said = "not capturing table public.nokey has no primary key"
+        wait_for(lambda: said in caplog.text, what="the keyless table to be named")
+        time.sleep(1)
+        assert caplog.text.count(said) == 1, caplog.text  # once, by the one who noticed
         # Without the event trigger (no superuser): taken at the table's next change.
         execute(db_url, "ALTER EVENT TRIGGER weir_follow_weir_pub DISABLE",
                 "ALTER TABLE sh ADD COLUMN e int DEFAULT 5",

@@ -173,7 +173,9 @@ class PostgresCapture:
         cp = writer.checkpoint()
         start = check_slot(catalog, src, cp)
         if start.gap is not None:
-            writer.collections.request_backfills(capturable_tables(catalog, src), start.gap)
+            writer.collections.request_backfills(
+                capturable_tables(catalog, src, say=False), start.gap
+            )
         if (
             start.gap is not None
             or not cp.tracked

@@ -138,9 +138,12 @@ def tables_wanted(src: PostgresSource, store_schema: str | None) -> Callable[[st
     return wanted
 
 
-def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+def capturable_tables(
+    conn: psycopg.Connection[Any], src: PostgresSource, say: bool = True
+) -> list[tuple[str, str]]:
     """The source's tables that can be captured. A table named in ``tables:`` that cannot is
-    an error; one of ``schemas:`` is reported and left out."""
+    an error; one of ``schemas:`` is left out, and reported when ``say`` (capture's start
+    says it; a backfill's list of the same tables does not say it again)."""
     listed = {parse_table(t) for t in src.tables}
     tables = []
     for schema, table in tables_of(conn, src):
@@ -150,19 +153,23 @@ def capturable_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> lis
             tables.append((schema, table))
         elif (schema, table) in listed:
             raise SourceSetupError(f"source {src.name!r}: {problem}")
-        else:
+        elif say:
             log.warning("source %s: not capturing %s", src.name, problem)
     return tables
 
 
-def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
+def prepare(
+    conn: psycopg.Connection[Any], src: PostgresSource, say: bool = True
+) -> list[tuple[str, str]]:
     """Check the server and the tables, and create or complete the publication (the slot is
     ``ensure_slot``'s). A table added to an existing publication is backfilled
     (``_ensure_publication``). Returns the tables left out of a publication Weir does not
     manage (``create_publication: false``), to backfill once a DBA adds them.
 
     ``conn`` is an ordinary autocommit connection to the source database. Tables named in
-    ``tables:`` must be capturable; tables of ``schemas:`` that are not are reported and left.
+    ``tables:`` must be capturable; tables of ``schemas:`` that are not are left out, and with
+    the tables the role cannot read reported when ``say``: by capture's start and a seed, not
+    again by each backfill.
     """
     wal_level = conn.execute("SHOW wal_level").fetchone()
     if not wal_level or wal_level[0] != "logical":
@@ -171,11 +178,11 @@ def prepare(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[st
             f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
             "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
         )
-    return complete_publication(conn, src, follow=True)
+    return complete_publication(conn, src, follow=True, say=say)
 
 
 def complete_publication(
-    conn: psycopg.Connection[Any], src: PostgresSource, *, follow: bool = False
+    conn: psycopg.Connection[Any], src: PostgresSource, *, follow: bool = False, say: bool = False
 ) -> list[tuple[str, str]]:
     """Add the source's capturable tables missing from its publication (each backfilled), and
     (``follow``) install the event trigger; one caller at a time per publication (capture, a
@@ -187,13 +194,13 @@ def complete_publication(
     key = f"weir:prepare:{src.publication}"
     conn.execute(lock[0], (key,))
     try:
-        tables = capturable_tables(conn, src)
+        tables = capturable_tables(conn, src, say)
         waiting = _ensure_publication(conn, src, tables)
-        if follow:
+        if say:
             _say_unreadable(conn, src, tables)
         if follow and src.create_publication:
             follow_tables(conn, src)
-        elif follow:
+        elif follow and say:
             log.info("source %s: publication %s is not Weir's (create_publication: false): "
                      "tables created, dropped or made anew while Weir runs are not followed; "
                      "one the config names is backfilled once it is added to the publication",

@@ -66,11 +66,14 @@ def connect(url: str, name: str = "weir-snapshot") -> psycopg.Connection[Any]:
     return encoding.connect(url, autocommit=True, options=SESSION_OPTIONS, application_name=name)
 
 
-def ensure_capture(conn: psycopg.Connection[Any], src: PostgresSource, store: Store) -> None:
+def ensure_capture(
+    conn: psycopg.Connection[Any], src: PostgresSource, store: Store, say: bool = False
+) -> None:
     """Check the source's tables and create its publication and slot when missing, so that
     every change from now on is captured (by ``weir run``, now or later); a slot made here is
-    noted in the store as its own (core/sources/pg/slot.py ``check_slot``)."""
-    prepare(conn, src)
+    noted in the store as its own (core/sources/pg/slot.py ``check_slot``). ``say``: report
+    the tables left out (capture's start does, so a backfill does not say it again)."""
+    prepare(conn, src, say)
     with contextlib.suppress(SlotBusyError):  # the slot exists and capture reads it: normal
         if ensure_slot(conn, src):
             store.slot_made(src.sync_id, src.slot)
