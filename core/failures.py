@@ -54,7 +54,7 @@ class Unreachable(Exception):
     def __init__(
         self, what: str, where: str, reason: str, check: str, for_good: bool = False
     ) -> None:
-        super().__init__(f"cannot reach {what} at {where}: {redact(reason)}; check {check}")
+        super().__init__(f"cannot reach {what} at {redact(where)}: {redact(reason)}; check {check}")
         self.for_good = for_good
 
 

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from connectors.kafka.config import KafkaConnector, KafkaSettings
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, key_prefixes
+from core.failures import Unreachable
 from core.templates import Template
 
 log = logging.getLogger("weir.kafka")
@@ -175,6 +176,9 @@ class KafkaSink:
         except KafkaException as e:  # librdkafka's own reason says more (SASL, TLS, refused)
             if logs.failure is None:
                 raise
+            if "SASL authentication error" in logs.failure:  # the credentials: for good
+                where, check = self.settings.bootstrap_servers, "kafka.sasl's username and password"
+                raise Unreachable("Kafka", where, logs.failure, check, for_good=True) from e
             raise ConnectionError(f"cannot reach the brokers: {logs.failure}") from e
 
     def _on_error(self, err: KafkaError) -> None:

@@ -19,11 +19,12 @@ import yaml
 
 from connectors.kafka.config import KafkaSettings
 from connectors.kafka.sink import client_config
+from core.runtime.service import prepare
 from devkit.embedded import EmbeddedKafka
 from tests.helpers.brokers import read_kafka
 from tests.helpers.capture import wait_for
 from tests.helpers.kafka_front import KafkaFront, Pki, make_pki
-from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
+from tests.helpers.weir import Running, cursor_of, insert_t, serving, weir_config
 
 USERS = {"weir": "correct horse battery staple"}
 
@@ -130,13 +131,21 @@ def test_refused_connection_says_why_and_loses_nothing(
         fixed = connector(front, sasl | {"password": USERS["weir"]}, good_tls)
         assert setup_topics(tmp_path, fixed).returncode == 0
         c = connector(front, sasl | {"password": password}, tls)
-        with serving(weir_config(table, [c])):
+        said = "cannot reach the brokers: .*" + re.escape(reason)
+        if password == WRONG:  # credentials turned away: for good, weir run ends saying so
+            said = (rf"connector secure: cannot reach Kafka at {re.escape(front.bootstrap)}: "
+                    rf".*{re.escape(reason)}.*; check kafka\.sasl's username")  # fmt: skip
+            prepare(weir_config(table, [c]))
             insert_t(table, range(1, 6))
-            said = "cannot reach the brokers: .*" + re.escape(reason)
-            wait_for(lambda: any(re.search(said, r.getMessage()) for r in caplog.records
-                                 if r.name == "weir.engine"),
-                     timeout=60, what=f"the connector to report {reason!r}")  # fmt: skip
-            assert cursor_of(table, "secure")[0] <= 0  # nothing went out, nothing was skipped
+            assert Running(weir_config(table, [c])).exit_status(60) == 1
+        else:  # what may be a broker's passing trouble: retried, saying why
+            with serving(weir_config(table, [c])):
+                insert_t(table, range(1, 6))
+                wait_for(lambda: any(re.search(said, r.getMessage()) for r in caplog.records
+                                     if r.name == "weir.engine"),
+                         timeout=60, what=f"the connector to report {reason!r}")  # fmt: skip
+        assert any(re.search(said, r.getMessage()) for r in caplog.records), said
+        assert cursor_of(table, "secure")[0] <= 0  # nothing went out, nothing was skipped
         client_lines = [r for r in caplog.records if r.name == "weir.kafka.client"]
         assert len(client_lines) <= 4, "librdkafka's repeats are logged once a minute"
         assert not any(
