@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import psycopg
 from common import record, single_row_backlog
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.sources.pg.capture import PostgresCapture
 from core.sources.pg.pgoutput import XLOG_HEADER, start_replication
 from core.sources.pg.values import SESSION_OPTIONS

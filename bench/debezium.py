@@ -41,7 +41,7 @@ import psycopg
 from common import new_db, record, single_row_backlog
 from cost import PostgresCpu
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.sources.pg.capture import PostgresCapture
 from core.store import Store
 from devkit import procs

@@ -9,7 +9,8 @@ import sys
 from psycopg import sql
 
 from core.config.load import ConfigError, load_config
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import postgres_address, reach_postgres
 from core.store import Store, StoreError
 from core.tables import parse_table, table_name

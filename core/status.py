@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import postgres_unreachable
 from core.redact import first_line
 from core.sources.pg.encoding import UnreadableDatabase, connect

@@ -50,7 +50,8 @@ from core.store.backfills import Backfills
 from core.store.snapshot_writer import SnapshotWriter
 
 if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
-    from core.config.model import PostgresSource, WeirConfig
+    from core.config.model import WeirConfig
+    from core.config.sources import PostgresSource
 
 log = logging.getLogger("weir.seed")
 

@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.api.models import Health, Ready
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import postgres_unreachable
 from core.metrics import Metrics
 

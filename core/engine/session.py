@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from core.config.base import ConnectorBase
-from core.config.model import HttpSource, PostgresSource
+from core.config.sources import HttpSource, PostgresSource
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
 from core.engine.rules import Groups, Suspects

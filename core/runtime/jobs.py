@@ -21,7 +21,8 @@ from datetime import timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import scheduled
 from core.status import slot_lag
 from core.store import Store, retention

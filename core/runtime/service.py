@@ -28,7 +28,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import AWAY, for_good, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from prometheus_client.multiprocess import mark_process_dead
 
 from core.api.listen import listen
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.failures import sources_let_in, wait_for_store
 from core.metrics import SHARED_DIR
 

@@ -17,7 +17,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from core.config.model import BackfillConfig, PostgresSource
+from core.config.sources import BackfillConfig, PostgresSource
 from core.progress import Progress
 from core.redact import first_line
 from core.sources.pg import snapshot

@@ -29,7 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from core.config.model import HttpSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import HttpSource
 from core.envelope import record_token, utc_iso
 from core.errors import Conflict, NotFound
 from core.ids import encode_token

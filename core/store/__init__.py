@@ -15,7 +15,8 @@ from core.redact import first_line
 from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
-    from core.config.model import HttpSource, PostgresSource, WeirConfig
+    from core.config.model import WeirConfig
+    from core.config.sources import HttpSource, PostgresSource
 
 Conn = psycopg.Connection[tuple[object, ...]]
 AConn = psycopg.AsyncConnection[tuple[Any, ...]]

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.sources.pg.capture import PostgresCapture
 from core.store import Store
 from tests.helpers import stored

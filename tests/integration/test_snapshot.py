@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.envelope import utc_iso
 from core.runtime.service import prepare
 from core.sources.backfill import Backfill

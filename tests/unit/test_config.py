@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.config.load import ConfigError, load_config
-from core.config.model import PostgresSource
 from core.config.settings import settings_or_exit
+from core.config.sources import PostgresSource
 
 
 def _write(tmp_path: Path, text: str) -> Path:

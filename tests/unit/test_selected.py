@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.config.model import PostgresSource, WeirConfig
+from core.config.model import WeirConfig
+from core.config.sources import PostgresSource
 from core.sources.pg import selected
 from core.sources.pg.selected import unmatched
 

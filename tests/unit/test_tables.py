@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.tables import parse_table, table_name
 
 

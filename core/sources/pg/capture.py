@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.failures import AWAY, for_good, postgres_unreachable
 from core.ids import lsn_to_str
 from core.metrics import Metrics

@@ -26,7 +26,7 @@ from core.store.migrations import STORE_DDL, STORE_MARK
 from core.tables import parse_table
 
 if TYPE_CHECKING:
-    from core.config.model import PostgresSource
+    from core.config.sources import PostgresSource
 
 log = logging.getLogger("weir.source")
 

@@ -32,7 +32,7 @@ from core.sources.pg.watch import PublicationWatch
 from core.tables import table_name
 
 if TYPE_CHECKING:
-    from core.config.model import PostgresSource
+    from core.config.sources import PostgresSource
 
 log = logging.getLogger("weir.source")
 

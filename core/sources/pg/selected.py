@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 
 from core.config.base import ConnectorBase
-from core.config.model import ConsumerConfig, PostgresSource, WeirConfig
+from core.config.model import ConsumerConfig, WeirConfig
+from core.config.sources import PostgresSource
 from core.ids import collection_id_of
 from core.sources.pg import snapshot
 from core.sources.pg.setup import SourceSetupError, tables_of

@@ -21,7 +21,7 @@ from core.store.migrations import STORE_MARK, STORE_TABLES
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
-    from core.config.model import PostgresSource
+    from core.config.sources import PostgresSource
 
 
 log = logging.getLogger("weir.source")

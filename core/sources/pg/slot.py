@@ -24,7 +24,7 @@ from core.ids import lsn_to_str
 from core.sources.pg.setup import SourceSetupError, ensure_slot
 
 if TYPE_CHECKING:
-    from core.config.model import PostgresSource
+    from core.config.sources import PostgresSource
     from core.store.writer import Checkpoint
 
 log = logging.getLogger("weir.source")

@@ -50,7 +50,7 @@ from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
-    from core.config.model import PostgresSource
+    from core.config.sources import PostgresSource
     from core.store import Store
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from core.config.model import PostgresSource
+from core.config.sources import PostgresSource
 from core.ids import lsn_to_str
 from core.sources.pg.follow import TABLE_MESSAGES
 from core.sources.pg.follower import TableFollower
