@@ -38,7 +38,8 @@ from core.config.model import ConsumerConfig, UnknownSourceError, WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound
 from core.store import Store
 from core.store.consumers import Delivery, Filler, Queues, consumer_key
-from core.store.reader import Notifier, StreamReader
+from core.store.notifier import Notifier
+from core.store.reader import StreamReader
 from core.store.selection import selection
 
 log = logging.getLogger("weir.consume")

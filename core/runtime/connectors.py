@@ -23,7 +23,7 @@ from core.redact import remember_config
 from core.shards import Shard
 from core.store import Store
 from core.store import connectors as api_connectors
-from core.store.reader import Notifier
+from core.store.notifier import Notifier
 
 if TYPE_CHECKING:
     from core.runtime.leases import Leases

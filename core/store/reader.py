@@ -9,8 +9,6 @@ entry from its batch (the last few batches decoded are kept).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import select
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
@@ -36,7 +34,6 @@ from core.store.batches import Entries, Version
 from core.store.cursors import Cursor, Cursors
 from core.store.index import Batches, IndexMissing
 from core.store.selection import Selection
-from core.store.shared import channel
 
 BATCHES = 16  # events batches read per query
 Entry = tuple[int, str, str | None, bytes | None]  # seq, collection, record id, record JSON
@@ -380,54 +377,3 @@ class StreamReader:
 
 def _epoch(ts: str) -> float:
     return datetime.fromisoformat(ts).timestamp()
-
-
-class Notifier:
-    """Wakes connectors when a source commits to the store (LISTEN on one connection), and
-    keeps the heads of each source's streams the commits announced (``heads``), so that a
-    connector caught up need not ask for them."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.heads: dict[str, tuple[int, int]] = {}  # by sync id: events seq, records seq
-        self._subscribers: dict[str, list[Callable[[], None]]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def subscribe(self, sync_id: str, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (in the event loop) after each commit of the source."""
-        self._subscribers.setdefault(sync_id, []).append(callback)
-
-    def unsubscribe(self, sync_id: str, callback: Callable[[], None]) -> None:
-        self._subscribers.get(sync_id, []).remove(callback)
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="weir-notifier")
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.store.url, autocommit=True, application_name="weir:notify",
-                    options=SESSION,
-                ) as conn:  # fmt: skip
-                    await conn.execute(
-                        sql.SQL("LISTEN {}").format(sql.Identifier(channel(self.store.schema)))
-                    )
-                    for callbacks in self._subscribers.values():  # missed while not listening
-                        for callback in callbacks:
-                            callback()
-                    async for n in conn.notifies():
-                        sid, _, heads = n.payload.partition(":")
-                        if heads:
-                            events, _, records = heads.partition(":")
-                            self.heads[sid] = (int(events), int(records))
-                        for callback in self._subscribers.get(sid, ()):
-                            callback()
-            except psycopg.OperationalError:
-                await asyncio.sleep(1.0)  # readers poll meanwhile
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
