@@ -14,7 +14,7 @@ on 2 cores came out of Weir's share: 57 against 23 µs a message.)
     .venv/bin/python bench/consume_api.py [--messages 200000] [--profile]
 
 Prints one JSON line and appends it to bench/results/consume_api.jsonl; ``--profile`` also
-writes bench/results/consume_api-profile.txt (py-spy self time of the weir process).
+writes bench/results/consume_api-profile.txt (py-spy self time of its api worker).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from common import RESULTS, new_db, py_spy, record, summarize
 
 from core.config.model import WeirConfig
 from core.runtime.service import prepare
+from devkit import procs
 from devkit.embedded import EmbeddedPostgres, free_port
 
 TOKEN = "bench-token-0123456789"
@@ -48,14 +49,12 @@ BATCH = 100
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of processes, from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(procs.cpu_seconds(p) for p in pids)
+
+
+def weir_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each process of ``weir run`` (supervisor and workers), by name."""
+    return {procs.name(p): procs.cpu_seconds(p) for p in procs.tree(pid)}
 
 
 def postgres_pids() -> list[int]:
@@ -133,19 +132,21 @@ def main() -> None:
             counts = ctx.Array("q", WORKERS)
             cpu = ctx.Array("d", WORKERS)
             base = f"http://127.0.0.1:{port}"
-            procs = [ctx.Process(target=worker, args=(base, n, acked, counts, cpu, i))
+            clients = [ctx.Process(target=worker, args=(base, n, acked, counts, cpu, i))
                      for i in range(WORKERS)]  # fmt: skip
             pg_pids = postgres_pids()
-            cpu0 = (cpu_seconds([weir.pid]), cpu_seconds(pg_pids))
+            cpu0 = (weir_cpu(weir.pid), cpu_seconds(pg_pids))
             start = time.perf_counter()
-            for p in procs:
+            for p in clients:
                 p.start()
-            spy = py_spy(weir.pid, 15, workdir / "profile.txt") if args.profile else None
-            for p in procs:
+            api = next((p for p in procs.tree(weir.pid) if procs.name(p) == "api"), weir.pid)
+            spy = py_spy(api, 15, workdir / "profile.txt") if args.profile else None
+            for p in clients:
                 p.join(900)
             elapsed = time.perf_counter() - start
+            after = weir_cpu(weir.pid)
             used = {
-                "weir": round(cpu_seconds([weir.pid]) - cpu0[0], 1),
+                **{f"weir {k}": round(after[k] - cpu0[0].get(k, 0.0), 1) for k in after},
                 "postgres": round(cpu_seconds(pg_pids) - cpu0[1], 1),
                 "workers": round(sum(cpu), 1),
             }
@@ -176,7 +177,9 @@ def main() -> None:
     }
     record(result)
     if args.profile:
-        (RESULTS / "consume_api-profile.txt").write_text(summarize(workdir / "profile.txt"))
+        (RESULTS / "consume_api-profile.txt").write_text(
+            summarize(workdir / "profile.txt", "the api worker of weir run")
+        )
 
 
 if __name__ == "__main__":
