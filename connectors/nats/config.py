@@ -8,14 +8,22 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from core.config.base import ConnectorBase, Duration, Model, TlsFiles, check_pair
 from core.redact import redact_urls
 
 
+def _none_required(schema: dict[str, Any]) -> None:
+    schema.pop("required", None)
+
+
 class StreamLimits(Model):
     """A JetStream stream ``weir nats setup`` creates when it is missing."""
+
+    # A config may leave any key out, the name and subjects too: NatsSettings fills in each
+    # stream's own defaults (_stream_defaults), so the JSON Schema requires none.
+    model_config = ConfigDict(json_schema_extra=_none_required)
 
     name: str = Field(description="the stream's name")
     subjects: list[str] = Field(description="the subjects it takes")

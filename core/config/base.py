@@ -23,6 +23,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     Tag,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -42,7 +43,7 @@ def _duration(v: Any) -> Any:
     return v
 
 
-def _duration_text(v: timedelta) -> str:
+def duration_text(v: timedelta) -> str:
     """A duration as the config writes it (``250ms``, ``10s``, ``1.5s``): what the API shows
     of a config can be sent back as it is."""
     ms = v.total_seconds() * 1000
@@ -52,7 +53,16 @@ def _duration_text(v: timedelta) -> str:
 Duration = Annotated[
     timedelta,
     BeforeValidator(_duration),
-    PlainSerializer(_duration_text, return_type=str, when_used="json"),
+    PlainSerializer(duration_text, return_type=str, when_used="json"),
+    # as the config writes it, not pydantic's ISO 8601 (which _duration refuses)
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _DURATION.pattern},
+                {"type": "number", "minimum": 0},
+            ]
+        }
+    ),
 ]
 
 

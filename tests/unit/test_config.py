@@ -117,6 +117,28 @@ def test_json_schema_is_up_to_date() -> None:
     )
 
 
+def test_the_json_schema_takes_what_the_models_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editor checking a config against config/weir.schema.json flags nothing Weir takes:
+    the examples, and a NATS stream given in part (the rest of it keeps its defaults)."""
+    import jsonschema
+    import yaml
+
+    from core.config.model import WeirConfig
+    from core.config.schema import PATH
+
+    monkeypatch.setenv("WEIR_API_TOKEN", "an-api-token-of-32-characters-xx")
+    check = jsonschema.Draft202012Validator(yaml.safe_load(PATH.read_text()))
+    partial = {"store": {"url": "postgresql://weir@127.0.0.1/app"}, "connectors": [
+        {"name": "n", "type": "nats", "stream": "records",
+         "nats": {"url": "nats://127.0.0.1:4222", "records_stream": {"max_age": "1d"},
+                  "events_stream": {"replicas": 3}}}]}  # fmt: skip
+    WeirConfig.model_validate(partial)
+    examples = Path(__file__).parents[2].joinpath("config", "examples").glob("*.yaml")
+    configs = [partial, *(yaml.safe_load(p.read_text()) for p in examples)]
+    for config in configs:
+        assert [e.message for e in check.iter_errors(config)] == [], config
+
+
 def test_every_key_has_a_description() -> None:
     """The JSON Schema and the configuration page show them."""
     from core.config.schema import schema
