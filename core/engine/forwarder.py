@@ -30,12 +30,12 @@ from core.engine.ports import Commits, Reader
 from core.engine.rules import Suspects
 from core.engine.session import Session, Source
 from core.engine.sink import Sink
-from core.failures import for_good
+from core.failures import AWAY, for_good
 from core.metrics import Metrics
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
 from core.store import Store
-from core.store.cursors import ConnectorGone
+from core.store.cursors import ConnectorGone, started
 from core.store.reader import StreamReader
 from core.store.selection import selection
 
@@ -44,8 +44,9 @@ log = logging.getLogger("weir.engine")
 
 class Refused(Exception):
     """A connector of the config file that its destination turned away for good (wrong
-    credentials) before it ever connected: ``weir run`` ends with this line, as it does for a
-    source. One made over the API, or one that was connected before, retries instead."""
+    credentials) before it ever connected (here or in an earlier run: it has no cursor yet):
+    ``weir run`` ends with this line, as it does for a source. One made over the API, or one
+    that connected before, retries instead."""
 
 
 class Forwarder:
@@ -104,6 +105,20 @@ class Forwarder:
             log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
         self.detail = detail
 
+    async def _may_end_the_run(self) -> bool:
+        """A refusal for good ends ``weir run`` only for a connector of the file that never
+        connected: not in this process, nor before (it has no cursor yet). One that did (a
+        worker restarted, or a new ``weir run`` after its password changed on the broker)
+        retries, as it would have, saying why in ``weir status``."""
+        if self.connected or self.cfg.incarnation is not None:
+            return False
+        if self.store is None:
+            return True
+        try:
+            return not await asyncio.to_thread(started, self.store, self.cfg.name)
+        except AWAY:  # the store is away too: retry, and ask again at the next refusal
+            return False
+
     def _on_commit(self) -> None:
         self.notified = True
         self.kick.set()
@@ -122,8 +137,8 @@ class Forwarder:
                 return
             except Exception as e:  # any failure: a new session from the saved cursors
                 why = for_good(e)
-                if why is not None and not self.connected and self.cfg.incarnation is None:
-                    self.set_state("failed", why)
+                if why is not None and await self._may_end_the_run():
+                    self.state, self.detail = "failed", why  # said once, as an error
                     log.error("connector %s: %s", self.name, why)
                     raise Refused(why) from None
                 attempt = 1 if session.delivered else attempt + 1

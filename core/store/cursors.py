@@ -74,6 +74,19 @@ def fence_key(store: Store, cursor_key: str, sync_id: str) -> str:
     return lock_key(store.schema, "fence", f"{cursor_key}:{sync_id}")
 
 
+def started(store: Store, connector: str) -> bool:
+    """Whether ``connector`` has a saved cursor of any shard: it ran before, in this process,
+    a worker since restarted or an earlier ``weir run``."""
+    with store.connect(autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT EXISTS (SELECT FROM {} WHERE connector = %s OR left(connector, %s) = %s)"
+            ).format(store.table("cursors")),
+            (connector, len(connector) + 1, connector + "#"),
+        ).fetchone()  # fmt: skip
+    return bool(row and row[0])
+
+
 class Cursors:
     """The cursors of one connector's shard in one source's stream."""
 

@@ -155,19 +155,43 @@ def test_a_wrong_password(tmp_path: Path, servers: tuple[EmbeddedPostgres, Embed
 def test_wrong_nats_credentials(
     tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
 ) -> None:
-    """A destination that turns the connector's credentials away ends ``weir run`` as a
-    source's does, naming the connector and what to check (it retried them for ever)."""
+    """A destination that turns a new connector's credentials away ends ``weir run`` as a
+    source's does, naming the connector and what to check (it retried them for ever). One
+    that ran before (a password changed on the broker, a worker restarted) retries instead,
+    and ``weir run`` goes on with its other work."""
     pg, _ = servers
     with EmbeddedNats(args=["--user", "natsuser", "--pass", "the-right-one"]) as guarded:
         config = _config(tmp_path, guarded)
         spec = yaml.safe_load(Path(config).read_text())
-        spec["connectors"][0]["nats"] |= {"user": "natsuser", "password": "not-the-one-9"}
-        Path(config).write_text(yaml.safe_dump(spec))
+        spec["connectors"][0]["name"] = "guarded"  # no cursor from the module's other tests
+
+        def with_password(password: str) -> None:
+            spec["connectors"][0]["nats"] |= {"user": "natsuser", "password": password}
+            Path(config).write_text(yaml.safe_dump(spec))
+
+        with_password("not-the-one-9")
         err = _fails(config, _env(pg), "run")
-    name = spec["connectors"][0]["name"]
-    assert (f"connector {name}: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused the "
-            "credentials; check nats.user/password") in err, err  # fmt: skip
-    assert "not-the-one-9" not in err, err
+        assert (f"connector guarded: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused "
+                "the credentials; check nats.user/password") in err, err  # fmt: skip
+        assert "not-the-one-9" not in err, err
+
+        with_password("the-right-one")
+        weir("nats", "setup", "--config", config, env=_env(pg))
+        for password, said in (("the-right-one", "connector guarded: streaming"),
+                               ("not-the-one-9", "it refused the credentials")):  # fmt: skip
+            with_password(password)
+            log = tmp_path / f"{password}.log"
+            with log.open("w") as f:
+                run = subprocess.Popen([*WEIR, "run", "--config", config], env=_env(pg), stderr=f)
+            try:
+                wait_for(lambda s=said, lg=log: s in lg.read_text(), timeout=60, what=said)
+                time.sleep(2)
+                assert run.poll() is None, log.read_text()  # it retries, and runs on
+            finally:
+                run.send_signal(signal.SIGTERM)
+                run.wait(60)
+            assert run.returncode == 0, log.read_text()
+            assert "not-the-one-9" not in log.read_text()
 
 
 def test_a_store_the_role_may_not_make(
