@@ -183,7 +183,7 @@ class TableFollower:
             row = self.catalog.execute(TABLE_INFO_SQL, (schema, table)).fetchone()
             problem = table_problem(self.src, name, row) if row is not None else None
             if problem is not None:  # as at a start (core/sources/pg/setup.py)
-                log.warning("source %s: not capturing %s", self.src.name, problem)
+                log.warning("source %s: not capturing: %s", self.src.name, problem)
             return
         if prefix == MISSED_PREFIX:
             self._missed(table_name(schema, table), " ".join(why))

@@ -145,6 +145,7 @@ def capturable_tables(
     an error; one of ``schemas:`` is left out, and reported when ``say`` (capture's start
     says it; a backfill's list of the same tables does not say it again)."""
     listed = {parse_table(t) for t in src.tables}
+    published = set() if src.create_publication else published_tables(conn, src.publication)
     tables = []
     for schema, table in tables_of(conn, src):
         name = table_name(schema, table)
@@ -153,8 +154,14 @@ def capturable_tables(
             tables.append((schema, table))
         elif (schema, table) in listed:
             raise SourceSetupError(f"source {src.name!r}: {problem}")
+        elif say and (schema, table) in published:  # Weir cannot leave it out: the DBA's
+            log.warning("source %s: %s; it is in publication %s, which Weir does not manage, so "
+                        "its changes reach capture, which cannot store them: each stops capture "
+                        "(on_unstorable: stop) or goes to the source's failed list (fail), "
+                        "unless it is taken out: ALTER PUBLICATION %s DROP TABLE %s", src.name,
+                        problem, src.publication, src.publication, name)  # fmt: skip
         elif say:
-            log.warning("source %s: not capturing %s", src.name, problem)
+            log.warning("source %s: not capturing: %s", src.name, problem)
     return tables
 
 
