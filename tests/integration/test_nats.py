@@ -64,6 +64,25 @@ def test_auth(
     assert not any("s3cret" in r.getMessage() for r in caplog.records)
 
 
+def test_nkey_auth(table: str, tmp_path: Path) -> None:
+    """``nkey_seed_file`` signs in with the seed it holds (nats-py needs its nkeys extra, which
+    Weir's install lacked: every such connector retried ModuleNotFoundError for ever)."""
+    import nkeys
+
+    seed = nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(seed).public_key.decode()
+    (tmp_path / "seed.nk").write_bytes(seed)
+    (tmp_path / "nats.conf").write_text(f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}')
+    with EmbeddedNats(args=["-c", str(tmp_path / "nats.conf")]) as server:
+        c = NatsHarness(server, {"nkey_seed_file": str(tmp_path / "seed.nk")}).connector(
+            "nk", "events"
+        )
+        asyncio.run(ensure_streams(NatsConnector.model_validate(c)))
+        with serving(weir_config(table, [c])):
+            insert_t(table, range(1, 4))
+            wait_for(lambda: cursor_of(table, "nk")[0] == 3, what="3 taken by JetStream")
+
+
 def test_nats_setup_creates_then_reports_differences(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
