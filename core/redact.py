@@ -38,6 +38,8 @@ from pydantic import BaseModel, SecretStr
 
 MASK = "***"
 SECRET_MASK = "**********"  # how pydantic shows a SecretStr
+MAX_CUTS = 8  # delimiters in a password beyond which its pieces are not all paired (a body's
+# text, not a password: all pairs of thousands of cuts stalled the API for minutes)
 MIN_PIECE = 4  # shorter pieces of a secret (its lines, a password's parts) match too many words
 
 # A URL's user info in text: an optional scheme, slashes, user, ':', password, '@' (the last
@@ -92,6 +94,8 @@ def _pieces(password: str) -> list[str]:
     'piece'``)."""
     cuts = [m.start() for m in re.finditer("[@:/?#]", password)]
     starts, ends = [0, *(c + 1 for c in cuts)], [*cuts, len(password)]
+    if len(cuts) > MAX_CUTS:  # no password has that many: each run between them alone
+        return [password[a:b] for a, b in zip(starts, ends, strict=True) if b - a >= MIN_PIECE]
     return [password[a:b] for a in starts for b in ends if b - a >= MIN_PIECE]
 
 
@@ -148,6 +152,22 @@ class Secrets:
 
 
 _SECRETS = Secrets()  # what this process was given: every config it loaded
+
+
+def forms_of(values: Iterable[str]) -> list[str]:
+    """What to search for of these secret values (each spelling, as :func:`remember` takes
+    them), longest first, for :func:`masked`."""
+    return sorted({f for v in values for f in _forms(v)}, key=len, reverse=True)
+
+
+def masked(text: str, forms: list[str]) -> str:
+    """``text`` with these forms (:func:`forms_of`) masked where they occur whole, without
+    keeping them: a refused request's own secrets in its answer. Only the forms ``text``
+    holds are searched for, so nothing is compiled for the others."""
+    for form in forms:
+        if form in text:
+            text = re.sub(_whole(form), MASK, text)
+    return text
 
 
 def remember(values: Iterable[str]) -> None:

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.failures import AWAY
-from core.redact import Secrets, first_line, raw_secrets, redact
+from core.redact import first_line, forms_of, masked, raw_secrets, redact
 from core.registry import connector_specs
 
 log = logging.getLogger("weir.api")
@@ -44,10 +44,11 @@ REFUSALS = [
 ]
 
 
-def redacted(value: Any, also: Secrets | None = None) -> Any:
-    """``value`` (JSON-like) with every string redacted, of ``also``'s secrets too."""
+def redacted(value: Any, also: list[str] | None = None) -> Any:
+    """``value`` (JSON-like) with every string redacted, and ``also``'s forms masked
+    (core/redact.py ``forms_of``)."""
     if isinstance(value, str):
-        return redact(also.redact(value) if also else value)
+        return redact(masked(value, also) if also else value)
     if isinstance(value, dict):
         return {k: redacted(v, also) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -113,8 +114,7 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         # what was wrong and where, not the input again (it can be large or nested deep); the
         # secrets of a body that did not validate are hidden too (a message may quote one), in
         # this answer only: kept for the process, what clients send would grow without bound
-        secrets = Secrets()
-        secrets.remember(raw_secrets(e.body, WeirConfig))
+        secrets = forms_of(raw_secrets(e.body, WeirConfig))
         errors = [{k: v for k, v in err.items() if k != "input"} for err in e.errors()]
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]

@@ -31,6 +31,7 @@ from core.tables import parse_table, table_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_LONGEST = 999_999 * 86400.0  # seconds: timedelta ends at 999,999,999 days; this is plenty
 
 
 def _duration(v: Any) -> Any:
@@ -39,7 +40,11 @@ def _duration(v: Any) -> Any:
         m = _DURATION.match(v)
         if not m:
             raise ValueError("expected a duration like 250ms, 10s, 30m, 12h or 7d")
-        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+        v = float(m.group(1)) * _UNITS[m.group(2)]
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if not 0 <= v <= _LONGEST:  # (also NaN) beyond it timedelta overflows
+            raise ValueError(f"expected a duration from 0 to {_LONGEST // 86400:.0f}d")
+        return timedelta(seconds=v)
     return v
 
 
@@ -59,7 +64,7 @@ Duration = Annotated[
         {
             "anyOf": [
                 {"type": "string", "pattern": _DURATION.pattern},
-                {"type": "number", "minimum": 0},
+                {"type": "number", "minimum": 0, "maximum": _LONGEST},
             ]
         }
     ),
