@@ -135,7 +135,7 @@ class Secrets:
     def remember(self, values: Iterable[str], names: Iterable[str] = ()) -> None:
         """Hide these values (and their passwords, when they hold a URL's) from now on;
         ``names`` are the config's other strings (see :func:`remember_config`)."""
-        found = {f for value in values for f in _forms(value)}
+        found = set(forms_of(values))
         with self._lock:
             self.names |= frozenset(names)
             if found <= self._known:

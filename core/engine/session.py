@@ -58,7 +58,6 @@ class Host(Protocol):
     detail: str
     said: bool  # that start_position no longer applies
     had: bool  # its cursors: a session finding none then stops (ConnectorGone)
-    connected: bool  # a session connected to the destination once
     suspects: Suspects  # the messages that lost a connection, and how often
 
     def set_state(self, state: str, detail: str = "") -> None: ...
@@ -108,7 +107,6 @@ class Session:
         last = fw.detail.rsplit("; retry in", 1)[0] if fw.state == "reconnecting" else ""
         fw.set_state("connecting", f"last attempt: {last}" if last else "")
         await self.sink.connect()
-        fw.connected = True
         for lane in self.lanes:
             if not await self._open(lane):
                 return

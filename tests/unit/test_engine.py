@@ -308,10 +308,10 @@ def test_a_file_connector_turned_away_for_good_at_its_first_connect_ends_the_run
     assert broker.connects == 1 and broker.stored == []
 
 
-@pytest.mark.parametrize("made", [True, False], ids=["made-over-the-api", "connected-before"])
+@pytest.mark.parametrize("made", [True, False], ids=["made-over-the-api", "ran-before"])
 def test_a_refusal_for_good_is_retried_by_a_connector_that_may_not_end_the_run(made: bool) -> None:
-    """One made over the API (a client may not end the service), or one that connected once
-    (credentials turned away since may be restored): each retries, and delivers once let in."""
+    """One made over the API (a client may not end the service), or one that ran (credentials
+    turned away since may be restored): each retries, and delivers once let in."""
     store, broker = FakeStore(), FakeBroker()
     msgs = [store.append(f"r{i}") for i in range(5)]
     cfg = connector().made(1) if made else connector()

@@ -145,7 +145,9 @@ def capturable_tables(
     an error; one of ``schemas:`` is left out, and reported when ``say`` (capture's start
     says it; a backfill's list of the same tables does not say it again)."""
     listed = {parse_table(t) for t in src.tables}
-    published = set() if src.create_publication else published_tables(conn, src.publication)
+    published = (
+        published_tables(conn, src.publication) if say and not src.create_publication else set()
+    )
     tables = []
     for schema, table in tables_of(conn, src):
         name = table_name(schema, table)
