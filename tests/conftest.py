@@ -64,8 +64,8 @@ def fresh_database(server: EmbeddedPostgres) -> Iterator[str]:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield server.url.rsplit("/", 1)[0] + "/" + name
     with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+        conn.execute(  # and wait (10 s at most) for each to end: its slot is active until then
+            "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
             "WHERE database = %s AND active_pid IS NOT NULL",
             (name,),
         )
