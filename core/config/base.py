@@ -296,7 +296,12 @@ class ConnectorBase(Model):
     )
     max_in_flight: int = Field(8, ge=1, le=256, description="batches awaiting the broker")
     max_pending: int = Field(
-        20_000, ge=10, le=1_000_000, description="messages read ahead from the store"
+        8_000,
+        ge=10,
+        le=1_000_000,
+        description="messages read ahead from the store: enough to keep max_in_flight batches "
+        "of batch.max_messages going, with two store pages to spare; each waiting message "
+        "takes about 1.5 KB of memory",
     )
     shards: int = Field(
         1,
