@@ -11,6 +11,14 @@ from core.config.base import ConnectorBase, Duration, Model, TlsFiles
 from core.templates import check_template
 
 
+class _Quiet:
+    """A librdkafka logger that drops its lines (a client made only to check properties
+    warns that it has no brokers)."""
+
+    def log(self, *line: object) -> None:
+        pass
+
+
 class KafkaSasl(Model):
     mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
         "PLAIN", description="the SASL mechanism"
@@ -75,6 +83,21 @@ class KafkaSettings(Model):
         description="any other librdkafka client property, applied last (one named `*password`, "
         "`*secret`, `*token` or `*.pem` is a secret)",
     )
+
+    @field_validator("librdkafka")
+    @classmethod
+    def _known(cls, v: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+        """Properties librdkafka knows, with values it takes: a client made with them says so
+        at load (made, not connected: it has no brokers), where the producer would fail at
+        each connect, for ever. Made with them all, as some ask for others."""
+        if v:
+            from confluent_kafka import KafkaException, Producer
+
+            try:
+                Producer(dict(v) | {"bootstrap.servers": "", "logger": _Quiet()})
+            except KafkaException as e:
+                raise ValueError(e.args[0].str()) from None
+        return v
 
     @field_validator("topic")
     @classmethod

@@ -36,9 +36,7 @@ def _ensure(connector: KafkaConnector) -> list[str]:
     except KafkaException as e:
         admin.poll(0)  # serves the log lines librdkafka queued meanwhile
         reason = logs.failure or f"no answer within {METADATA_TIMEOUT:g}s ({e.args[0].str()})"
-        refused = "SASL" in reason or "SSL" in reason
-        check = "kafka.sasl and kafka.tls" if refused else "kafka.bootstrap_servers"
-        raise Unreachable("Kafka", s.bootstrap_servers, reason, check) from None
+        raise Unreachable("Kafka", s.bootstrap_servers, reason, logs.check()[0]) from None
     if existing is None:
         new = NewTopic(topic, num_partitions=s.partitions, replication_factor=s.replication_factor)
         admin.create_topics([new])[topic].result(timeout=30)

@@ -77,6 +77,16 @@ class _ClientLog:
             self.failure = line.split("]: ", 1)[-1]  # without librdkafka's thread name
         librdkafka_log.log(level, fmt, facility, client, line)
 
+    def check(self) -> tuple[str, bool]:
+        """What the user should check after the last failure, and whether it is for good:
+        the broker refused the SASL credentials, which trying again cannot change."""
+        failure = self.failure or ""
+        if "SASL authentication error" in failure:
+            return "kafka.sasl's username and password", True
+        if "SASL" in failure or "SSL" in failure:
+            return "kafka.sasl and kafka.tls", False
+        return "kafka.bootstrap_servers", False
+
 
 def client_config(s: KafkaSettings, name: str) -> dict[str, Any]:
     """Connection properties shared by the producer, the read-back consumer and the admin."""
@@ -176,8 +186,9 @@ class KafkaSink:
         except KafkaException as e:  # librdkafka's own reason says more (SASL, TLS, refused)
             if logs.failure is None:
                 raise
-            if "SASL authentication error" in logs.failure:  # the credentials: for good
-                where, check = self.settings.bootstrap_servers, "kafka.sasl's username and password"
+            check, refused = logs.check()
+            if refused:
+                where = self.settings.bootstrap_servers
                 raise Unreachable("Kafka", where, logs.failure, check, for_good=True) from e
             raise ConnectionError(f"cannot reach the brokers: {logs.failure}") from e
 

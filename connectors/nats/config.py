@@ -4,13 +4,12 @@ docs/configuration.md “Keys”)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from core.config.base import ConnectorBase, Duration, Model, TlsFiles, check_pair
+from core.config.base import ConnectorBase, Duration, Model, ReadableFile, TlsFiles, check_pair
 from core.redact import redact_urls
 
 
@@ -69,8 +68,10 @@ class NatsSettings(Model):
     user: str | None = Field(None, description="user, with password")
     password: SecretStr | None = Field(None, description="the user's password")
     token: SecretStr | None = Field(None, description="an auth token")
-    nkey_seed_file: Path | None = Field(None, description="a file holding an NKey seed")
-    creds_file: Path | None = Field(None, description="a credentials file (JWT and NKey seed)")
+    nkey_seed_file: ReadableFile | None = Field(None, description="a file holding an NKey seed")
+    creds_file: ReadableFile | None = Field(
+        None, description="a credentials file (JWT and NKey seed)"
+    )
     tls: TlsFiles | None = Field(
         None, description="TLS: a CA to trust and, for mutual TLS, a client certificate and key"
     )

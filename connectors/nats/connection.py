@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client
@@ -13,10 +14,14 @@ from connectors.nats.config import NatsConnector, NatsSettings
 from core.failures import Unreachable, network_reason, url_addresses
 
 
+def servers(s: NatsSettings) -> list[str]:
+    return [s.url] if isinstance(s.url, str) else list(s.url)
+
+
 def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
     """nats-py connect() arguments from the settings; used by the sink and ``weir nats setup``."""
     opts: dict[str, Any] = {
-        "servers": [s.url] if isinstance(s.url, str) else list(s.url),
+        "servers": servers(s),
         "name": f"weir:{name}",
         "connect_timeout": s.connect_timeout.total_seconds(),
     }
@@ -38,6 +43,18 @@ def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
     return opts
 
 
+def _credentials(s: NatsSettings) -> str:
+    """The credentials the settings give, for a refusal's one line to name."""
+    for given, key in ((s.user, "nats.user and nats.password"), (s.token, "nats.token"),
+                       (s.nkey_seed_file, "nats.nkey_seed_file"),
+                       (s.creds_file, "nats.creds_file")):  # fmt: skip
+        if given is not None:
+            return key
+    if any(urlsplit(u).username is not None for u in servers(s)):
+        return "the user and password (or token) in nats.url"
+    return "nats.user and nats.password, token, nkey_seed_file or creds_file (none is given)"
+
+
 async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
     """A connection that tries each server twice, each attempt bounded by ``connect_timeout``,
     then raises :class:`Unreachable` with the last reason (nats-py would retry for ever and
@@ -53,22 +70,24 @@ async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
         if on_error is not None:
             await on_error(e)
 
-    options = connect_options(s, connector.name) | callbacks | {
-        "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": failed,
-    }  # fmt: skip
+    where = url_addresses(servers(s))
     try:
+        options = connect_options(s, connector.name) | callbacks | {
+            "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": failed,
+        }  # fmt: skip
         return await nats.connect(**options)
     except (TimeoutError, nats.errors.Error, OSError) as e:
         last = failures[-1] if failures else e
-        where = url_addresses(options["servers"])
+        unread = [f for f in (*failures, e) if isinstance(f, OSError) and f.filename is not None]
+        if unread:  # a file gone since the load (nats-py reads a creds file as it signs in)
+            raise Unreachable(
+                "NATS", where, f"cannot read {unread[0].filename}: {unread[0].strerror}",
+                "the files under nats: (creds_file, nkey_seed_file, tls)",
+            ) from None  # fmt: skip
         # nats-py raises a plain Error for the server's -ERR 'Authorization Violation'
         if isinstance(last, nats.errors.AuthorizationError) or "Authorization" in str(last):
             raise Unreachable(
-                "NATS",
-                where,
-                "it refused the credentials",
-                "nats.user/password, token, nkey_seed_file or creds_file",
-                for_good=True,
+                "NATS", where, "it refused the credentials", _credentials(s), for_good=True
             ) from None
         raise Unreachable(
             "NATS", where, network_reason(last), "nats.url and that nats-server runs there"

@@ -124,14 +124,28 @@ class Model(BaseModel):
         return self
 
 
+def _readable(path: Path) -> Path:
+    """A file the config names (a CA, a key, credentials) is one this process can read: said
+    at load with its key, not at each connect as a server that cannot be reached."""
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+    return path
+
+
+ReadableFile = Annotated[Path, AfterValidator(_readable)]
+
+
 class TlsFiles(Model):
     """TLS to a broker: a CA to trust and, for mutual TLS, a client certificate and key."""
 
-    ca_file: Path | None = Field(None, description="CA certificates to trust (PEM)")
-    cert_file: Path | None = Field(
+    ca_file: ReadableFile | None = Field(None, description="CA certificates to trust (PEM)")
+    cert_file: ReadableFile | None = Field(
         None, description="client certificate (PEM) for mutual TLS, with key_file"
     )
-    key_file: Path | None = Field(None, description="the client certificate's key (PEM)")
+    key_file: ReadableFile | None = Field(None, description="the client certificate's key (PEM)")
 
     @model_validator(mode="after")
     def _pair(self) -> Self:

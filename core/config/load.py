@@ -172,7 +172,7 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
             line, where = _line_of(loc, lines, data)
             rest = [p for p in loc[len(where) :] if p not in where]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"
-            msg = err["msg"]
+            msg = err["msg"].removeprefix("Value error, ")  # the validators' own sentences
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:

@@ -64,9 +64,37 @@ def test_auth(
     assert not any("s3cret" in r.getMessage() for r in caplog.records)
 
 
+def test_a_refusal_names_the_credentials_to_check() -> None:
+    """The one line of a refusal names the credentials the config gives: in nats.url it
+    named nats.user/password (found by an outside tryout), and none at all when the server
+    asks for some."""
+    with EmbeddedNats(args=["--user", "weir", "--pass", "s3cret-pass"]) as server:
+        wrong = server.url.replace("nats://", "nats://weir:wrong@")
+
+        def refusal(**nats: object) -> str:
+            c = NatsHarness(server).connector("bad", "events")
+            c["nats"] |= nats
+            connector = NatsConnector.model_validate(c)
+            with pytest.raises(Exception) as e:
+                asyncio.run(ensure_streams(connector))
+            return str(e.value)
+
+        assert refusal(url=wrong).endswith(
+            ": it refused the credentials; check the user and password (or token) in nats.url"
+        )
+        assert refusal(user="weir", password="wrong").endswith(
+            "; check nats.user and nats.password"
+        )
+        assert refusal().endswith(
+            "; check nats.user and nats.password, token, nkey_seed_file or creds_file (none is "
+            "given)"
+        )
+
+
 def test_nkey_auth(table: str, tmp_path: Path) -> None:
     """``nkey_seed_file`` signs in with the seed it holds (nats-py needs its nkeys extra, which
-    Weir's install lacked: every such connector retried ModuleNotFoundError for ever)."""
+    Weir's install lacked: every such connector retried ModuleNotFoundError for ever); a seed
+    file gone since the config was loaded is said as such."""
     import nkeys
 
     seed = nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER)
@@ -77,10 +105,16 @@ def test_nkey_auth(table: str, tmp_path: Path) -> None:
         c = NatsHarness(server, {"nkey_seed_file": str(tmp_path / "seed.nk")}).connector(
             "nk", "events"
         )
-        asyncio.run(ensure_streams(NatsConnector.model_validate(c)))
+        connector = NatsConnector.model_validate(c)
+        asyncio.run(ensure_streams(connector))
         with serving(weir_config(table, [c])):
             insert_t(table, range(1, 4))
             wait_for(lambda: cursor_of(table, "nk")[0] == 3, what="3 taken by JetStream")
+        # A seed gone since the config was loaded is named, not taken for a server away.
+        (tmp_path / "seed.nk").unlink()
+        with pytest.raises(Exception, match="check the files under nats:") as e:
+            asyncio.run(ensure_streams(connector))
+        assert f": cannot read {tmp_path}/seed.nk: No such file or directory;" in str(e.value)
 
 
 def test_nats_setup_creates_then_reports_differences(

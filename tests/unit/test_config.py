@@ -56,9 +56,9 @@ def test_every_problem_names_file_line_and_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "1: store.schema: Value error, must be a lower-case SQL identifier",
+        "1: store.schema: must be a lower-case SQL identifier",
         "1: store.bogus: unknown key",
-        "6: sources[0].tables[0]: Value error, 'users': tables are written schema.table, with "
+        "6: sources[0].tables[0]: 'users': tables are written schema.table, with "
         '"double quotes" around a name that holds a dot or a quote (public."my.table")',
         "7: sources[1].provider: Field required",
     ]
@@ -181,11 +181,64 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "3: connectors[0]: Value error, actions: filters the events stream only",
-        "11: connectors[1].filters[0]: Value error, op 'in' needs a list value",
-        "12: connectors[1].nats.url: Value error, 'http://x': expected nats://host:port "
+        "3: connectors[0]: actions: filters the events stream only",
+        "11: connectors[1].filters[0]: op 'in' needs a list value",
+        "12: connectors[1].nats.url: 'http://x': expected nats://host:port "
         "(or tls://, ws://, wss://)",
     ]
+
+
+def test_files_the_config_names_are_read_at_load(tmp_path: Path) -> None:
+    """A CA, key, seed or credentials file this process cannot read is named with its key when
+    the config is loaded (weir config validate, weir run, the management API): it was taken,
+    and every connect then failed as if the server could not be reached, for ever."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    path = _write(
+        tmp_path,
+        "connectors:\n"
+        "  - {name: a, type: nats, stream: events, nats: {creds_file: /nowhere/a.creds}}\n"
+        f"  - {{name: b, type: nats, stream: events, nats: {{nkey_seed_file: {tmp_path}}}}}\n"
+        "  - name: c\n"
+        "    type: kafka\n"
+        "    stream: events\n"
+        f"    kafka: {{tls: {{ca_file: {ca}, cert_file: {tmp_path}/no.pem, key_file: {ca}}}}}\n"
+        f"  - {{name: d, type: nats, stream: events, nats: {{tls: {{ca_file: {ca}}}}}}}\n",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.problems == [
+        "2: connectors[0].nats.creds_file: cannot read /nowhere/a.creds: no such file or directory",
+        f"3: connectors[1].nats.nkey_seed_file: cannot read {tmp_path}: is a directory",
+        f"7: connectors[2].kafka.tls.cert_file: cannot read {tmp_path}/no.pem: no such file or "
+        "directory",
+    ]
+
+
+def test_librdkafka_properties_are_known_at_load(tmp_path: Path) -> None:
+    """A property librdkafka does not know, or a value it does not take, is said at load: the
+    producer refused it at each connect, which Weir retried for ever (found by an outside
+    tryout). Properties that go together are taken together."""
+    head = (
+        "store: {url: 'postgresql://weir@127.0.0.1/app'}\n"
+        "connectors:\n  - {name: k, type: kafka, stream: events, kafka: {librdkafka: "
+    )
+    oidc = "sasl.mechanism: OAUTHBEARER, sasl.oauthbearer.method: oidc"
+    for props, problem in [
+        ("linger.msec: 5", 'No such configuration property: "linger.msec"'),
+        ("acks: maybe", 'Invalid value for configuration property "request.required.acks"'),
+        (oidc, "is mandatory when `sasl.oauthbearer.method=oidc` is set"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, head + "{" + props + "}}}\n"))
+        [said] = e.value.problems
+        assert said.startswith("3: connectors[0].kafka.librdkafka: ") and problem in said, said
+    ok = (
+        f"{oidc}, sasl.oauthbearer.client.id: weir, sasl.oauthbearer.client.secret: s3cret,"
+        " sasl.oauthbearer.token.endpoint.url: 'https://idp.example/token', linger.ms: 20"
+    )
+    cfg = load_config(_write(tmp_path, head + "{" + ok + "}}}\n"))
+    assert cfg.connectors[0].kafka.librdkafka["linger.ms"] == 20
 
 
 def test_filter_values_are_json_as_written(tmp_path: Path) -> None:
@@ -210,11 +263,11 @@ def test_filter_values_are_json_as_written(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert e.value.problems == [
-        "7: connectors[0].filters[0]: Value error, value nan is no JSON number: compare with a "
+        "7: connectors[0].filters[0]: value nan is no JSON number: compare with a "
         "number, or quote it",
-        "8: connectors[0].filters[1]: Value error, value inf is no JSON number: compare with a "
+        "8: connectors[0].filters[1]: value inf is no JSON number: compare with a "
         "number, or quote it",
-        "8: connectors[0].filters[2]: Value error, value b'hi' is no JSON value: write it as "
+        "8: connectors[0].filters[2]: value b'hi' is no JSON value: write it as "
         "text, a number, true, false or null",
     ]
 
@@ -259,17 +312,16 @@ def test_a_missing_kind_or_type_names_the_choices(tmp_path: Path) -> None:
 def test_api_and_consumer_problems_are_named(tmp_path: Path) -> None:
     head = "sources: [{name: app, kind: postgres, url: 'postgresql://x', tables: [public.t]}]\n"
     cases = {
-        "consumers: [{name: w}]\n": "1: (top): Value error, consumers and http sources are "
+        "consumers: [{name: w}]\n": "1: (top): consumers and http sources are "
         "served by the API: add api:",
-        "api: {tokens: [short]}\n": "2: api.tokens: Value error, every token needs at least 16 "
-        "characters",
+        "api: {tokens: [short]}\n": "2: api.tokens: every token needs at least 16 characters",
         "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, max_deliver: 0}]\n": "3: "
-        "consumers[0].max_deliver: Value error, must be -1 (no limit) or at least 1",
+        "consumers[0].max_deliver: must be -1 (no limit) or at least 1",
         "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, max_deliver: 2147483648}]\n": (
             "3: consumers[0].max_deliver: Input should be less than or equal to 2147483647"
         ),
         "api: {tokens: [0123456789abcdefgh]}\nconsumers: [{name: w, sources: [nope]}]\n": "1: "
-        "(top): Value error, consumer 'w': no source named nope",
+        "(top): consumer 'w': no source named nope",
     }
     for body, problem in cases.items():
         with pytest.raises(ConfigError) as e:
@@ -287,9 +339,9 @@ def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "1: store.url: Value error, not a valid PostgreSQL URL: invalid percent-encoded token: "
+        "1: store.url: not a valid PostgreSQL URL: invalid percent-encoded token: "
         '"***" (a % in a password is written %25)',
-        "3: connectors[0].nats.url: Value error, 'nats:/u:***@h:4222': expected nats://host:port "
+        "3: connectors[0].nats.url: 'nats:/u:***@h:4222': expected nats://host:port "
         "(or tls://, ws://, wss://)",
     ]
 
@@ -302,7 +354,7 @@ def test_a_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path, passwo
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "1: store.url: Value error, not a valid PostgreSQL URL: its password seems to hold a "
+        "1: store.url: not a valid PostgreSQL URL: its password seems to hold a "
         "'/', '?' or '#' (in a password they are written %2F, %3F and %23)"
     ]
 
@@ -318,7 +370,7 @@ def test_a_nats_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path) -
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "3: connectors[0].nats.url: Value error, 'nats://bob:***@127.0.0.1:4222': its port is "
+        "3: connectors[0].nats.url: 'nats://bob:***@127.0.0.1:4222': its port is "
         "not a number (in a password, '/', '?', '#' and '@' are written %2F, %3F, %23 and %40)"
     ]
 
@@ -356,7 +408,7 @@ def test_a_port_out_of_range_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
-        "1: store.url: Value error, not a valid PostgreSQL URL: a port is not in 1-65535"
+        "1: store.url: not a valid PostgreSQL URL: a port is not in 1-65535"
     ]
 
 
