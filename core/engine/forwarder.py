@@ -137,8 +137,7 @@ class Forwarder:
             except Exception as e:  # any failure: a new session from the saved cursors
                 why = for_good(e)
                 if why is not None and await self._may_end_the_run():
-                    self.state, self.detail = "failed", why  # said once, as an error
-                    log.error("connector %s: %s", self.name, why)
+                    self.state, self.detail = "failed", why  # said once by its runner
                     raise Refused(why) from None
                 attempt = 1 if session.delivered else attempt + 1
                 delay = self.cfg.retry.delay(attempt, random.random())

@@ -91,6 +91,13 @@ class ConnectorLoop:
                                         daemon=True)  # fmt: skip
         self._thread.start()
         self.call(self.notifier.start())
+        self.said: set[str] = set()  # the refusals for good said, one line a connector
+
+    def say_once(self, line: str) -> None:
+        """An error line, once however many shards of a connector end with it."""
+        if line not in self.said:
+            self.said.add(line)
+            log.error("%s", line)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -129,6 +136,11 @@ class ConnectorWork:
     def start(self) -> None:
         self._halt = asyncio.Event()  # made here, so that a stop() right after start() counts
         self._run = self.loop.call(self.forwarder.run(self._halt))
+        self._run.add_done_callback(self._ended)
+
+    def _ended(self, run: concurrent.futures.Future[None]) -> None:
+        if not run.cancelled() and isinstance(e := run.exception(), Refused):
+            self.loop.say_once(f"connector {self.connector.name}: {e}")
 
     def stop(self) -> None:
         self.loop.loop.call_soon_threadsafe(self._halt.set)
@@ -142,6 +154,6 @@ class ConnectorWork:
             log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
             self._run.cancel()
         except Refused:
-            pass  # said as it ended
+            pass  # said as it ended (_ended)
         except Exception as e:
             log.error("connector %s: %s", self.forwarder.name, e)

@@ -156,14 +156,16 @@ def test_wrong_nats_credentials(
     tmp_path: Path, servers: tuple[EmbeddedPostgres, EmbeddedNats]
 ) -> None:
     """A destination that turns a new connector's credentials away ends ``weir run`` as a
-    source's does, naming the connector and what to check (it retried them for ever). One
-    that ran before (a password changed on the broker, a worker restarted) retries instead,
-    and ``weir run`` goes on with its other work."""
+    source's does, naming the connector and what to check (it retried them for ever), in one
+    line however many shards it has (it was one a shard). One that ran before (a password
+    changed on the broker, a worker restarted) retries instead, and ``weir run`` goes on with
+    its other work."""
     pg, _ = servers
     with EmbeddedNats(args=["--user", "natsuser", "--pass", "the-right-one"]) as guarded:
         config = _config(tmp_path, guarded)
         spec = yaml.safe_load(Path(config).read_text())
-        spec["connectors"][0]["name"] = "guarded"  # no cursor from the module's other tests
+        # No cursor from the module's other tests; shards, each turned away alike.
+        spec["connectors"][0] |= {"name": "guarded", "shards": 3}
 
         def with_password(password: str) -> None:
             spec["connectors"][0]["nats"] |= {"user": "natsuser", "password": password}
@@ -171,13 +173,14 @@ def test_wrong_nats_credentials(
 
         with_password("not-the-one-9")
         err = _fails(config, _env(pg), "run")
-        assert (f"connector guarded: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused "
-                "the credentials; check nats.user/password") in err, err  # fmt: skip
+        said = (f"connector guarded: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused "
+                "the credentials; check nats.user and nats.password")  # fmt: skip
+        assert err.count("refused the credentials") == 1 and said in err, err
         assert "not-the-one-9" not in err, err
 
         with_password("the-right-one")
         weir("nats", "setup", "--config", config, env=_env(pg))
-        for password, said in (("the-right-one", "connector guarded: streaming"),
+        for password, said in (("the-right-one", "connector guarded#2/3: streaming"),
                                ("not-the-one-9", "it refused the credentials")):  # fmt: skip
             with_password(password)
             log = tmp_path / f"{password}.log"
