@@ -41,6 +41,7 @@ SECRET_MASK = "**********"  # how pydantic shows a SecretStr
 MAX_CUTS = 8  # delimiters in a password beyond which its pieces are not all paired (a body's
 # text, not a password: all pairs of thousands of cuts stalled the API for minutes)
 MIN_PIECE = 4  # shorter pieces of a secret (its lines, a password's parts) match too many words
+LONG_LINE = 8  # a line of a secret this long is masked alone even when it is a word
 
 # A URL's user info in text: an optional scheme, slashes, user, ':', password, '@' (the last
 # one before a space or quote, as a password may hold an unencoded '@').
@@ -77,10 +78,17 @@ def _redact_value(value: str) -> str:
     return redact_urls(_USERINFO_VALUE.sub(lambda m: m.group("head") + MASK + "@", value))
 
 
+def _telling(line: str) -> bool:
+    """Whether a line of a secret is one to mask alone: long, or more than a word (a word such
+    as ``line`` is Weir's own too: its 422 for the header value ``line\n...`` read 'a ***
+    break no header can carry')."""
+    return len(line) >= LONG_LINE or (len(line) >= MIN_PIECE and not line.isalpha())
+
+
 def _spellings(value: str) -> set[str]:
     """The ways ``value`` may be written in a message: escaped, encoded, trimmed, its lines."""
     variants = {value, value.strip(), " ".join(value.split())}
-    variants |= {line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_PIECE}
+    variants |= {line.strip() for line in value.splitlines() if _telling(line.strip())}
     out = set()
     for v in variants | {unquote(v) for v in variants}:
         out |= {v, quote(v, safe=""), json.dumps(v)[1:-1], repr(v)[1:-1]}
