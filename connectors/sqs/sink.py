@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from connectors.sqs.config import SqsConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
-from core.envelope import BrokerMark, Message
+from core.envelope import Message
 from core.templates import Template
 
 log = logging.getLogger("weir.sqs")
@@ -143,12 +143,6 @@ class SqsSink:
             failed[int(f["Id"])] = (
                 FatalError(text) if f.get("SenderFault") else RetryableError(text)
             )
-
-    def mark(self) -> BrokerMark:
-        return {}
-
-    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
-        return set()  # SQS cannot be read without consuming; FIFO dedup ids cover 5 minutes
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -22,7 +22,7 @@ import httpx
 
 from connectors.webhook.config import WebhookConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
-from core.envelope import BrokerMark, Message
+from core.envelope import Message
 from core.redact import redact
 
 
@@ -86,12 +86,6 @@ class WebhookSink:
         if resp.status_code == 413 and len(batch) == 1:
             return FatalError(text)
         return RetryableError(text)
-
-    def mark(self) -> BrokerMark:
-        return {}
-
-    async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
-        return set()  # a receiver cannot be read back: see the module's docstring
 
     async def close(self) -> None:
         if self._client is not None:

@@ -4,10 +4,10 @@ marks its cursor is saved with (core/engine/forwarder.py keeps the rules that mo
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from core.engine.ports import Reader
-from core.engine.sink import Sink
 from core.envelope import BrokerMark
 
 MAX_MARKS = 64
@@ -53,9 +53,10 @@ class Lane:
         else:
             marks.append((mark, max_seq))
 
-    def state(self, sink: Sink) -> tuple[int, dict[str, Any]]:
+    def state(self, broker_now: Callable[[], BrokerMark]) -> tuple[int, dict[str, Any]]:
         """The cursor and the broker mark from before anything after it was sent (in this
-        session or, for the messages the read-back skipped, in an earlier one)."""
+        session or, for the messages the read-back skipped, in an earlier one); with nothing
+        in flight, where the broker is now."""
         cursor = self.cursor()
         if self.floor is not None:
             if cursor < self.floor[1]:
@@ -63,5 +64,5 @@ class Lane:
             self.floor = None
         while self.marks and self.marks[0][1] <= cursor:
             self.marks.popleft()
-        mark = self.marks[0][0] if self.marks else sink.mark()
+        mark = self.marks[0][0] if self.marks else broker_now()
         return cursor, {"mark": mark}

@@ -23,7 +23,7 @@ from core.config.sources import HttpSource, PostgresSource
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
 from core.engine.rules import Groups, Suspects
-from core.engine.sink import BatchError, FatalError, Sink
+from core.engine.sink import BatchError, FatalError, ReadBack, Sink
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.metrics import Metrics
 from core.store.cursors import FenceLost, Resplitting
@@ -71,6 +71,7 @@ class Session:
         self.cfg = fw.cfg
         self.stop = stop
         self.sink = fw.open_sink(fw.cfg)
+        self.readable = self.sink if isinstance(self.sink, ReadBack) else None
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")
         self.stream = 0 if fw.cfg.stream == "events" else 1  # its place in Commits.heads
@@ -186,12 +187,12 @@ class Session:
                 marks.append(cur.mark)
         self.fw.had = True
         for lane in unmarked:  # where the broker is before anything is sent: the read-back
-            lane.saved = lane.state(self.sink)  # after a crash before the first save starts here
+            lane.saved = lane.state(self.mark)  # after a crash before the first save starts here
             await lane.reader.save(*lane.saved)
-        if not marks:
+        if not marks or self.readable is None:
             return
         since = earliest(marks)
-        keys = await self.sink.read_back(since, [lane.reader.sync_id for lane in self.lanes])
+        keys = await self.readable.read_back(since, [lane.reader.sync_id for lane in self.lanes])
         for lane in self.lanes:
             prefixes = key_prefixes(lane.reader.sync_id)
             lane.skip = {k for k in keys if k.startswith(prefixes)}
@@ -284,7 +285,7 @@ class Session:
                 self.done.append((batch, BatchError({0: charge})))
                 self.fw.kick.set()
                 continue
-            mark = self.sink.mark()
+            mark = self.mark()
             top: dict[int, tuple[Lane, int]] = {}
             for lane, msg in batch:
                 seen = top.get(id(lane))
@@ -296,6 +297,10 @@ class Session:
             write = self.sink.write_batch([m for _, m in batch])
             self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
             task.add_done_callback(functools.partial(self._finished, batch=batch))
+
+    def mark(self) -> BrokerMark:
+        """Where the broker is now: a readable one's mark, {} for one that cannot be read."""
+        return self.readable.mark() if self.readable is not None else {}
 
     def _charged(self, msg: Message) -> FatalError | None:
         return self.fw.suspects.charged(msg.key, self.cfg.retry.max_attempts)
@@ -371,7 +376,7 @@ class Session:
                 lane.resolved = []
             if not lane.loaded:
                 continue
-            state = lane.state(self.sink)
+            state = lane.state(self.mark)
             if state != lane.saved:
                 await lane.reader.save(*state)
                 lane.saved = state

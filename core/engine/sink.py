@@ -7,7 +7,7 @@ sink only moves one batch to its broker and says which messages did not make it,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from core.envelope import BrokerMark, Message
 
@@ -37,13 +37,9 @@ class Sink(Protocol):
     ``write_batch`` returns when every message of the batch is acknowledged by the broker; it
     raises :class:`BatchError` for per-message failures (the broker answered). Any other
     exception means the connection is in doubt (lost, acks overdue): the engine then starts a
-    new session, which reads back what the broker took instead of blindly resending, so even a
-    broker without a duplicate window gets nothing twice.
-
-    ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
-    JetStream stream sequences): everything published after the call lands after it.
-    ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
-    broker took after ``mark``, so that a restart resends none of them
+    new session, which sends again what was not acknowledged: a sink whose broker can be read
+    (:class:`ReadBack`) first says what it took, so that nothing goes twice; for another (a
+    webhook, SQS) the idempotency key is the receiver's to deduplicate by
     (docs/design.md “Guarantees”).
     """
 
@@ -51,8 +47,19 @@ class Sink(Protocol):
 
     async def write_batch(self, batch: Sequence[Message]) -> None: ...
 
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReadBack(Protocol):
+    """What a sink whose broker can be read adds (NATS JetStream, Kafka).
+
+    ``mark()`` is the broker's position as far as acknowledgements have shown it (e.g.
+    JetStream stream sequences): everything published after the call lands after it.
+    ``read_back(mark, sync_ids)`` returns the idempotency keys of those sources' messages the
+    broker took after ``mark``, so that a restart resends none of them.
+    """
+
     def mark(self) -> BrokerMark: ...
 
     async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]: ...
-
-    async def close(self) -> None: ...

@@ -4,9 +4,10 @@ allows fakes in unit tests, never in integration tests).
 Modelled on faststream's ``TestNatsBroker``/``FakeProducer``: the engine keeps its real code path
 and only the producer is swapped for one that stores in memory. :class:`FakeBroker` is the
 broker, which outlives connections as a real one outlives Weir's sessions; :class:`FakeSink`
-is one session's connection to it and implements core/engine/sink.py's ``Sink`` as the real
-connectors do (connectors/nats/sink.py): stream sequences per broker stream, a ``mark`` that
-only grows with acknowledgements, and a ``read_back`` of the keys stored after a mark.
+is one session's connection to it and implements core/engine/sink.py's ``Sink`` and
+``ReadBack`` as the real connectors do (connectors/nats/sink.py): stream sequences per broker
+stream, a ``mark`` that only grows with acknowledgements, and a ``read_back`` of the keys stored
+after a mark; :class:`BlindSink` is one without ``ReadBack``.
 
 The broker has no duplicate window (like Kafka): a message sent twice is stored twice, so a
 test sees every resend the engine makes. Faults are scripted on the broker:
@@ -66,6 +67,10 @@ class FakeBroker:
     def sink(self, connector: Any = None) -> FakeSink:
         """A new connection; pass ``broker.sink`` as the engine's ``open_sink``."""
         return FakeSink(self)
+
+    def blind_sink(self, connector: Any = None) -> BlindSink:
+        """A new connection that cannot read the broker back, as a webhook's or SQS's."""
+        return BlindSink(FakeSink(self))
 
     # Scripted faults ------------------------------------------------------------------------
 
@@ -212,3 +217,11 @@ class FakeSink:
     async def close(self) -> None:
         """Called last by each session, also after a failure; the sink is not used again."""
         self.connected = False
+
+
+class BlindSink:
+    """A connection to a :class:`FakeBroker` whose broker cannot be read (core/engine/sink.py's
+    ``Sink`` without ``ReadBack``), as a webhook receiver or an SQS queue."""
+
+    def __init__(self, sink: FakeSink) -> None:
+        self.connect, self.write_batch, self.close = sink.connect, sink.write_batch, sink.close

@@ -60,11 +60,14 @@ async def forward(
     broker: FakeBroker,
     during: Callable[[], Awaitable[None]] | None = None,
     timeout: float = 10.0,
+    blind: bool = False,
 ) -> Forwarder:
     """Run the engine until every source's saved cursor reached its head (after ``during``,
     if given, returned), then stop it as SIGTERM does and return it. Cursor saves are made
-    every 2 ms instead of every 100 ms, so that a test waits less."""
-    fw = Forwarder(cfg, store.sources, None, store, open_sink=broker.sink, open_reader=store.reader)
+    every 2 ms instead of every 100 ms, so that a test waits less. ``blind``: a sink that cannot
+    read the broker back."""
+    open_sink = broker.blind_sink if blind else broker.sink
+    fw = Forwarder(cfg, store.sources, None, store, open_sink=open_sink, open_reader=store.reader)
     stop = asyncio.Event()
     with patch.object(session, "SAVE_EVERY", 0.002):
         task = asyncio.create_task(fw.run(stop))

@@ -193,6 +193,22 @@ def test_a_dropped_connection_resends_nothing_the_broker_took() -> None:
     assert broker.stored_keys() == [m.key for m in msgs]  # the two stored are read back
 
 
+def test_a_sink_that_cannot_read_its_broker_sends_again_what_was_not_acknowledged() -> None:
+    """A webhook's receiver or an SQS queue cannot say what it took: a new session sends again
+    everything not acknowledged (the receiver deduplicates by the idempotency key), nothing
+    that was, and no mark is kept for it."""
+    store, broker = FakeStore(), FakeBroker()
+    msgs = [store.append(f"r{i}") for i in range(5)]
+    broker.drop_connection(stored=2)  # stores two, then no ack comes for any
+    run(store, broker, cfg=connector(), blind=True)
+    assert broker.connects == 2
+    assert broker.stored_keys() == [m.key for m in msgs[:2]] + [m.key for m in msgs]
+    more = store.append("r5")
+    run(store, broker, cfg=connector(), blind=True)
+    assert broker.stored_keys()[-1:] == [more.key]  # acknowledged ones never go twice
+    assert list(store.cursors.values()) == [(6, {"mark": {}})]
+
+
 def test_what_a_restart_skipped_is_not_resent_after_the_next_restart() -> None:
     # Session 1 stores 1 and 4, then loses the connection on 2. Session 2 reads 4 back and
     # skips it, stores 2, and loses the connection on 3 with its cursor at 2: the mark saved
