@@ -37,6 +37,7 @@ REPEAT_QUIET = 60.0  # seconds in which librdkafka's same log line is logged onc
 librdkafka_log = logging.getLogger("weir.kafka.client")  # librdkafka's own log lines
 POLL_BUSY = 0.001  # seconds between polls for delivery reports while batches wait
 POLL_IDLE = 1.0  # and while none does
+METADATA_WAIT = 10  # seconds the brokers have to answer a new session, asked each second
 READ_BACK_STALL = 30.0  # seconds without progress before a read-back gives up
 
 
@@ -182,6 +183,13 @@ class KafkaSink:
         self.admin = AdminClient(client_config(self.settings, self.cfg.name) | {"logger": logs})
         self._poller = asyncio.create_task(self._poll(), name=f"kafka-{self.cfg.name}")
         try:
+            for waited in range(METADATA_WAIT):  # a second at a time: a refusal ends it at once
+                try:
+                    await asyncio.to_thread(self.admin.list_topics, timeout=1)
+                    break
+                except KafkaException:
+                    if logs.check()[1] or waited == METADATA_WAIT - 1:
+                        raise
             self._mark = await asyncio.to_thread(self._ends)
         except KafkaException as e:  # librdkafka's own reason says more (SASL, TLS, refused)
             if logs.failure is None:

@@ -9,6 +9,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,7 +138,10 @@ def test_refused_connection_says_why_and_loses_nothing(
                     rf".*{re.escape(reason)}.*; check kafka\.sasl's username")  # fmt: skip
             prepare(weir_config(table, [c]))
             insert_t(table, range(1, 6))
+            started = time.monotonic()
             assert Running(weir_config(table, [c])).exit_status(60) == 1
+            # at once: it waited out the brokers' 10 s of metadata after librdkafka's line
+            assert time.monotonic() - started < 9.5
         else:  # what may be a broker's passing trouble: retried, saying why
             with serving(weir_config(table, [c])):
                 insert_t(table, range(1, 6))
