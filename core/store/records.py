@@ -138,12 +138,13 @@ LEFT JOIN LATERAL (
 # version not newer than the indexed one is refused), numbered with consecutive seqs in their
 # order; the source's counters move past both, its checkpoint to (commit, end) unless they are
 # null, and its readers hear of it at commit. It takes the source's row lock, which every
-# writer takes (``_lock_source``). When it waited for that lock, its probe of the index saw the
-# index as it was before the holder's writes (a backfill's newer rows): the update's own guard
-# keeps those, and the seqs given to versions it left out are never used. Params by name: sid,
-# the versions' collections (c), record tokens (t), versions (v), version_idxs (i), deleted (d)
-# and entry positions (p), the batch's entries (n), first and last commit times, data, commit,
-# end. Yields the source's events and records seqs now, and the versions' positions and seqs.
+# writer takes (``_lock_source``, core/store/record_writer.py). When it waited for that lock,
+# its probe of the index saw the index as it was before the holder's writes (a backfill's newer
+# rows): the update's own guard keeps those, and the seqs given to versions it left out are
+# never used. Params by name: sid, the versions' collections (c), record tokens (t), versions
+# (v), version_idxs (i), deleted (d) and entry positions (p), the batch's entries (n), first and
+# last commit times, data, commit, end. Yields the source's events and records seqs now, and
+# the versions' positions and seqs.
 WRITE_BATCH = (
     """
 WITH src AS (

@@ -22,7 +22,7 @@ from psycopg import sql
 from core.envelope import record_token
 from core.store import Conn, Store, index
 from core.store.batches import Entries, Version
-from core.store.writer import SourceWriter
+from core.store.record_writer import RecordWriter
 
 BATCHES = 100  # batches deleted or rewritten per transaction
 SPARSE = 0.5  # a records batch with fewer live versions than this share is rewritten
@@ -135,15 +135,15 @@ def _rewrite(conn: Conn, store: Store, sid: uuid.UUID, ids: list[int]) -> int:
     return len(rows)
 
 
-def _writer(conn: Conn, store: Store, sid: uuid.UUID) -> SourceWriter:
+def _writer(conn: Conn, store: Store, sid: uuid.UUID) -> RecordWriter:
     """A writer holding the source's lock, for moving versions."""
-    writer = SourceWriter(conn, store, sid)
+    writer = RecordWriter(conn, store, sid)
     writer._begin()
     return writer
 
 
 def _keep(
-    writer: SourceWriter, store: Store, sid: Any, seqs: list[int], batches: dict[int, Entries]
+    writer: RecordWriter, store: Store, sid: Any, seqs: list[int], batches: dict[int, Entries]
 ) -> None:
     """Move the versions of ``seqs`` that are still their record's newest and whose entries are
     in ``batches`` (by index location key) into a new records batch."""

@@ -31,7 +31,8 @@ from core.envelope import record_token, utc_iso
 from core.store import Conn, Store, array, index
 from core.store.batches import Version
 from core.store.change import Change
-from core.store.writer import ADD_FAILURE, SourceWriter
+from core.store.record_writer import RecordWriter
+from core.store.writer import ADD_FAILURE
 
 log = logging.getLogger("weir.store")
 SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
@@ -82,7 +83,7 @@ class SnapshotWriter:
         self.at = at
         self._ts = utc_iso(at)
         self._all_new = True  # no row has met an indexed record yet: indexed by COPY
-        self._writer = SourceWriter(conn, store, sync_id)
+        self._writer = RecordWriter(conn, store, sync_id)
         self._indexed = sql.SQL(INDEXED).format(index=store.table("record_index"))
         self._refuse = sql.SQL(ADD_FAILURE).format(store.table("source_failures"))
         index.ensure(conn, store)

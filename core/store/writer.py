@@ -6,7 +6,9 @@ source row's lock, so they are gap-free and commit in order. This is the store h
 capture hot path, and what it costs the database is two statements a write, whatever it holds:
 the changes go in as one events batch (core/store/batches.py), their JSON as the bytes that
 are sent, and the newest version of each record they touch into the records index (one
-set-based upsert of an unlogged table, core/store/index.py), pointing at its entry.
+set-based upsert of an unlogged table, core/store/index.py), pointing at its entry. The
+versions no event carries (the tombstones of a truncate or a dropped table) and the lock of the
+source's row are its base's, core/store/record_writer.py.
 """
 
 from __future__ import annotations
@@ -25,14 +27,13 @@ from psycopg.pq import TransactionStatus
 from core.envelope import dumps, record_token
 from core.ids import schema_table_of
 from core.store import Conn, Store, array, index, ints, texts
-from core.store.batches import Entries, Version
+from core.store.batches import Entries
 from core.store.change import MAX_JSON, REFUSED, Change, UnstorableChange
 from core.store.collections import Collections
 from core.store.index import Batches
+from core.store.record_writer import RecordWriter, advance_source
 from core.store.records import (
-    LIVE_BEFORE,
     LOOKUP,
-    MOVE_VERSIONS,
     WRITE_BATCH,
     Latest,
     Previous,
@@ -63,33 +64,12 @@ class WriterBusyError(RuntimeError):
 log = logging.getLogger("weir.store")
 
 
-def _lock_source(store: Store) -> sql.Composed:
-    """Locks a source's row and reads (events_seq, records_seq, record_batches); params:
-    sync_id. Every writer of a source takes this lock, so seqs are given out gap-free and in
-    commit order."""
-    return sql.SQL(
-        "SELECT events_seq, records_seq, record_batches FROM {} WHERE sync_id = %s FOR UPDATE"
-    ).format(store.table("sources"))
-
-
-def _advance(store: Store, columns: tuple[str, ...]) -> sql.Composed:
-    """Sets ``columns`` of a source's row (params: their values, then sync_id) and notifies its
-    readers: connectors LISTEN on the store's channel and hear it when the transaction commits,
-    with the heads of both streams (``SYNC_ID:EVENTS_SEQ:RECORDS_SEQ``)."""
-    sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
-    return sql.SQL(
-        "WITH s AS (UPDATE {} SET {}, updated_at = now() WHERE sync_id = %s"
-        " RETURNING sync_id, events_seq, records_seq)"
-        " SELECT pg_notify({}, sync_id::text || ':' || events_seq || ':' || records_seq) FROM s"
-    ).format(store.table("sources"), sets, sql.Literal(channel(store.schema)))
-
-
 Rows = list[tuple[Any, ...]]  # a batch being written: its entries' fields (Entries.from_rows)
 Versions = dict[tuple[str, str], Latest]  # the newest version of each record it changes
 BATCH_BYTES = 64 << 20  # JSON text in one batch; a write holding more is stored in several
 
 
-class SourceWriter:
+class SourceWriter(RecordWriter):
     """The single writer of one source's streams, for as long as its connection lives.
 
     ``lock()`` takes a session advisory lock, so a second capture process of the same source
@@ -102,31 +82,12 @@ class SourceWriter:
     ) -> None:
         """``on_unstorable``: a change too large for the store stops the writer (``stop``), or
         goes to the source's failed list (``fail``, with its reason) and the rest goes on."""
-        self.conn = conn
-        self.store = store
-        self.sync_id = sync_id
+        super().__init__(conn, store, sync_id)
         self.on_unstorable = on_unstorable
-        self.events_seq = 0
-        self.records_seq = 0
-        self.record_batches = 0
-        self._open = False
         self._drops: list[Change] = []  # tables dropped, to tombstone before the next write
-        self.batches = Batches(store, sync_id)
         sources = self._sources = store.table("sources")
-        # Rendered once, the statements of every store transaction: a Composed is rendered anew
-        # at each execution (~100 us of CPU a transaction).
-        self._lock_row = _lock_source(store).as_bytes(conn)
-        self._insert_records = INSERT_RECORD_BATCH.format(store.table("record_batches"))
-        idx = store.table("record_index")
-        self._lookup = sql.SQL(LOOKUP).format(index=idx)
-        self._live_before = sql.SQL(LIVE_BEFORE).format(index=idx)
-        self._move = sql.SQL(MOVE_VERSIONS).format(index=idx)
-        self._copy_index = sql.SQL(
-            "COPY {} (sync_id, collection_id, record_id, seq, version, version_idx, deleted,"
-            " batch, pos) FROM STDIN"
-        ).format(idx)
-        self._counters = _advance(store, ("records_seq", "record_batches"))
-        self._checkpoint = _advance(store, ("commit_lsn", "end_lsn")).as_bytes(conn)
+        self._lookup = sql.SQL(LOOKUP).format(index=store.table("record_index"))
+        self._checkpoint = advance_source(store, ("commit_lsn", "end_lsn")).as_bytes(conn)
         self._write_batch = sql.SQL(WRITE_BATCH).format(
             sources=sources, index=store.table("record_index"),
             events=store.table("event_batches"), channel=sql.Literal(channel(store.schema)),
@@ -173,12 +134,6 @@ class SourceWriter:
         the slot never passes the store (core/sources/pg/slot.py). ``slot``: the one now held so."""
         self.conn.execute(self._advance, (end_lsn, slot, self.sync_id))
         self.conn.commit()
-
-    def _begin(self) -> None:
-        row: Any = self.conn.execute(self._lock_row, (self.sync_id,)).fetchone()
-        assert row is not None, "source not registered"
-        self.events_seq, self.records_seq, self.record_batches = map(int, row)
-        self._open = True
 
     def write(self, changes: list[Change]) -> None:
         """Add changes to the open store transaction (opening it when needed); commit later.
@@ -353,54 +308,6 @@ class SourceWriter:
             tables, "records lacked columns their update left out", again=False
         )
 
-    def _tombstone(self, ch: Change, collections: tuple[str, ...]) -> None:
-        """Every live record of ``collections`` older than ``ch`` becomes a tombstone holding
-        its last values, in the order of their seqs: records batches of ``TOMBSTONES``."""
-        with self.conn.cursor(name="weir_tombstones") as cur:
-            cur.itersize = TOMBSTONES
-            cur.execute(self._live_before, (self.sync_id, list(collections), ch.version, ch.idx))
-            while True:
-                rows: list[Any] = cur.fetchmany(TOMBSTONES)
-                if not rows:
-                    return
-                held = self.batches.load(self.conn, (int(r[2]) for r in rows))
-                versions = []
-                for token, _, batch, pos in rows:
-                    last = held[batch].version_at(pos)
-                    self.records_seq += 1
-                    versions.append((token, last._replace(
-                        seq=self.records_seq, version=ch.version, idx=ch.idx, deleted=True,
-                        ts=ch.committed_at)))  # fmt: skip
-                self.place(versions)
-
-    def place(self, versions: list[tuple[str, Version]], *, new: bool = False) -> None:
-        """Store versions (each with its record token) in a new records batch, and index them
-        there: as records the index holds already, or (``new``) as records it does not hold,
-        which fails on one it holds (a unique violation). The source's counters move past
-        them."""
-        self.record_batches += 1
-        entries = Entries()
-        for _, v in versions:
-            entries.add_version(v)
-        key = -self.record_batches
-        self.batches.put(key, entries)
-        self.conn.execute(self._insert_records, (self.sync_id, self.record_batches,
-                                                 len(entries), entries.encode()))  # fmt: skip
-        if new:
-            with self.conn.cursor() as cur, cur.copy(self._copy_index) as copy:
-                for pos, (token, v) in enumerate(versions):
-                    copy.write_row((self.sync_id, v.coll, token, v.seq, v.version, v.idx,
-                                    v.deleted, key, pos))  # fmt: skip
-        else:
-            cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
-            for pos, (token, v) in enumerate(versions):
-                for col, value in zip(cols, (v.coll, token, v.seq, v.version, v.idx, v.deleted,
-                                             key, pos), strict=True):  # fmt: skip
-                    col.append(value)
-            self.conn.execute(self._move, (self.sync_id, *map(array, cols)))
-        self.records_seq = max(self.records_seq, *(v.seq for _, v in versions))
-        self.conn.execute(self._counters, (self.records_seq, self.record_batches, self.sync_id))
-
     def drop(self, collection_id: str, version: int, idx: int, committed_at: str) -> None:
         """The collection's table was dropped: every record of it becomes a tombstone (as a
         truncate does, without an event: a drop changes no row), before the next write, with
@@ -431,10 +338,6 @@ class SourceWriter:
         self.batches = Batches(self.store, self.sync_id)
         if not self.conn.closed:
             self.conn.rollback()
-
-
-TOMBSTONES = 10_000  # versions per records batch of a truncate's tombstones
-INSERT_RECORD_BATCH = sql.SQL("INSERT INTO {} (sync_id, id, entries, data) VALUES (%s, %s, %s, %s)")
 
 
 # A change (or a backfill's row) of a source on its failed list, with why (on_unstorable: fail).
