@@ -21,6 +21,7 @@ from core.config.sources import BackfillConfig, PostgresSource
 from core.progress import Progress
 from core.redact import first_line
 from core.sources.pg import snapshot
+from core.sources.pg.copy_out import copy_rows
 from core.sources.pg.relations import SourceSchemaError
 from core.sources.pg.setup import SourceSetupError, capturable_tables, published_tables
 from core.store import Conn, Store
@@ -113,7 +114,7 @@ class Backfill:
                 progress.update(read)
                 while not stop.is_set():
                     query = plan.page_query(last, self.page_size)
-                    rows = list(snapshot.copy_rows(conn, query, plan.copy_options))
+                    rows = list(copy_rows(conn, query, plan.copy_options))
                     if not rows:
                         gone = writer.sweep(rel.collection_id)
                         key = [rel.names[i] for i in rel.key]

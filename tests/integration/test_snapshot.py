@@ -24,7 +24,8 @@ from core.envelope import utc_iso
 from core.runtime.service import prepare
 from core.sources.backfill import Backfill
 from core.sources.pg import snapshot
-from core.sources.pg.snapshot import copy_rows, records_of
+from core.sources.pg.copy_out import copy_rows
+from core.sources.pg.snapshot import records_of
 from core.store import index, open_store
 from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter

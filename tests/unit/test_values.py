@@ -77,7 +77,7 @@ def test_nested_and_bounded_arrays() -> None:
 
 
 def test_copy_text_lines_split_into_the_column_text_pgoutput_would_send() -> None:
-    from core.sources.pg.snapshot import split_copy_line
+    from core.sources.pg.copy_out import split_copy_line
 
     assert split_copy_line(b"1\tplain\t\\N\n") == [b"1", b"plain", None]
     assert split_copy_line(b"a\\tb\t\\\\N\tx\\ny\\\\z\t\\r\\b\\f\\v\n") == [
