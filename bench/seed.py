@@ -90,7 +90,8 @@ def drop(server: EmbeddedPostgres, name: str) -> None:
 
 
 def main() -> None:
-    from spark.seed import run_seed, spark_session
+    from spark.seed import run_seed
+    from spark.session import spark_session
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)

@@ -3,9 +3,9 @@
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python workers' path. Python
 cannot cache bytecode for modules imported from a zip, so every worker process compiled
 ``pyspark.worker`` and what it imports from source: 1.2-1.4 s of CPU a process, against
-~0.2 s from the installed package's cached bytecode. ``spark_session`` picks this daemon
-(``spark.python.daemon.module``) only when the JVM is the installed pyspark's own, so the
-zip and the package are the same code.
+~0.2 s from the installed package's cached bytecode. ``spark_session`` (spark/session.py)
+picks this daemon (``spark.python.daemon.module``) only when the JVM is the installed
+pyspark's own, so the zip and the package are the same code.
 """
 
 import os

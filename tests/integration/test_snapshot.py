@@ -31,7 +31,7 @@ from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
 from core.store.writer import SourceWriter
 from devkit.embedded import EmbeddedNats
-from spark.seed import LOOPBACK_CONF, java_home
+from spark.session import LOOPBACK_CONF, java_home
 from tests.helpers import stored as stored_rows
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for
