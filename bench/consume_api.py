@@ -40,7 +40,8 @@ from common import RESULTS, new_db, py_spy, record, summarize
 from core.config.model import WeirConfig
 from core.runtime.service import prepare
 from devkit import procs
-from devkit.embedded import EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedPostgres
+from devkit.server import free_port
 
 TOKEN = "bench-token-0123456789"
 WORKERS = 4

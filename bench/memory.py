@@ -40,7 +40,8 @@ from common import new_db, record
 from core.config.model import WeirConfig
 from core.runtime.service import prepare
 from devkit import procs
-from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.server import free_port
 
 TARGET_MB = 300
 STREAMS = {"MEM_EVENTS": "sequin-events.mem.>", "MEM_RECORDS": "sequin-records.mem.>"}

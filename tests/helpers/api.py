@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from core.config.model import WeirConfig
-from devkit.embedded import free_port
+from devkit.server import free_port
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving
 

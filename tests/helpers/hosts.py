@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from devkit.embedded import CHECKOUT, _child_setup
+from devkit.server import CHECKOUT, child_setup
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWNET, _CLONE_NEWUTS = 0x40000000, 0x04000000
@@ -81,7 +81,7 @@ class Host:
         test process dies (call it from the main thread: the kernel ties the child to the
         thread that started it) and on the Hosts' exit."""
         kwargs.setdefault("cwd", CHECKOUT)
-        proc = subprocess.Popen(argv, preexec_fn=_child_setup(None, None, self.enter), **kwargs)
+        proc = subprocess.Popen(argv, preexec_fn=child_setup(None, None, self.enter), **kwargs)
         self.procs.append(proc)
         return proc
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from devkit.embedded import free_port
+from devkit.server import free_port
 from tests.helpers.api import TOKEN, api_serving
 
 LIMIT = 64 * 1024

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from core.api import consume
-from devkit.embedded import free_port
+from devkit.server import free_port
 from tests.helpers.api import TOKEN, api_serving, receive, receive_all, settle, wait_queued
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import insert_t

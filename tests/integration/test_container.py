@@ -24,7 +24,7 @@ from testcontainers.core.config import testcontainers_config
 from testcontainers.core.container import DockerContainer
 
 from core.ids import sync_id_for
-from devkit.embedded import free_port
+from devkit.server import free_port
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import answers
 from tests.helpers.podman import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from devkit.embedded import free_port
+from devkit.server import free_port
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import answers
 

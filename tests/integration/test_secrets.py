@@ -19,7 +19,8 @@ import httpx
 import psycopg
 import pytest
 
-from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres
+from devkit.server import free_port
 from tests.helpers import cli
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from devkit.embedded import EmbeddedPostgres, free_port
+from devkit.embedded import EmbeddedPostgres
+from devkit.server import free_port
 
 WEIR = [sys.executable, "-m", "core.cli"]
 

@@ -17,7 +17,8 @@ import pytest
 
 from core.store import Store, migrations
 from core.store.leases import Owners
-from devkit.embedded import CHECKOUT, EmbeddedNats
+from devkit.embedded import EmbeddedNats
+from devkit.server import CHECKOUT
 from tests.helpers import stored
 from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import count_events, wait_for

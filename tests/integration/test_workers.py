@@ -20,8 +20,9 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devkit.embedded import EmbeddedNats, free_port
+from devkit.embedded import EmbeddedNats
 from devkit.procs import alive
+from devkit.server import free_port
 from tests.helpers.api import TOKEN
 from tests.helpers.brokers import NatsHarness, wait_delivered
 from tests.helpers.capture import count_events, wait_for

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from core.failures import scheduled
-from devkit.embedded import free_port
+from devkit.server import free_port
 
 
 def _connect() -> None:
