@@ -70,10 +70,10 @@ def test_lane_saves_the_mark_from_before_its_first_unsettled_message_went_out() 
     assert list(lane.marks) == [({"main": 100}, 10), ({"main": 110}, 20), ({"main": 120}, 30)]
     for seq in range(1, 11):
         lane.settle(seq)
-    assert lane.state(sink) == (10, {"mark": {"main": 110}})
+    assert lane.state(sink.mark) == (10, {"mark": {"main": 110}})
     for seq in range(11, 31):
         lane.settle(seq)
-    assert lane.state(sink) == (30, {"mark": {}})  # nothing out: the sink's own mark
+    assert lane.state(sink.mark) == (30, {"mark": {}})  # nothing out: the sink's own mark
 
 
 def test_lane_merges_marks_beyond_its_limit_into_the_earlier_one() -> None:
@@ -87,7 +87,7 @@ def test_lane_merges_marks_beyond_its_limit_into_the_earlier_one() -> None:
     assert lane.marks[-1] == ({"main": 1000 + MAX_MARKS}, MAX_MARKS + 10)
     for seq in range(1, MAX_MARKS):
         lane.settle(seq)
-    assert lane.state(FakeBroker().sink())[1] == {"mark": {"main": 1000 + MAX_MARKS}}
+    assert lane.state(FakeBroker().sink().mark)[1] == {"mark": {"main": 1000 + MAX_MARKS}}
 
 
 def test_the_read_back_starts_at_each_streams_lowest_saved_position() -> None:
