@@ -103,7 +103,7 @@ class Leases:
         self.held.append(work)
         if orphan:
             self._orphans.add(work)
-        log.info("leases: %s is %s's now", work, self.instance)
+        log.info("leases: %s%s%s is %s's now", *_parts(work), self.instance)
         return True
 
     def surplus(self) -> list[str]:
@@ -122,7 +122,7 @@ class Leases:
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._owners.give_up(self._conn, work)
-        log.info("leases: %s given up for another instance to take", work)
+        log.info("leases: %s%s%s given up for another instance to take", *_parts(work))
 
     def paused(self, work: str) -> bool:
         """``work`` is a shard of a connector an operator paused (as of this poll)."""
@@ -147,3 +147,11 @@ class Leases:
                 self._owners.release(self._conn)
             self._conn.close()
             self._conn = None
+
+
+def _parts(work: str) -> tuple[str, str, str]:
+    """A work's name for a log line: its kind, the config's name as a log argument of its own
+    (printed as it is, also when a password is the same word: core/redact.py), and its shard."""
+    kind, colon, rest = work.partition(":")
+    name, sep, shard = rest.partition("#")
+    return kind + colon, name, sep + shard
