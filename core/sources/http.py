@@ -6,9 +6,10 @@ A batch is one store transaction under the source row's lock, so batches of one 
 one after the other, also from several Weir processes. Versions: a record's ``version`` (else
 its ``upstream_updated_at`` in microseconds, else the time of ingest) must be newer than the
 stored one, and the record other than the stored one, or it is skipped; so an older version
-never overwrites a newer one, and sending a batch again changes nothing. Each batch gets the
-next number of the source's ``commit_lsn``, which with the position in the batch makes the
-events' idempotency keys.
+never overwrites a newer one, and sending a batch again changes nothing. A record pushed twice
+in a batch with the same time (no version) is newer the second time, as the batch lists them.
+Each batch gets the next number of the source's ``commit_lsn``, which with the position in the
+batch makes the events' idempotency keys.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class IngestRecord(BaseModel):
     def _aware(cls, v: datetime | None) -> datetime | None:
         if v is not None and v.tzinfo is None:
             raise ValueError("needs a time zone, e.g. 2026-11-22T10:00:00Z")
+        if v is not None and v < _EPOCH:
+            raise ValueError("is before 1970-01-01T00:00:00Z: a version counts microseconds "
+                             "since then; give version instead")  # fmt: skip
         return v
 
     @field_validator("data")
@@ -129,10 +133,15 @@ class Ingest:
         )
         now = datetime.now(UTC)
         changes: list[Change] = []
+        written: set[tuple[str, str]] = set()  # the records this batch changed so far
         for coll, rid, rec in keyed:
             ts = rec.upstream_updated_at or now
             version = rec.version if rec.version is not None else _micros(ts)
             cur = current.get((coll, rid))
+            if rec.version is None and (coll, rid) in written and cur is not None:
+                # Pushed again in the batch with the same time (the time of ingest, or an equal
+                # upstream_updated_at): the later one is the newer, as the batch lists them.
+                version = max(version, cur[0] + 1)
             if cur is not None and (version <= cur[0] or _same(cur, rec)):
                 continue
             diff = None
@@ -153,6 +162,7 @@ class Ingest:
                             idx=idx, committed_at=iso, event_lsn=batch_no)  # fmt: skip
             changes.append(change)
             current[(coll, rid)] = (version, rec.deleted, record)
+            written.add((coll, rid))
         if changes:
             writer.write(changes)
             writer.commit(batch_no, batch_no)

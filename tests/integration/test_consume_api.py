@@ -453,6 +453,42 @@ def test_http_ingest_keeps_the_newest_version(table: str) -> None:
         assert latest[0]["record"]["resource_id"] == "sub_1"
 
 
+def test_a_record_pushed_twice_in_a_batch_ends_as_the_batch_lists_it(table: str) -> None:
+    """Without ``version``, a record's two pushes in one batch got the same time of ingest and
+    the second was skipped as not newer: the record kept the first; an upsert then a delete
+    with an equal ``upstream_updated_at`` kept the record alive (found by an outside tryout).
+    The later one is the newer, as the batch lists them; equal explicit versions keep the
+    first; a time before 1970 (a negative version) is refused."""
+    with api_serving(table, consumers=[W]) as client:
+
+        def push(*recs: dict[str, object]) -> httpx.Response:
+            return client.post("/v1/sources/stripe/records", json={"records": list(recs)})
+
+        r10 = {"collection_id": "c", "record_id": "r10"}
+        r11 = {
+            "collection_id": "c",
+            "record_id": "r11",
+            "upstream_updated_at": "2026-01-01T00:00:00Z",
+        }
+        r12 = {"collection_id": "c", "record_id": "r12", "version": 6}
+        got = push({**r10, "data": {"a": 1}}, {**r10, "data": {"a": 2}},
+                   {**r11, "data": {"a": 1}}, {**r11, "deleted": True},
+                   {**r12, "data": {"a": "C"}}, {**r12, "data": {"a": "D"}})  # fmt: skip
+        assert got.json() == {"accepted": 5, "skipped": 1}, got.text
+        events = receive_all(client, "w", 5)
+        by_record: dict[str, list[tuple[str, object]]] = {}
+        for m in events:  # a record's messages in order; records among them in any order
+            by_record.setdefault(m["record"]["resource_id"], []).append(
+                (m["record"]["action"], m["record"]["data"])
+            )
+        assert by_record == {"r10": [("insert", {"a": 1}), ("update", {"a": 2})],
+                             "r11": [("insert", {"a": 1}), ("delete", {"a": 1})],
+                             "r12": [("insert", {"a": "C"})]}  # fmt: skip
+        old = push({**r10, "data": {"a": 3}, "upstream_updated_at": "1969-12-31T23:59:59Z"})
+        assert old.status_code == 422 and "before 1970" in old.text, old.text
+        assert push({**r10, "data": {"a": 2}}).json() == {"accepted": 0, "skipped": 1}
+
+
 def ids(batch: list[Any]) -> list[str]:
     return [m["record"]["id"] for m in batch]
 
