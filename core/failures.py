@@ -190,7 +190,8 @@ def url_addresses(urls: list[str]) -> str:
     out = []
     for u in urls:
         parts = urlsplit(u)
-        out.append(f"{parts.hostname}:{parts.port}" if parts.hostname else redact(u))
+        port = f":{parts.port}" if parts.port is not None else ""
+        out.append(f"{parts.hostname}{port}" if parts.hostname else redact(u))
     return ", ".join(out)
 
 

@@ -23,7 +23,8 @@ import httpx
 from connectors.webhook.config import WebhookConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
-from core.redact import redact
+from core.failures import url_addresses
+from core.redact import first_line, redact
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -78,7 +79,7 @@ class WebhookSink:
                 f"no answer within {self.settings.timeout.total_seconds():g}s (timeout)"
             )
         except httpx.HTTPError as e:
-            return RetryableError(f"{type(e).__name__}: {e}")
+            return RetryableError(self._unanswered(e))
         if resp.is_success:
             return None
         # A receiver may echo what it was sent (a token in a header): redacted whole, then cut.
@@ -86,6 +87,20 @@ class WebhookSink:
         if resp.status_code == 413 and len(batch) == 1:
             return FatalError(text)
         return RetryableError(text)
+
+    def _unanswered(self, e: httpx.HTTPError) -> str:
+        """One line for a post that got no answer: what became of it, where, what to check
+        (httpx said ``ConnectError: [Errno -2] Name or service not known``, or ``ReadError: ``
+        for a reset connection; found by an outside tryout)."""
+        where = url_addresses([self.settings.url])
+        said = first_line(e) if str(e).strip() else ""
+        if isinstance(e, httpx.ConnectError):
+            return (
+                f"cannot connect to the receiver at {where}: {said or 'refused'}; check webhook.url"
+            )
+        what = ("closed the connection before it answered" if isinstance(e, httpx.ReadError)
+                else f"did not answer ({type(e).__name__})")  # fmt: skip
+        return f"the receiver at {where} {what}" + (f": {said}" if said else "")
 
     async def close(self) -> None:
         if self._client is not None:

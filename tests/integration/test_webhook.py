@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import struct
+import threading
 
 import pytest
 
+from connectors.webhook.config import WebhookConnector
+from connectors.webhook.sink import WebhookSink
+from core.engine.sink import BatchError
+from core.envelope import Message
+from devkit.server import free_port
 from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.receiver import Receiver
@@ -60,3 +69,44 @@ def test_a_wrong_secret_is_refused_by_the_receiver(table: str, webhook_receiver:
         wait_for(lambda: cursor_of(table, "hooks")[0] == 1, what="cursor past the refusal")
     assert harness.hook(c).bad_signatures >= 1
     assert "HTTP 401" in failed_messages(table, "hooks")[0]["error"]
+
+
+def test_a_post_without_an_answer_says_where_and_what_to_check() -> None:
+    """A receiver nobody runs, a host that does not resolve, one that resets the connection:
+    each reason names the receiver (httpx said ``ReadError: `` with nothing after it)."""
+    with socket.socket() as rst:
+        rst.bind(("127.0.0.1", 0))
+        rst.listen()
+
+        def reset() -> None:
+            conn, _ = rst.accept()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.recv(65536)
+            conn.close()  # with SO_LINGER 0: a reset, no answer
+
+        threading.Thread(target=reset, daemon=True).start()
+        idle, resets = free_port(), rst.getsockname()[1]
+        said = {url: asyncio.run(_post_one(url)) for url in (
+            f"http://127.0.0.1:{idle}/hook", "http://no-such-host.invalid/hook",
+            f"http://127.0.0.1:{resets}/hook")}  # fmt: skip
+    assert said == {
+        f"http://127.0.0.1:{idle}/hook": f"cannot connect to the receiver at 127.0.0.1:{idle}: "
+        "All connection attempts failed; check webhook.url",
+        "http://no-such-host.invalid/hook": "cannot connect to the receiver at "
+        "no-such-host.invalid: [Errno -2] Name or service not known; check webhook.url",
+        f"http://127.0.0.1:{resets}/hook": f"the receiver at 127.0.0.1:{resets} closed the "
+        "connection before it answered",
+    }
+
+
+async def _post_one(url: str) -> str:
+    sink = WebhookSink(WebhookConnector.model_validate(
+        {"name": "w", "type": "webhook", "stream": "events", "webhook": {"url": url}}))  # fmt: skip
+    await sink.connect()
+    try:
+        msg = Message("s", "p", 1, "c", "insert", "g", "k", b"{}")
+        with pytest.raises(BatchError) as e:
+            await sink.write_batch([msg])
+        return str(e.value.failed[0])
+    finally:
+        await sink.close()
