@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from core.config.base import ConnectorBase, Duration, Model, TlsFiles
 from core.templates import check_template
@@ -17,6 +17,28 @@ class _Quiet:
 
     def log(self, *line: object) -> None:
         pass
+
+
+def _made_with(properties: dict[str, Any]) -> None:
+    """A producer made with ``properties`` and no brokers, or ValueError with librdkafka's
+    reason in one line."""
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        Producer(properties | {"bootstrap.servers": "", "logger": _Quiet()})
+    except KafkaException as e:
+        raise ValueError(" ".join(e.args[0].str().split())) from None
+
+
+# librdkafka properties Weir sets itself, and what to give instead.
+_WEIRS = {
+    "bootstrap.servers": "give it as kafka.bootstrap_servers",
+    "sasl.username": "give it in kafka.sasl",
+    "sasl.password": "give it in kafka.sasl",
+    "enable.idempotence": "Weir's producer is idempotent: a message goes once into Kafka",
+    "acks": "Weir's producer waits for every in-sync replica (acks=all): nothing is lost",
+    "request.required.acks": "Weir's producer waits for every in-sync replica (acks=all)",
+}
 
 
 class KafkaSasl(Model):
@@ -86,18 +108,63 @@ class KafkaSettings(Model):
 
     @field_validator("librdkafka")
     @classmethod
-    def _known(cls, v: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
-        """Properties librdkafka knows, with values it takes: a client made with them says so
-        at load (made, not connected: it has no brokers), where the producer would fail at
-        each connect, for ever. Made with them all, as some ask for others."""
-        if v:
-            from confluent_kafka import KafkaException, Producer
-
-            try:
-                Producer(dict(v) | {"bootstrap.servers": "", "logger": _Quiet()})
-            except KafkaException as e:
-                raise ValueError(e.args[0].str()) from None
+    def _not_weirs(
+        cls, v: dict[str, str | int | float | bool]
+    ) -> dict[str, str | int | float | bool]:
+        """Properties that Weir's keys or guarantees set are not taken here: one given here
+        replaced them without a word (bootstrap.servers, found by an outside tryout)."""
+        for key in v:
+            if (owner := _WEIRS.get(key)) is not None:
+                raise ValueError(f"{key}: {owner}")
+        _made_with(dict(v))  # named here when they alone are wrong
         return v
+
+    @model_validator(mode="after")
+    def _takes(self) -> Self:
+        """The producer's properties (Weir's, from sasl: and tls:, and librdkafka:) are ones
+        librdkafka takes together, and its files ones it can load: a producer made with them
+        says so at load (made, not connected: it has no brokers), where it would be refused at
+        each connect, for ever (found by an outside tryout)."""
+        _made_with(self.producer_properties("check"))
+        return self
+
+    def client_properties(self, name: str) -> dict[str, Any]:
+        """Connection properties shared by the producer, the read-back consumer and the admin
+        of connector ``name``."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
+                                "client.id": f"weir-{name}"}  # fmt: skip
+        if self.sasl is not None:
+            conf |= {"sasl.mechanism": self.sasl.mechanism, "sasl.username": self.sasl.username,
+                     "sasl.password": self.sasl.password.get_secret_value()}  # fmt: skip
+        if self.tls is not None:
+            for key, path in (("ssl.ca.location", self.tls.ca_file),
+                              ("ssl.certificate.location", self.tls.cert_file),
+                              ("ssl.key.location", self.tls.key_file)):  # fmt: skip
+                if path is not None:
+                    conf[key] = str(path)
+            if self.tls.key_password is not None:
+                conf["ssl.key.password"] = self.tls.key_password.get_secret_value()
+        tls, sasl = self.tls is not None, self.sasl is not None
+        conf["security.protocol"] = {(False, False): "PLAINTEXT", (True, False): "SSL",
+                                     (False, True): "SASL_PLAINTEXT", (True, True): "SASL_SSL"}[
+            (tls, sasl)]  # fmt: skip
+        return conf
+
+    def producer_properties(self, name: str) -> dict[str, Any]:
+        return (
+            self.client_properties(name)
+            | {
+                "enable.idempotence": True,
+                "acks": "all",
+                "compression.type": self.compression,
+                "linger.ms": self.linger.total_seconds() * 1000,
+                "batch.size": self.batch_bytes,
+                "message.max.bytes": self.max_message_bytes,
+                "message.timeout.ms": int(self.delivery_timeout.total_seconds() * 1000),
+                "allow.auto.create.topics": self.auto_create_topics,
+            }
+            | dict(self.librdkafka)
+        )
 
     @field_validator("topic")
     @classmethod
@@ -113,7 +180,9 @@ class KafkaConnector(ConnectorBase):
     type: Literal["kafka"] = Field(
         description="produces to a Kafka topic (or a topic per collection), keyed by record"
     )
-    kafka: KafkaSettings = Field(KafkaSettings(), description="where and how to produce")
+    kafka: KafkaSettings = Field(
+        default_factory=KafkaSettings, description="where and how to produce"
+    )
 
     @property
     def topic(self) -> str:

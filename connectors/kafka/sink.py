@@ -84,6 +84,8 @@ class _ClientLog:
         failure = self.failure or ""
         if "SASL authentication error" in failure:
             return "kafka.sasl's username and password", True
+        if "Unsupported SASL mechanism" in failure:  # the broker takes others
+            return "kafka.sasl.mechanism", True
         if "SASL" in failure or "SSL" in failure:
             return "kafka.sasl and kafka.tls", False
         return "kafka.bootstrap_servers", False
@@ -91,41 +93,11 @@ class _ClientLog:
 
 def client_config(s: KafkaSettings, name: str) -> dict[str, Any]:
     """Connection properties shared by the producer, the read-back consumer and the admin."""
-    conf: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "client.id": f"weir-{name}",
-                            "logger": librdkafka_log}  # fmt: skip
-    if s.sasl is not None:
-        conf |= {"sasl.mechanism": s.sasl.mechanism, "sasl.username": s.sasl.username,
-                 "sasl.password": s.sasl.password.get_secret_value()}  # fmt: skip
-    if s.tls is not None:
-        for key, path in (("ssl.ca.location", s.tls.ca_file),
-                          ("ssl.certificate.location", s.tls.cert_file),
-                          ("ssl.key.location", s.tls.key_file)):  # fmt: skip
-            if path is not None:
-                conf[key] = str(path)
-        if s.tls.key_password is not None:
-            conf["ssl.key.password"] = s.tls.key_password.get_secret_value()
-    tls, sasl = s.tls is not None, s.sasl is not None
-    conf["security.protocol"] = {(False, False): "PLAINTEXT", (True, False): "SSL",
-                                 (False, True): "SASL_PLAINTEXT", (True, True): "SASL_SSL"}[
-        (tls, sasl)]  # fmt: skip
-    return conf
+    return s.client_properties(name) | {"logger": librdkafka_log}
 
 
 def producer_config(s: KafkaSettings, name: str) -> dict[str, Any]:
-    return (
-        client_config(s, name)
-        | {
-            "enable.idempotence": True,
-            "acks": "all",
-            "compression.type": s.compression,
-            "linger.ms": s.linger.total_seconds() * 1000,
-            "batch.size": s.batch_bytes,
-            "message.max.bytes": s.max_message_bytes,
-            "message.timeout.ms": int(s.delivery_timeout.total_seconds() * 1000),
-            "allow.auto.create.topics": s.auto_create_topics,
-        }
-        | dict(s.librdkafka)
-    )
+    return s.producer_properties(name) | {"logger": librdkafka_log}
 
 
 @dataclass(eq=False)

@@ -115,7 +115,9 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         # secrets of a body that did not validate are hidden too (a message may quote one), in
         # this answer only: kept for the process, what clients send would grow without bound
         secrets = forms_of(raw_secrets(e.body, WeirConfig))
-        errors = [{k: v for k, v in err.items() if k != "input"} for err in e.errors()]
+        errors = [{k: v for k, v in err.items() if k != "input"}
+                  | {"msg": err["msg"].removeprefix("Value error, ")}  # a validator's sentence
+                  for err in e.errors()]  # fmt: skip
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
         detail = redacted(jsonable_encoder(errors), secrets)

@@ -7,7 +7,9 @@ Connector packages import these to declare their settings; ``core.config.model``
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args
@@ -126,12 +128,22 @@ class Model(BaseModel):
 
 def _readable(path: Path) -> Path:
     """A file the config names (a CA, a key, credentials) is one this process can read: said
-    at load with its key, not at each connect as a server that cannot be reached."""
+    at load with its key, not at each connect as a server that cannot be reached. Looked at,
+    not opened: opening a FIFO waits for a writer, and held the API and every connector (found
+    by an outside tryout). ``~`` is the user's home; a relative path is the working
+    directory's."""
+    if not str(path).strip() or str(path) == ".":
+        raise ValueError("is empty: give a file's path")
+    path = path.expanduser()
     try:
-        with path.open("rb"):
-            pass
+        mode = path.stat().st_mode
     except OSError as e:
         raise ValueError(f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ValueError(f"cannot read {path}: it is {kind}")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"cannot read {path}: permission denied")
     return path
 
 
@@ -313,9 +325,9 @@ class ConnectorBase(Model):
         8_000,
         ge=10,
         le=1_000_000,
-        description="messages read ahead from the store: enough to keep max_in_flight batches "
-        "of batch.max_messages going, with two store pages to spare; each waiting message "
-        "takes about 1.5 KB of memory",
+        description="messages read ahead from the store; the default keeps 8 batches of 500 "
+        "in flight (max_in_flight, batch.max_messages) with 4,000 more ready: raise it with "
+        "them; each waiting message holds about 1.5 KB of memory",
     )
     shards: int = Field(
         1,

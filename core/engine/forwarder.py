@@ -101,7 +101,9 @@ class Forwarder:
         detail = " ".join(detail.split())  # one line, whatever the error's text holds
         if state != self.state:
             self.state = state
-            log.info("connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
+            level = logging.WARNING if state == "reconnecting" else logging.INFO  # not silent at
+            # WARNING: a refusal a connector that ran before retries (found by an outside tryout)
+            log.log(level, "connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
         self.detail = detail
 
     async def _may_end_the_run(self) -> bool:

@@ -196,6 +196,9 @@ def test_wrong_nats_credentials(
                 run.wait(60)
             assert run.returncode == 0, log.read_text()
             assert "not-the-one-9" not in log.read_text()
+            refused = [ln for ln in log.read_text().splitlines() if "refused the cred" in ln]
+            warned = any(" WARNING " in ln for ln in refused)  # heard at WARNING too
+            assert warned == (password != "the-right-one"), refused
 
 
 def test_a_store_the_role_may_not_make(

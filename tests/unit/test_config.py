@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -203,15 +204,20 @@ def test_files_the_config_names_are_read_at_load(tmp_path: Path) -> None:
         "    type: kafka\n"
         "    stream: events\n"
         f"    kafka: {{tls: {{ca_file: {ca}, cert_file: {tmp_path}/no.pem, key_file: {ca}}}}}\n"
-        f"  - {{name: d, type: nats, stream: events, nats: {{tls: {{ca_file: {ca}}}}}}}\n",
+        f"  - {{name: d, type: nats, stream: events, nats: {{tls: {{ca_file: {ca}}}}}}}\n"
+        f"  - {{name: e, type: nats, stream: events, nats: {{creds_file: {tmp_path}/fifo}}}}\n"
+        "  - {name: f, type: nats, stream: events, nats: {creds_file: ''}}\n",
     )
+    os.mkfifo(tmp_path / "fifo")  # opened, it waited for a writer: the API and every connector
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.problems == [
         "2: connectors[0].nats.creds_file: cannot read /nowhere/a.creds: no such file or directory",
-        f"3: connectors[1].nats.nkey_seed_file: cannot read {tmp_path}: is a directory",
+        f"3: connectors[1].nats.nkey_seed_file: cannot read {tmp_path}: it is a directory",
         f"7: connectors[2].kafka.tls.cert_file: cannot read {tmp_path}/no.pem: no such file or "
         "directory",
+        f"9: connectors[4].nats.creds_file: cannot read {tmp_path}/fifo: it is not a regular file",
+        "10: connectors[5].nats.creds_file: is empty: give a file's path",
     ]
 
 
@@ -226,8 +232,13 @@ def test_librdkafka_properties_are_known_at_load(tmp_path: Path) -> None:
     oidc = "sasl.mechanism: OAUTHBEARER, sasl.oauthbearer.method: oidc"
     for props, problem in [
         ("linger.msec: 5", 'No such configuration property: "linger.msec"'),
-        ("acks: maybe", 'Invalid value for configuration property "request.required.acks"'),
+        ("compression.codec: zip", 'for configuration property "compression.codec"'),
         (oidc, "is mandatory when `sasl.oauthbearer.method=oidc` is set"),
+        (
+            "bootstrap.servers: '127.0.0.1:1'",
+            "bootstrap.servers: give it as kafka.bootstrap_servers",
+        ),
+        ("acks: 1", "acks: Weir's producer waits for every in-sync replica (acks=all)"),
     ]:
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, head + "{" + props + "}}}\n"))
@@ -239,6 +250,19 @@ def test_librdkafka_properties_are_known_at_load(tmp_path: Path) -> None:
     )
     cfg = load_config(_write(tmp_path, head + "{" + ok + "}}}\n"))
     assert cfg.connectors[0].kafka.librdkafka["linger.ms"] == 20
+    # With Weir's own: sasl: and a mechanism no broker has; tls: with a CA that is no PEM.
+    junk = tmp_path / "ca.pem"
+    junk.write_text("not a certificate\n")
+    for kafka, problem in [
+        ("sasl: {username: u, password: pw}, librdkafka: {sasl.mechanism: BOGUS}",
+         "Unsupported SASL mechanism: BOGUS"),
+        (f"tls: {{ca_file: {junk}}}", "ssl.ca.location failed"),
+    ]:  # fmt: skip
+        text = head.replace("kafka: {librdkafka: ", "kafka: {" + kafka + "}}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, text))
+        [said] = e.value.problems
+        assert said.startswith("3: connectors[0].kafka: ") and problem in said, said
 
 
 def test_filter_values_are_json_as_written(tmp_path: Path) -> None:
