@@ -10,7 +10,9 @@ by capture in order: ``BACKFILL_PREFIX`` (a table joined with rows of its own),
 ``DROPPED_PREFIX`` (a captured table was dropped), ``MISSED_PREFIX`` (the publication could not
 be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication),
 ``ALTERED_PREFIX`` (a published table was altered: renamed, or its columns changed),
-``KEYLESS_PREFIX`` (a table was made that cannot be captured: no key, say).
+``KEYLESS_PREFIX`` (a table was made that cannot be captured: no key, say), ``REWRITTEN_PREFIX``
+(a table's rows were rewritten: ``ALTER COLUMN … TYPE … USING`` changes values with no change of
+a row in the WAL, so its records are backfilled).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ MISSED_PREFIX = "weir:missed"  # one naming a table that could not join, and why
 LEFT_PREFIX = "weir:left"  # one naming a table that left the publication: it lost its key
 ALTERED_PREFIX = "weir:altered"  # one naming a published table altered (renamed, say), by oid
 KEYLESS_PREFIX = "weir:keyless"  # one naming a table made that cannot be captured (no key, say)
+REWRITTEN_PREFIX = "weir:rewritten"  # one naming a table rewritten (ALTER TABLE … USING), by oid
 TABLE_MESSAGES = (BACKFILL_PREFIX, DROPPED_PREFIX, MISSED_PREFIX, LEFT_PREFIX, ALTERED_PREFIX,
-                  KEYLESS_PREFIX)  # fmt: skip
+                  KEYLESS_PREFIX, REWRITTEN_PREFIX)  # fmt: skip
 # The schema of the trigger's function, in the source database: named unlike a role, so that
 # no role's "$user" in its search_path finds it (it was in "weir" before: OLD_HOME, cleared).
 HOME, OLD_HOME = "weir_follow", "weir"
@@ -62,6 +65,18 @@ BEGIN
         RETURN;
     END IF;
     SELECT p.oid INTO pub FROM pg_publication p WHERE p.pubname = {pub};
+    IF TG_EVENT = 'table_rewrite' THEN  -- its rows change, and the WAL has no change of theirs
+        FOR t IN
+            SELECT n.nspname, c.relname, c.oid FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.oid = coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
+                                   pg_event_trigger_table_rewrite_oid())
+        LOOP
+            PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
+                t.nspname, t.relname, t.oid::text)::text);
+        END LOOP;
+        RETURN;
+    END IF;
     IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
         FOR t IN
             SELECT DISTINCT o.schema_name, o.object_name FROM pg_event_trigger_dropped_objects() o
@@ -210,9 +225,10 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
     are added at its next start and backfilled then (see capture), and a warning says so.
     """
     listed = [parse_table(t) for t in src.tables]
-    names = {k: object_name(k, src.publication) for k in ("follow", "drop")}
+    names = {k: object_name(k, src.publication) for k in ("follow", "drop", "rewrite")}
     fn = sql.Identifier(HOME, names["follow"])
     trigger, drop = sql.Identifier(names["follow"]), sql.Identifier(names["drop"])
+    rewrite = sql.Identifier(names["rewrite"])
     composed = (
         sql.SQL(_FOLLOW_FUNCTION)
         .format(
@@ -234,6 +250,7 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
             left=sql.Literal(LEFT_PREFIX),
             altered=sql.Literal(ALTERED_PREFIX),
             keyless=sql.Literal(KEYLESS_PREFIX),
+            rewritten=sql.Literal(REWRITTEN_PREFIX),
         )
         .as_string(conn)
     )
@@ -246,19 +263,19 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
     version = "weir:" + hashlib.sha256(body.encode()).hexdigest()[:16]
     installed = conn.execute(
         "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
-        "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s))"
+        "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s, %s))"
         " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = %s AND p.proname = %s",
-        (names["follow"], names["drop"], HOME, names["follow"]),
+        (names["follow"], names["drop"], names["rewrite"], HOME, names["follow"]),
     ).fetchone()  # fmt: skip
-    if installed == (version, 2):
+    if installed == (version, 3):
         return
     try:
         with conn.transaction():
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(HOME)))
             conn.execute(body)
             conn.execute(sql.SQL("COMMENT ON FUNCTION {}() IS {}").format(fn, sql.Literal(version)))
-            for name in (trigger, drop):
+            for name in (trigger, drop, rewrite):
                 conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(name))
             conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
                 sql.Identifier(OLD_HOME, names["follow"])))  # fmt: skip
@@ -268,11 +285,9 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
                     " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
                 ).format(trigger, fn)
             )
-            conn.execute(
-                sql.SQL("CREATE EVENT TRIGGER {} ON sql_drop EXECUTE FUNCTION {}()").format(
-                    drop, fn
-                )
-            )
+            for name, event in ((drop, "sql_drop"), (rewrite, "table_rewrite")):
+                conn.execute(sql.SQL("CREATE EVENT TRIGGER {} ON {} EXECUTE FUNCTION {}()").format(
+                    name, sql.SQL(event), fn))  # fmt: skip
     except psycopg.errors.InsufficientPrivilege:
         log.warning(
             "source %s: cannot follow tables as they are created (an event trigger needs a "

@@ -24,6 +24,7 @@ from core.sources.pg.follow import (
     KEYLESS_PREFIX,
     LEFT_PREFIX,
     MISSED_PREFIX,
+    REWRITTEN_PREFIX,
 )
 from core.sources.pg.relations import Relation, Relations, shape_of
 from core.sources.pg.setup import TABLE_INFO_SQL, complete_publication, table_problem
@@ -173,6 +174,9 @@ class TableFollower:
             # Asked for anew also while one runs: its snapshot may be older than changes made
             # while the table was out of the publication (it left and came back).
             self._backfill(schema, table, "the table joined the publication with rows in it")
+            return
+        if prefix == REWRITTEN_PREFIX:  # its values changed with no change in the WAL
+            self._backfill(schema, table, "its rows were rewritten (ALTER TABLE … USING, say)")
             return
         if prefix == ALTERED_PREFIX:
             if why and why[0].isdigit():
