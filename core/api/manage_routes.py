@@ -10,7 +10,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Request
+import orjson
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.api.manage import Operations
@@ -202,7 +203,8 @@ def _failed_routes(api: APIRouter, ops: Operations, prefix: str, key: Any) -> No
     @api.get(f"{prefix}/{{name}}/failed/{{entry}}", response_model=FailedEntryFull, tags=tags)
     async def show(name: Name, entry: EntryId) -> Any:
         """One failed message with its payload and last error."""
-        return await ops.failed_one(key(name), entry)
+        one = await ops.failed_one(key(name), entry)  # its message as the JSON that is sent
+        return Response(orjson.dumps(one), media_type="application/json")
 
     @api.post(f"{prefix}/{{name}}/failed/{{entry}}/retry", response_model=Count, tags=tags)
     async def retry_one(name: Name, entry: EntryId) -> Any:

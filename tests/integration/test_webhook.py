@@ -7,7 +7,9 @@ import logging
 import socket
 import struct
 import threading
+from pathlib import Path
 
+import orjson
 import pytest
 
 from connectors.webhook.config import WebhookConnector
@@ -17,7 +19,9 @@ from core.envelope import Message
 from devkit.server import free_port
 from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import weir
 from tests.helpers.receiver import Receiver
+from tests.helpers.sql import execute
 from tests.helpers.weir import cursor_of, failed_messages, insert_t, serving, weir_config
 
 
@@ -57,6 +61,38 @@ def test_a_receiver_that_never_recovers_fills_the_failed_list(
     assert [(f["seq"], f["attempts"]) for f in failed] == [(1, 3), (2, 3), (3, 3)]
     assert all("HTTP 500" in f["error"] for f in failed)
     assert harness.read(c) == []
+
+
+def test_a_failed_message_is_shown_as_it_is_sent(
+    table: str, webhook_receiver: Receiver, tmp_path: Path
+) -> None:
+    """``weir failed show`` (and the API's one entry) read the message's JSON into doubles:
+    1e-400 showed as 0.0 and 1.0000000000000000000000001 as 1.0, while the receiver and a retry
+    get every digit (found by an outside tryout)."""
+    execute(table, "ALTER TABLE t ADD COLUMN j jsonb, ADD COLUMN e float8")
+    harness = WebhookHarness(webhook_receiver)
+    c = harness.connector("exact", "events", retry={"initial": "10ms", "max_attempts": 1})
+    harness.prepare(c)
+    harness.hook(c).fail_next = 10**6
+    cfg = weir_config(table, [c])
+    with serving(cfg):
+        execute(table, "INSERT INTO t (id, body, j, e) VALUES (1, 'x', "
+                """'{"n": 1.0000000000000000000000001}', 1e-300)""")  # fmt: skip
+        wait_for(lambda: cursor_of(table, "exact")[0] == 1, what="the failed entry")
+    config = tmp_path / "weir.yaml"
+    config.write_text(
+        orjson.dumps(
+            {
+                "connectors": [c],
+                "sources": [
+                    {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+                ],
+            }
+        ).decode()
+    )
+    shown = weir("failed", "show", "exact", "app:1", "--config", str(config))
+    assert '{"n":1.0000000000000000000000001}' in shown.replace(" ", ""), shown  # a number
+    assert orjson.loads(shown)["message"]["record"]["e"] == 1e-300
 
 
 def test_a_wrong_secret_is_refused_by_the_receiver(table: str, webhook_receiver: Receiver) -> None:
