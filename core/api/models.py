@@ -86,7 +86,9 @@ class AckIds(BaseModel):
 
 
 class StreamReceive(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # JSON's own types: true or "2" as a batch size was taken as 1 or 2 (found by an outside
+    # tryout); a query string's are text, and read as numbers there
+    model_config = ConfigDict(extra="forbid", strict=True)
     batch_size: int | None = Field(
         None, ge=1, le=MAX_BATCH, description=f"messages at most (default {BATCH})"
     )

@@ -199,6 +199,9 @@ def test_max_batch_size_names_the_batch_size(table: str) -> None:
         r = client.post(post, json={"max_batch_size": 3, "batch_size": 2})
         assert r.status_code == 400 and "max_batch_size" in r.json()["detail"], r.text
         assert len(client.post(post, json={}).json()["data"]) == 10  # the default
+        for wrong in ({"batch_size": True}, {"batch_size": "2"}, {"wait_for": 1.5}):
+            r = client.post(post, json=wrong)  # JSON's own types, none taken for another
+            assert r.status_code == 422 and next(iter(wrong)) in r.text, (wrong, r.text)
         schema = client.get("/openapi.json").json()
         for path in ("/v1/http-consumers/{name}/next", "/api/sequin_streams/{name}/receive"):
             names = {p["name"] for p in schema["paths"][path]["get"]["parameters"]}
