@@ -116,7 +116,8 @@ class KafkaSettings(Model):
         for key in v:
             if (owner := _WEIRS.get(key)) is not None:
                 raise ValueError(f"{key}: {owner}")
-        _made_with(dict(v))  # named here when they alone are wrong
+        if v:  # named here when they alone are wrong; the producer's whole set is _takes's
+            _made_with(dict(v))
         return v
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@ docs/configuration.md “Keys”)."""
 
 from __future__ import annotations
 
+import ssl
 from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -118,6 +119,33 @@ class NatsSettings(Model):
             return {**(_RECORDS_STREAM if info.field_name == "records_stream" else _EVENTS_STREAM),
                     **v}  # fmt: skip
         return v
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of ``tls:`` (None without it), its files loaded: made at load to say
+        what is wrong with them, and by each connect."""
+        if self.tls is None:
+            return None
+        ca = self.tls.ca_file
+        ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+        if self.tls.cert_file is not None and self.tls.key_file is not None:
+            ctx.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        return ctx
+
+    @model_validator(mode="after")
+    def _tls_loads(self) -> NatsSettings:
+        """A CA, certificate or key that is no PEM is said at load: it passed, and each connect
+        then failed naming nats.url, for ever (found by an outside tryout)."""
+        try:
+            self.tls_context()
+        except (ssl.SSLError, OSError) as e:
+            assert self.tls is not None
+            try:  # which of them: the CA alone, on this path only
+                ssl.create_default_context(cafile=str(self.tls.ca_file or "") or None)
+                which = "cert_file and key_file: no certificate and its key"
+            except (ssl.SSLError, OSError):
+                which = f"ca_file {self.tls.ca_file}: no CA certificates"
+            raise ValueError(f"tls.{which} in PEM ({e})") from None
+        return self
 
     @model_validator(mode="after")
     def _one_auth(self) -> NatsSettings:

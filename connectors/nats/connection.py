@@ -33,12 +33,7 @@ def connect_options(s: NatsSettings, name: str) -> dict[str, Any]:
         opts["nkeys_seed"] = str(s.nkey_seed_file)
     if s.creds_file is not None:
         opts["user_credentials"] = str(s.creds_file)
-    if s.tls is not None:
-        ctx = ssl.create_default_context(
-            cafile=str(s.tls.ca_file) if s.tls.ca_file is not None else None
-        )
-        if s.tls.cert_file is not None and s.tls.key_file is not None:
-            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+    if (ctx := s.tls_context()) is not None:
         opts["tls"] = ctx
     return opts
 
@@ -89,6 +84,7 @@ async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
             raise Unreachable(
                 "NATS", where, "it refused the credentials", _credentials(s), for_good=True
             ) from None
-        raise Unreachable(
-            "NATS", where, network_reason(last), "nats.url and that nats-server runs there"
-        ) from None
+        check = "nats.url and that nats-server runs there"
+        if isinstance(last, ssl.SSLError):  # the handshake: its certificates, not the address
+            check = "nats.tls and the server's certificate"
+        raise Unreachable("NATS", where, network_reason(last), check) from None

@@ -192,7 +192,8 @@ def test_connector_problems_name_the_key(tmp_path: Path) -> None:
 def test_files_the_config_names_are_read_at_load(tmp_path: Path) -> None:
     """A CA, key, seed or credentials file this process cannot read is named with its key when
     the config is loaded (weir config validate, weir run, the management API): it was taken,
-    and every connect then failed as if the server could not be reached, for ever."""
+    and every connect then failed as if the server could not be reached, for ever. A CA that
+    is no PEM too (Kafka's: test_librdkafka_properties_are_known_at_load)."""
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     path = _write(
@@ -211,11 +212,13 @@ def test_files_the_config_names_are_read_at_load(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")  # opened, it waited for a writer: the API and every connector
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert e.value.problems == [
+    problems = [p.split(" (_ssl.c")[0] for p in e.value.problems]  # Python's line
+    assert problems == [
         "2: connectors[0].nats.creds_file: cannot read /nowhere/a.creds: no such file or directory",
         f"3: connectors[1].nats.nkey_seed_file: cannot read {tmp_path}: it is a directory",
         f"7: connectors[2].kafka.tls.cert_file: cannot read {tmp_path}/no.pem: no such file or "
         "directory",
+        f"8: connectors[3].nats: tls.ca_file {ca}: no CA certificates in PEM ([X509] PEM lib",
         f"9: connectors[4].nats.creds_file: cannot read {tmp_path}/fifo: it is not a regular file",
         "10: connectors[5].nats.creds_file: is empty: give a file's path",
     ]
