@@ -6,15 +6,16 @@ import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pytest
 from playwright.sync_api import BrowserContext
 
 from devkit.browser import chromium
-from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres, EmbeddedSqs
-from tests.helpers.brokers import HARNESSES, Harness
-from tests.helpers.receiver import Receiver
+from devkit.embedded import EmbeddedPostgres
+from tests.connectors import Kit, kits
+from tests.helpers.brokers import Harness
 
 _counter = itertools.count()
 
@@ -25,35 +26,27 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def nats_server() -> Iterator[EmbeddedNats]:
-    with EmbeddedNats() as server:
-        yield server
+def _served(kit: Kit) -> Any:
+    """The kit's server as a session fixture named ``kit.fixture``."""
+
+    def serve() -> Iterator[Any]:
+        with kit.server() as server:
+            yield server
+
+    serve.__doc__ = f"The session's {kit.fixture} (its connector's kit)."
+    return pytest.fixture(scope="session", name=kit.fixture)(serve)
 
 
-@pytest.fixture(scope="session")
-def kafka_server() -> Iterator[EmbeddedKafka]:
-    with EmbeddedKafka() as server:
-        yield server
+for _kit in kits().values():  # nats_server, kafka_server, sqs_server, webhook_receiver, ...
+    globals()[_kit.fixture] = _served(_kit)
 
 
-@pytest.fixture(scope="session")
-def sqs_server() -> Iterator[EmbeddedSqs]:
-    with EmbeddedSqs() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def webhook_receiver() -> Iterator[Receiver]:
-    with Receiver() as receiver:
-        yield receiver
-
-
-@pytest.fixture(params=list(HARNESSES))
+@pytest.fixture(params=list(kits()))
 def broker(request: pytest.FixtureRequest) -> Harness:
-    """Each broker in turn, through its harness (tests/helpers/brokers.py)."""
-    harness, server = HARNESSES[request.param]
-    return harness(request.getfixturevalue(server))
+    """Each registered connector in turn, through its kit's harness (tests/connectors/)."""
+    kit = kits()[request.param]
+    harness: Harness = kit.harness(request.getfixturevalue(kit.fixture))
+    return harness
 
 
 @contextmanager

@@ -13,8 +13,9 @@ import psycopg
 
 from devkit.embedded import EmbeddedKafka, EmbeddedNats
 from tests.adversarial.kinds import exact_json
+from tests.connectors.kafka.harness import KafkaHarness
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored as store_rows
-from tests.helpers.brokers import KafkaHarness, NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, weir_config
 

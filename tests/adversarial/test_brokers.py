@@ -17,7 +17,7 @@ from nats.js.api import StreamConfig
 
 from devkit.embedded import EmbeddedNats
 from devkit.server import free_port
-from tests.helpers.brokers import NatsHarness, _read_stream
+from tests.connectors.nats.harness import NatsHarness, read_stream
 from tests.helpers.capture import wait_for
 from tests.helpers.load import WeirProcess, create_load_table, load_with_interruptions
 from tests.helpers.sql import execute
@@ -63,7 +63,7 @@ def test_two_namespaces_publishing_into_one_stream_are_both_stored(
             execute(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
             _settled(table, "alpha", 20)
             _settled(table, "beta", 20)
-        got = asyncio.run(_read_stream(server.url, "ALL-EVENTS", {}))
+        got = asyncio.run(read_stream(server.url, "ALL-EVENTS", {}))
     ids = sorted(d.key for d in got)
     assert len(ids) == len(set(ids)) == 40
     for d in got:
@@ -105,7 +105,7 @@ def test_messages_the_server_refuses_go_to_the_failed_list_and_the_rest_goes_on(
             execute(table, f'INSERT INTO "{long_table}" VALUES (%s)', params=("k" * 250,))
             execute(table, "INSERT INTO denied VALUES (1)", "INSERT INTO t VALUES (1, 'last')")
             _settled(table, "hooks", 16 + 3)
-        got = asyncio.run(_read_stream(server.url, "EVENTS", reader))
+        got = asyncio.run(read_stream(server.url, "EVENTS", reader))
     failed = failed_messages(table, "hooks")
     reasons = {json.loads(f["payload"])["metadata"]["collection_id"]: f["error"] for f in failed}
     assert "denied" in " ".join(reasons), reasons
@@ -214,6 +214,6 @@ def test_streams_split_by_event_type_are_read_back_after_a_crash(
             _settled(db_url, "split", len(expected))
             weir.stop()
         got = [d for kind in ("INSERTED", "UPDATED", "DELETED")
-               for d in asyncio.run(_read_stream(server.url, f"EV-{kind}", {}))]  # fmt: skip
+               for d in asyncio.run(read_stream(server.url, f"EV-{kind}", {}))]  # fmt: skip
     keys = [d.key for d in got]
     assert len(keys) == len(set(keys)) == len(expected)

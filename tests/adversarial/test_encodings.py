@@ -34,8 +34,8 @@ from core.ids import collection_id_of
 from core.tables import table_name
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.adversarial.kinds import exact_json
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored
-from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import Running, serving
 

@@ -29,8 +29,9 @@ from core.store import connectors as api_connectors
 from core.store.cursors import fence_key
 from devkit.embedded import EmbeddedNats
 from devkit.server import free_port
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.api import TOKEN, api_serving
-from tests.helpers.brokers import Delivered, NatsHarness
+from tests.helpers.brokers import Delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.load import WeirProcess
 

@@ -23,10 +23,10 @@ import pytest
 
 from core.redact import redact
 from core.runtime.service import serve
+from tests.connectors.webhook.harness import WebhookHarness
+from tests.connectors.webhook.receiver import Receiver
 from tests.helpers.api import api_serving
-from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for
-from tests.helpers.receiver import Receiver
 from tests.helpers.weir import cursor_of, insert_t, weir_config
 
 

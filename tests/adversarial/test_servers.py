@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored
-from tests.helpers.brokers import NatsHarness, wait_delivered
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.weir import serving, weir_config
 

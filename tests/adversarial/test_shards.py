@@ -27,7 +27,8 @@ from core.store.migrations import migrate
 from core.store.shared import lock_key
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.conftest import fresh_database
-from tests.helpers.brokers import Harness, NatsHarness, wait_delivered
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.brokers import Harness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import (
     WeirProcess,

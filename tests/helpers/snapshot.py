@@ -13,8 +13,9 @@ from typing import Any
 import psycopg
 import yaml
 
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored
-from tests.helpers.brokers import NatsHarness, wait_delivered
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import serving, weir_config
 

@@ -12,10 +12,10 @@ import httpx
 from playwright.sync_api import BrowserContext, Page, expect
 
 from devkit.browser import log_in
+from tests.connectors.webhook.harness import WebhookHarness
+from tests.connectors.webhook.receiver import Receiver
 from tests.helpers.api import TOKEN, api_serving
-from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import wait_for
-from tests.helpers.receiver import Receiver
 from tests.helpers.weir import cursor_of, failed_messages, insert_t
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

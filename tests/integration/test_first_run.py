@@ -22,7 +22,7 @@ from core.config.load import load_config
 from core.runtime.service import prepare
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from devkit.server import free_port
-from tests.helpers.brokers import NatsHarness
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers, weir
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from devkit.embedded import EmbeddedNats
-from tests.helpers.brokers import Harness, NatsHarness, wait_delivered
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.brokers import Harness, wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import (
     WeirProcess,

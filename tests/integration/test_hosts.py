@@ -24,7 +24,8 @@ import pytest
 
 from core.runtime.service import LEASE_POLL
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
-from tests.helpers.brokers import NatsHarness, wait_delivered
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.hosts import Host, Hosts
 from tests.helpers.load import (

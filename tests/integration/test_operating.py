@@ -22,11 +22,11 @@ from core.api.probes import reachable as _reachable
 from core.config.model import WeirConfig
 from core.runtime import jobs
 from core.runtime.service import prepare
+from tests.connectors.webhook.harness import WebhookHarness
+from tests.connectors.webhook.receiver import Receiver
 from tests.helpers import stored
 from tests.helpers.api import api_serving
-from tests.helpers.brokers import WebhookHarness
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.receiver import Receiver
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
 

@@ -21,10 +21,10 @@ import pytest
 
 from devkit.embedded import EmbeddedKafka, EmbeddedNats, EmbeddedPostgres
 from devkit.server import free_port
+from tests.connectors.kafka.front import KafkaFront
 from tests.helpers import cli
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers
-from tests.helpers.kafka_front import KafkaFront
 
 SECRET = "S3cr3t-canary-%-x"  # with a stray %, as users write it into URLs
 IN_URL = quote(SECRET, safe="")  # as it must be written in a URL's user info

@@ -32,8 +32,8 @@ from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
 from core.store.writer import SourceWriter
 from devkit.embedded import EmbeddedNats
 from spark.session import LOOPBACK_CONF, java_home
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored as stored_rows
-from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import KINDS_DDL, KINDS_ROW, events, pg_source, wait_for
 from tests.helpers.load import WeirProcess
 from tests.helpers.snapshot import (

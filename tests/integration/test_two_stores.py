@@ -16,7 +16,8 @@ import pytest
 
 from core.store import Store
 from devkit.embedded import EmbeddedNats
-from tests.helpers.brokers import NatsHarness, wait_delivered
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.load import WeirProcess
 from tests.helpers.sql import execute
 

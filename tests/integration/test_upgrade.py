@@ -19,8 +19,8 @@ from core.store import Store, migrations
 from core.store.leases import Owners
 from devkit.embedded import EmbeddedNats
 from devkit.server import CHECKOUT
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers import stored
-from tests.helpers.brokers import NatsHarness
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import (
     WeirProcess,

@@ -23,8 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.embedded import EmbeddedNats
 from devkit.procs import alive
 from devkit.server import free_port
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.api import TOKEN
-from tests.helpers.brokers import NatsHarness, wait_delivered
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.load import (
     WeirProcess,

@@ -48,3 +48,15 @@ def test_core_names_no_connector() -> None:
     for module, names in _imports("core").items():
         bad = sorted(n for n in names if n.startswith("connectors."))
         assert not bad, f"{module} imports {bad}: use the connector registry"
+
+
+def test_every_connector_has_its_test_kit() -> None:
+    """A connector is its package under connectors/ plus its kit under tests/connectors/ (the
+    contract suite runs every kit the registry names): none is missing, none is left over."""
+    from core.registry import connector_specs
+    from tests.connectors import kits
+
+    types = {spec.type for spec in connector_specs()}
+    assert set(kits()) == types
+    folders = {p.parent.name for p in (ROOT / "tests" / "connectors").glob("*/__init__.py")}
+    assert folders == types, f"kits of no registered connector: {sorted(folders - types)}"

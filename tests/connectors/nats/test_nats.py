@@ -13,7 +13,7 @@ import pytest
 from connectors.nats.config import NatsConnector
 from connectors.nats.setup import ensure_streams
 from devkit.embedded import EmbeddedNats
-from tests.helpers.brokers import NatsHarness
+from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 

@@ -1,6 +1,6 @@
 """The Kafka connector over SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) and TLS with a CA and a
 client certificate: `weir kafka setup` and `weir run` through a front that demands them, in front
-of the real broker (tests/helpers/kafka_front.py says why a front).
+of the real broker (front.py beside this file says why a front).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from connectors.kafka.config import KafkaSettings
 from connectors.kafka.sink import client_config
 from core.runtime.service import prepare
 from devkit.embedded import EmbeddedKafka
-from tests.helpers.brokers import read_kafka
+from tests.connectors.kafka.front import KafkaFront, Pki, make_pki
+from tests.connectors.kafka.harness import read_kafka
 from tests.helpers.capture import wait_for
-from tests.helpers.kafka_front import KafkaFront, Pki, make_pki
 from tests.helpers.weir import Running, cursor_of, insert_t, serving, weir_config
 
 USERS = {"weir": "correct horse battery staple"}

@@ -17,10 +17,10 @@ from connectors.webhook.sink import WebhookSink
 from core.engine.sink import BatchError
 from core.envelope import Message
 from devkit.server import free_port
-from tests.helpers.brokers import WebhookHarness
+from tests.connectors.webhook.harness import WebhookHarness
+from tests.connectors.webhook.receiver import Receiver
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
-from tests.helpers.receiver import Receiver
 from tests.helpers.sql import execute
 from tests.helpers.weir import cursor_of, failed_messages, insert_t, serving, weir_config
 

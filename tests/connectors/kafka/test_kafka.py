@@ -1,10 +1,9 @@
-"""Kafka and SQS connector specifics: what a consumer gets (key, headers, FIFO ids),
-`weir kafka setup`, topic templates, standard queues.
+"""Kafka connector specifics: what a consumer gets (key, headers), `weir kafka setup`, topic
+templates.
 """
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +15,8 @@ from confluent_kafka import Consumer, TopicPartition
 from pydantic import ValidationError
 
 from connectors.kafka.config import KafkaConnector
-from devkit.embedded import EmbeddedKafka, EmbeddedSqs
-from tests.helpers.brokers import KafkaHarness, SqsHarness
+from devkit.embedded import EmbeddedKafka
+from tests.connectors.kafka.harness import KafkaHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
@@ -90,35 +89,3 @@ def test_kafka_setup_creates_then_reports_differences(
     assert setup() == "evs: topic setup-events exists and matches"
     config.write_text(config.read_text().replace("partitions: 4", "partitions: 8"))
     assert setup() == "evs: topic setup-events exists but differs: 4 partitions, config says 8"
-
-
-def test_sqs_fifo_group_and_dedup_ids(sqs_server: EmbeddedSqs, table: str) -> None:
-    broker = SqsHarness(sqs_server)
-    c = broker.connector("records", "records")
-    broker.prepare(c)
-    with serving(weir_config(table, [c])):
-        insert_t(table, range(1, 4))
-        wait_for(lambda: cursor_of(table, "records")[0] == 3, what="3 delivered")
-    got = broker.client.receive_message(
-        QueueUrl=c["sqs"]["queue_url"], MaxNumberOfMessages=10, WaitTimeSeconds=1,
-        MessageSystemAttributeNames=["MessageGroupId", "MessageDeduplicationId"],
-    )["Messages"]  # fmt: skip
-    assert len(got) == 3
-    for m in got:
-        meta = orjson.loads(m["Body"])["metadata"]
-        attrs = m["Attributes"]
-        assert attrs["MessageGroupId"] == f"{meta['sync_id']}.postgres.public:t.{meta['record_id']}"
-        key = meta["idempotency_key"]
-        assert attrs["MessageDeduplicationId"] == hashlib.sha256(key.encode()).hexdigest()
-
-
-def test_sqs_standard_queue(sqs_server: EmbeddedSqs, table: str) -> None:
-    """A queue without .fifo: messages go without group or dedup ids, and arrive."""
-    broker = SqsHarness(sqs_server)
-    c = broker.connector("events", "events")
-    url = c["sqs"]["queue_url"] = c["sqs"]["queue_url"].removesuffix(".fifo")
-    broker.client.create_queue(QueueName=url.rsplit("/", 1)[1])
-    with serving(weir_config(table, [c])):
-        insert_t(table, range(1, 4))
-        wait_for(lambda: cursor_of(table, "events")[0] == 3, what="3 delivered")
-    assert sorted(d.seq for d in broker.consume(c)) == [1, 2, 3]
