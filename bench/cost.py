@@ -319,14 +319,20 @@ def by_process(spy: Path, out: Path, title: str, top: int = 30) -> None:
     holds the GIL (the process's Python CPU; py-spy's idle detection counted ``time.sleep`` and
     ``select`` as busy here)."""
     counts: collections.Counter[str] = collections.Counter()
+    within: collections.Counter[str] = collections.Counter()  # inclusive: on the stack
     for line in spy.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if count.isdigit():
-            counts[stack.split(";")[-1]] += int(count)
+            frames = stack.split(";")
+            counts[frames[-1]] += int(count)
+            for fn in {frame.split(" (")[0] for frame in frames[1:]}:
+                within[fn] += int(count)
     total = sum(counts.values()) or 1
     with out.open("a") as f:
-        f.write(f"phase {title}: {total} samples\n")
+        f.write(f"phase {title}: {total} samples, self time by line\n")
         f.writelines(f"{100 * n / total:5.1f}%  {fn}\n" for fn, n in counts.most_common(top))
+        f.write(f"phase {title}: inclusive by function\n")
+        f.writelines(f"{100 * n / total:5.1f}%  {fn}\n" for fn, n in within.most_common(top))
         f.write("\n")
 
 
