@@ -541,6 +541,48 @@ def test_a_table_rewritten_with_new_values_of_the_same_type(db_url: str) -> None
     assert all(r["payload"].startswith("NEW") for r in _live(db_url, "public:rw").values())
 
 
+def test_an_enum_label_renamed_reaches_the_records_of_every_table_holding_it(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ALTER TYPE … RENAME VALUE`` changes the text of every row that holds the label, with no
+    change of a row in the WAL and no change of a column: the records stream kept the old
+    label for good (found by an outside tryout). The tables holding it directly, in an array,
+    a domain or a composite type are backfilled; one that does not hold it is left alone."""
+    execute(db_url, "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+            "CREATE DOMAIN mood_d AS mood", "CREATE TYPE pair AS (m mood, n int)",
+            "CREATE TABLE direct (id int PRIMARY KEY, m mood)",
+            "CREATE TABLE nested (id int PRIMARY KEY, ms mood[], d mood_d, p pair)",
+            "CREATE TABLE other (id int PRIMARY KEY, v text)",
+            "INSERT INTO direct VALUES (1, 'sad'), (2, 'ok')",
+            "INSERT INTO nested VALUES (1, '{sad,ok}', 'sad', '(sad,1)')",
+            "INSERT INTO other VALUES (1, 'sad')")  # fmt: skip
+    tables = ["public.direct", "public.nested", "public.other"]
+    cfg = weir_config(db_url, [], backfill={"tables": tables})
+
+    def table(name: str) -> dict[str, Any]:
+        if name != "nested":
+            return _table(db_url, name)
+        got = rows(db_url, "SELECT id, to_jsonb(ms), d::text, p::text FROM nested")
+        return {str(r[0]): dict(zip(("id", "ms", "d", "p"), r, strict=True)) for r in got}
+
+    def converged(*names: str) -> bool:
+        return all(_live(db_url, f"public:{n}") == table(n) for n in names)
+
+    with serving(cfg):
+        wait_for(lambda: converged("direct", "nested", "other"), what="the first backfills")
+        execute(db_url, "ALTER TYPE mood ADD VALUE 'glad'", "ALTER TYPE mood RENAME TO feeling")
+        time.sleep(1)  # no value's text changed: no backfill
+        caplog.set_level(logging.INFO, logger="weir.backfill")
+        caplog.clear()
+        execute(db_url, "ALTER TYPE feeling RENAME VALUE 'sad' TO 'blue'")
+        wait_for(lambda: converged("direct", "nested"), what="the records after the rename")
+    started = {m.split()[1] for m in caplog.messages if m.startswith("backfill public.")}
+    assert started == {"public.direct:", "public.nested:"}, caplog.messages  # not public.other
+    assert _live(db_url, "public:direct")["1"] == {"id": 1, "m": "blue"}
+    assert _live(db_url, "public:nested")["1"] == {"id": 1, "ms": ["blue", "ok"], "d": "blue",
+                                                   "p": "(blue,1)"}  # fmt: skip
+
+
 def test_the_records_stream_takes_a_tables_new_columns_without_a_write(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,8 +11,9 @@ by capture in order: ``BACKFILL_PREFIX`` (a table joined with rows of its own),
 be changed for one: a lock timeout, say), ``LEFT_PREFIX`` (one left the publication),
 ``ALTERED_PREFIX`` (a published table was altered: renamed, or its columns changed),
 ``KEYLESS_PREFIX`` (a table was made that cannot be captured: no key, say), ``REWRITTEN_PREFIX``
-(a table's rows were rewritten: ``ALTER COLUMN … TYPE … USING`` changes values with no change of
-a row in the WAL, so its records are backfilled).
+(a table's values changed with no change of a row in the WAL: ``ALTER COLUMN … TYPE … USING``
+rewrote its rows, or ``ALTER TYPE … RENAME VALUE`` renamed an enum label one of its columns
+holds; its records are backfilled).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ HOME, OLD_HOME = "weir_follow", "weir"
 # BACKFILL_PREFIX message; one that can no longer publish its updates and deletes (its primary key
 # or identity index dropped, say) leaves the publication, so the user's writes to it go on, with a
 # LEFT_PREFIX message. The rule for a capturable table is core/sources/pg/setup.py:table_problem's.
+# The commands whose end the function hears of (with sql_drop and table_rewrite).
+_TAGS = "('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE', 'ALTER TYPE')"
 _FOLLOW_FUNCTION = """
 CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {q}
@@ -71,6 +74,35 @@ BEGIN
             JOIN pg_namespace n ON n.oid = c.relnamespace
             WHERE c.oid = coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
                                    pg_event_trigger_table_rewrite_oid())
+        LOOP
+            PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
+                t.nspname, t.relname, t.oid::text)::text);
+        END LOOP;
+        RETURN;
+    END IF;
+    IF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed: the rows' text changes, no row
+        IF current_query() !~* 'rename[[:space:]]+value' THEN  -- no other form changes a row
+            RETURN;
+        END IF;
+        FOR t IN  -- the published tables with a column of it (or of a type made of it)
+            WITH RECURSIVE used(oid) AS (
+                SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+                WHERE d.classid = 'pg_type'::regclass
+              UNION
+                SELECT x.oid FROM used u, LATERAL (
+                    SELECT ty.oid FROM pg_type ty  -- its domains and arrays
+                    WHERE ty.typbasetype = u.oid OR ty.typelem = u.oid
+                    UNION ALL SELECT c.reltype FROM pg_attribute a  -- composites holding it
+                    JOIN pg_class c ON c.oid = a.attrelid
+                    WHERE a.atttypid = u.oid AND c.relkind = 'c' AND NOT a.attisdropped
+                    UNION ALL SELECT r.rngtypid FROM pg_range r WHERE r.rngsubtype = u.oid
+                ) x
+            )
+            SELECT DISTINCT n.nspname, c.relname, c.oid FROM pg_publication_tables p
+            JOIN pg_namespace n ON n.nspname = p.schemaname
+            JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u)
         LOOP
             PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
                 t.nspname, t.relname, t.oid::text)::text);
@@ -260,7 +292,7 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
     body = composed.replace("\0", quote)
     # Made anew only when it changed (a hash of it is the function's comment): every capture
     # session comes here, and DDL takes locks the user's statements would wait for.
-    version = "weir:" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    version = "weir:" + hashlib.sha256((body + _TAGS).encode()).hexdigest()[:16]
     installed = conn.execute(
         "SELECT obj_description(p.oid, 'pg_proc'), (SELECT count(*) FROM pg_event_trigger t"
         "  WHERE t.evtfoid = p.oid AND t.evtenabled <> 'D' AND t.evtname IN (%s, %s, %s))"
@@ -281,8 +313,8 @@ def follow_tables(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
                 sql.Identifier(OLD_HOME, names["follow"])))  # fmt: skip
             conn.execute(
                 sql.SQL(
-                    "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('CREATE TABLE',"
-                    " 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') EXECUTE FUNCTION {}()"
+                    f"CREATE EVENT TRIGGER {{}} ON ddl_command_end WHEN TAG IN {_TAGS}"
+                    " EXECUTE FUNCTION {}()"
                 ).format(trigger, fn)
             )
             for name, event in ((drop, "sql_drop"), (rewrite, "table_rewrite")):

@@ -176,7 +176,12 @@ class TableFollower:
             self._backfill(schema, table, "the table joined the publication with rows in it")
             return
         if prefix == REWRITTEN_PREFIX:  # its values changed with no change in the WAL
-            self._backfill(schema, table, "its rows were rewritten (ALTER TABLE … USING, say)")
+            self._backfill(
+                schema,
+                table,
+                "its values changed with no change in the WAL (ALTER "
+                "TABLE … USING, ALTER TYPE … RENAME VALUE)",
+            )
             return
         if prefix == ALTERED_PREFIX:
             if why and why[0].isdigit():
