@@ -17,10 +17,11 @@ A process keeps one ``Metrics`` in that mode: two would write the same values ov
 from __future__ import annotations
 
 import bisect
+import glob
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -100,6 +101,23 @@ class StoreCollector(Collector):
         yield from (pending, acks)
 
 
+class _Summed(MultiProcessCollector):
+    """The workers' files summed, but for a file a worker has made and not sized yet: a scrape
+    in that moment (a worker starting, or restarted after a SIGKILL) failed whole on its 0
+    bytes, a 500 for every metric; it holds no value yet."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(path) > 0:
+                    files.append(path)
+            except FileNotFoundError:  # a live gauge's, its process marked dead since
+                continue
+        metrics: Iterable[Metric] = self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+        return metrics
+
+
 class Metrics:
     """The metrics of one process; every part of ``weir run`` in it counts into the same one."""
 
@@ -107,7 +125,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)  # what render() serves
         shared = os.environ.get(SHARED_DIR)
         if shared:  # the values go to files, and what is served is the sum of every process's
-            MultiProcessCollector(self.registry, path=shared)  # type: ignore[no-untyped-call]
+            _Summed(self.registry, path=shared)  # type: ignore[no-untyped-call]
         r = None if shared else self.registry
         self.changes = Counter("weir_source_changes", "Changes written to the store",
                                ["source"], registry=r)  # fmt: skip

@@ -46,3 +46,22 @@ def test_a_dead_supervisors_directory_is_swept_and_a_live_ones_kept(
     for run in (live, other):
         run.remove()
         assert not Path(run.path).exists()
+
+
+def test_a_scrape_while_a_worker_makes_its_file_counts_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's file exists at 0 bytes for a moment before it is sized (a worker starting, or
+    restarted after a SIGKILL): a scrape then served a 500 for every metric. It holds no value
+    yet: the others are summed."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    counted = MmapedDict(str(tmp_path / "counter_101.db"))
+    key = mmap_key("weir_source_changes", "weir_source_changes_total", ["source"], ["app"],
+                   "Changes written to the store")  # fmt: skip
+    counted.write_value(key, 7.0, 0.0)
+    counted.close()
+    (tmp_path / "counter_102.db").touch()  # made, not sized yet
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    served = generate_latest(Metrics().registry).decode()
+    assert 'weir_source_changes_total{source="app"} 7.0' in served
