@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -107,8 +108,11 @@ async def stream_count(url: str, stream: str) -> int:
 
 
 async def make_stream(url: str, stream: str, subject: str) -> None:
+    """A stream as `weir nats setup` makes it: taking fast batches (connectors/nats/fast.py),
+    unless ``BENCH_BATCHED=0`` (a PubAck a message, for an A/B of the two)."""
     nc = await nats.connect(url)
-    await nc.jetstream().add_stream(name=stream, subjects=[subject])
+    batched = os.environ.get("BENCH_BATCHED", "1") != "0"
+    await nc.jetstream().add_stream(name=stream, subjects=[subject], allow_batched=batched)
     await nc.close()
 
 

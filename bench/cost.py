@@ -372,6 +372,7 @@ def main() -> None:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "load": "bulk 30 x 10k" if args.bulk else f"{args.rate}/s single-row for {args.seconds:g}s",
+        "nats_fast_batches": os.environ.get("BENCH_BATCHED", "1") != "0",
         **results,
     }
     if args.profile:

@@ -182,6 +182,7 @@ def main() -> None:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "seconds": args.seconds,
+        "nats_fast_batches": os.environ.get("BENCH_BATCHED", "1") != "0",
         "ceiling_publish_async_per_s": round(raw),
         "e2e_changes_per_s": round(rate),
         "ratio_to_ceiling": round(rate / raw, 3),

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import nats
@@ -34,7 +35,15 @@ def _actual(config: StreamConfig) -> dict[str, Any]:
         "storage": getattr(config.storage, "value", config.storage),
         "num_replicas": config.num_replicas,
         "duplicate_window": float(config.duplicate_window or 0),
+        "allow_batched": bool(config.allow_batched),
     }
+
+
+def batched(nc: Any) -> bool | None:
+    """Whether the server takes fast batches (2.14 on: connectors/nats/fast.py, one answer a
+    batch); None leaves the key out for an older one."""
+    version = tuple(int(p) for p in re.findall(r"\d+", nc._server_info.get("version", ""))[:2])
+    return True if version >= (2, 14) else None
 
 
 async def ensure_streams(connector: NatsConnector) -> list[str]:
@@ -44,7 +53,7 @@ async def ensure_streams(connector: NatsConnector) -> list[str]:
     nc = await connect(connector)
     try:
         js = nc.jetstream()
-        wanted = _wanted(limits)
+        wanted = _wanted(limits) | {"allow_batched": bool(batched(nc))}
         try:
             info = await js.stream_info(limits.name)
         except nats.js.errors.NotFoundError:
@@ -59,6 +68,7 @@ async def ensure_streams(connector: NatsConnector) -> list[str]:
                     discard=DiscardPolicy(limits.discard),
                     num_replicas=limits.replicas,
                     duplicate_window=limits.duplicate_window.total_seconds(),
+                    allow_batched=batched(nc),
                 )
             )
             return [f"{connector.name}: created stream {limits.name} ({limits.subjects[0]})"]

@@ -1,12 +1,15 @@
-"""The NATS JetStream sink: pipelined publishes, each with ``Nats-Msg-Id`` and a PubAck.
+"""The NATS JetStream sink: pipelined publishes, each with ``Nats-Msg-Id``.
 
-A batch's publishes go out on one connection as one write of HPUB frames, each with a reply
-subject of its own; their PubAcks fill the batch's results, and the last one wakes it (a
+Where the stream that takes all of the connector's subjects allows fast batches (nats-server
+2.14 on, ``allow_batched``, as ``weir nats setup`` makes it), a batch is published as one
+(connectors/nats/fast.py), answered once. Otherwise each message has a reply subject of its
+own, and its PubAck fills its place in the batch's results; the last one wakes the batch (a
 future a batch, not one a message: on this machine nats-py's publish and a future a message
-cost more than the rest of a connector together). The acks tell the stream sequences that make
-up :meth:`NatsSink.mark`. The frames are handed to nats-py's pending buffer
-(``Client._send_command``), as its own ``publish`` does, so they keep their order with its
-other commands and wait in it across a reconnect.
+cost more than the rest of a connector together). Either way a batch's frames go out on one
+connection as one write of HPUB frames, handed to nats-py's pending buffer
+(``Client._send_command``) as its own ``publish`` does, so they keep their order with its other
+commands and wait in it across a reconnect; the acks tell the stream sequences that make up
+:meth:`NatsSink.mark`.
 """
 
 from __future__ import annotations
@@ -26,18 +29,22 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from connectors.nats.config import NatsConnector
 from connectors.nats.connection import connect
+from connectors.nats.fast import (
+    HEADERS,
+    NO_RESPONDERS,
+    FastBatches,
+    Result,
+    error_of,
+    frame,
+)
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, event_subject, record_subject, subject_prefix
 
 log = logging.getLogger("weir.nats")
 
-MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
 MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does not say)
-HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
 # nats-py hands the server's -ERR over in lower case, subject included.
 _DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)', re.IGNORECASE)
-NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
-_HPUB = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
 
 
 @dataclass(eq=False, slots=True)
@@ -70,6 +77,7 @@ class NatsSink:
         self._ids = itertools.count()
         self._mark: BrokerMark = {}
         self._closing = False
+        self._fast: FastBatches | None = None  # when the stream takes fast batches
         # JetStream deduplicates per stream, and connectors of other namespaces may publish the
         # same change into one stream (docs/design.md “Guarantees”): the namespace is
         # part of the id.
@@ -86,6 +94,8 @@ class NatsSink:
             log.debug("connector %s: nats: %s", self.cfg.name, e)
             if denied := _DENIED.search(str(e)):  # the server refused a subject: no ack comes
                 self._refuse(denied.group(1), f"NATS refused the subject: {e}")
+                if self._fast is not None:
+                    self._fast.refuse(denied.group(1), f"NATS refused the subject: {e}")
 
         async def on_disconnect() -> None:
             if self._closing:
@@ -95,6 +105,8 @@ class NatsSink:
             for batch, _ in self._acks.values():  # no ack comes on a new connection
                 if not batch.done.done():
                     batch.done.set_exception(lost)
+            if self._fast is not None:
+                self._fast.lost(lost)
 
         self._nc = nc = await connect(self.cfg, error_cb=on_error, disconnected_cb=on_disconnect)
         self._inbox = nc.new_inbox() + "."
@@ -102,16 +114,41 @@ class NatsSink:
         # Acks are taken as nats-py's parser reads them, not as a Msg through the
         # subscription's queue and task (each of those a message cost more than the ack).
         deliver, sid, skip = nc._process_msg, acks._id, len(self._inbox)
+        fast, fast_sid, fast_skip = None, -1, 0
+        if await self._batched_stream():
+            log.info("connector %s: publishes fast batches (the stream allows them)", self.cfg.name)
+            inbox = nc.new_inbox() + "."
+            fast = self._fast = FastBatches(self._publish, inbox, self._msg_id,
+                                            self.settings.ack_timeout.total_seconds())  # fmt: skip
+            fast_sid = (await nc.subscribe(inbox + ">", pending_msgs_limit=-1))._id
+            fast_skip = len(inbox)
 
         async def process(sid_: int, subject: bytes, reply: bytes, data: bytes, hdr: bytes) -> None:
-            if sid_ != sid:
-                await deliver(sid_, subject, reply, data, hdr)
-            else:
+            if sid_ == sid:
                 self._ack(subject[skip:].decode(), data, hdr)
+            elif sid_ == fast_sid and fast is not None:
+                fast.reply(subject[fast_skip:].decode(), data, hdr)
+            else:
+                await deliver(sid_, subject, reply, data, hdr)
 
         nc._process_msg = process  # type: ignore[method-assign, assignment]
+
+    async def _batched_stream(self) -> bool:
+        """Notes each stream's last sequence (``mark``); whether the stream that takes all of
+        this connector's subjects takes fast batches (connectors/nats/fast.py)."""
+        ours = subject_prefix(self.cfg.stream, self.settings.namespace) + ".>"
+        batched = False
         for info in await self.nc.jetstream().streams_info():
             self._mark[info.config.name or ""] = info.state.last_seq
+            if info.config.allow_batched and any(
+                intersect(ours, taken) == ours for taken in info.config.subjects or []
+            ):
+                batched = True
+        return batched
+
+    async def _publish(self, frames: bytes) -> None:
+        await self.nc._send_command(frames)
+        await self.nc._flush_pending()
 
     def _refuse(self, subject: str, reason: str) -> None:
         subject = subject.lower()
@@ -138,13 +175,7 @@ class NatsSink:
             return
         resp = orjson.loads(data)
         error = resp.get("error")
-        if error is not None:
-            code, err_code = error.get("code"), error.get("err_code")
-            text = f"JetStream {code}/{err_code}: {error.get('description')}"
-            too_large = err_code == MSG_TOO_LARGE
-            batch.settle(i, FatalError(text) if too_large else RetryableError(text))
-            return
-        batch.settle(i, (resp["stream"], resp["seq"]))
+        batch.settle(i, error_of(error) if error is not None else (resp["stream"], resp["seq"]))
 
     def subject(self, m: Message) -> str:
         ns = self.settings.namespace
@@ -153,48 +184,29 @@ class NatsSink:
         return event_subject(ns, m.group, m.action or "")
 
     async def write_batch(self, batch: Sequence[Message]) -> None:
-        nc = self.nc
-        if nc.is_closed:
+        if self.nc.is_closed:
             raise ConnectionError("the NATS connection is closed")
-        limit = nc.max_payload
-        n = len(batch)
-        state = _Batch(asyncio.get_running_loop().create_future(), [""] * n, [None] * n)
-        tokens: list[str] = []
-        frames: list[bytes] = []
-        inbox = self._inbox.encode()
+        limit = self.nc.max_payload
+        results: list[Result | None] = [None] * len(batch)
+        subjects = [self.subject(m) for m in batch]
+        go: list[int] = []
         for i, m in enumerate(batch):
-            subject, msg_id = self.subject(m), self._msg_id + m.key
-            refusal = self._refusal(subject, msg_id, m.payload, limit)
-            if refusal is not None:
-                state.results[i] = refusal
-                continue
-            token = str(next(self._ids))
-            self._acks[token] = (state, i)
-            tokens.append(token)
-            state.subjects[i] = subject
-            state.left += 1
-            mid = msg_id.encode()
-            header = HEADERS + len(mid)
-            reply = inbox + token.encode()
-            size = header + len(m.payload)
-            frames.append(_HPUB % (subject.encode(), reply, header, size, mid, m.payload))
-        if not state.left:
-            state.done.set_result(None)
-        else:
-            await nc._send_command(b"".join(frames))
-            await nc._flush_pending()
-        timeout = self.settings.ack_timeout.total_seconds()
-        try:
-            await asyncio.wait_for(asyncio.shield(state.done), timeout)
-        except TimeoutError:
-            self._forget(tokens)
-            raise ConnectionError(f"{state.left} PubAcks overdue after {timeout}s") from None
-        except ConnectionError:
-            self._forget(tokens)
-            raise  # in doubt: the engine starts over and reads back what was taken
+            results[i] = refusal = self._refusal(subjects[i], m.key, m.payload, limit)
+            if refusal is None:
+                go.append(i)
+        if go:
+            send = self._fast.publish if self._fast is not None else self._singly
+            got = await send([subjects[i] for i in go], [batch[i].payload for i in go],
+                             [batch[i].key for i in go])  # fmt: skip
+            for i, sent in zip(go, got, strict=True):
+                results[i] = sent
+            if self._fast is not None and self._fast.off:  # its refusals are retried singly
+                log.warning("connector %s: the stream no longer allows fast batches: publishing "
+                            "a message at a time", self.cfg.name)  # fmt: skip
+                self._fast = None
         mark = self._mark
         failed: dict[int, Exception] = {}
-        for i, result in enumerate(state.results):
+        for i, result in enumerate(results):
             if isinstance(result, Exception):
                 failed[i] = result
             elif result is not None:
@@ -204,10 +216,35 @@ class NatsSink:
         if failed:
             raise BatchError(failed)
 
-    def _refusal(self, subject: str, msg_id: str, payload: bytes, limit: int) -> FatalError | None:
+    async def _singly(
+        self, subjects: Sequence[str], payloads: Sequence[bytes], keys: Sequence[str]
+    ) -> list[Result]:
+        """Each message published on its own, with a PubAck of its own."""
+        n = len(subjects)
+        state = _Batch(asyncio.get_running_loop().create_future(), list(subjects), [None] * n, n)
+        tokens = [str(next(self._ids)) for _ in range(n)]
+        inbox = self._inbox.encode()
+        for i, token in enumerate(tokens):
+            self._acks[token] = (state, i)
+        frames = [frame(subjects[i].encode(), inbox + tokens[i].encode(),
+                        (self._msg_id + keys[i]).encode(), payloads[i])
+                  for i in range(n)]  # fmt: skip
+        await self._publish(b"".join(frames))
+        timeout = self.settings.ack_timeout.total_seconds()
+        try:
+            await asyncio.wait_for(asyncio.shield(state.done), timeout)
+        except TimeoutError:
+            self._forget(tokens)
+            raise ConnectionError(f"{state.left} PubAcks overdue after {timeout}s") from None
+        except ConnectionError:
+            self._forget(tokens)
+            raise  # in doubt: the engine starts over and reads back what was taken
+        return [r if r is not None else RetryableError("no PubAck") for r in state.results]
+
+    def _refusal(self, subject: str, key: str, payload: bytes, limit: int) -> FatalError | None:
         """Why the server would refuse this message (and close the connection for it), with
         its subject and headers counted; None when it fits."""
-        size = len(payload) + HEADERS + len(msg_id)
+        size = len(payload) + HEADERS + len(self._msg_id) + len(key)
         if size > limit:
             return FatalError(
                 f"message of {size} bytes with its headers is over the server's max_payload "

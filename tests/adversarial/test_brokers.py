@@ -11,6 +11,7 @@ from typing import Any
 
 import nats
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.js.api import StreamConfig
@@ -30,10 +31,11 @@ def _server(tmp_path: Path, conf: str) -> EmbeddedNats:
     return EmbeddedNats(args=["-c", str(path)])
 
 
-def _stream(url: str, name: str, subjects: list[str], **auth: str) -> None:
+def _stream(url: str, name: str, subjects: list[str], batched: bool = False, **auth: str) -> None:
     async def make() -> None:
         nc = await nats.connect(url, **auth)
-        await nc.jetstream().add_stream(StreamConfig(name=name, subjects=subjects))
+        config = StreamConfig(name=name, subjects=subjects, allow_batched=batched)
+        await nc.jetstream().add_stream(config)
         await nc.close()
 
     asyncio.run(make())
@@ -72,13 +74,15 @@ def test_two_namespaces_publishing_into_one_stream_are_both_stored(
     assert {d.key.split(":", 1)[0] for d in got} == {"alpha", "beta"}
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["singly", "fast-batches"])
 def test_messages_the_server_refuses_go_to_the_failed_list_and_the_rest_goes_on(
-    table: str, tmp_path: Path
+    table: str, tmp_path: Path, batched: bool
 ) -> None:
     """A payload that fits max_payload only without its Nats-Msg-Id header; a subject past the
     server's control line (it closes the connection for it: charged after 3 tries alone); a
     subject the user may not publish to. Each lands on the failed list with its reason, and
-    every other change is delivered, in order."""
+    every other change is delivered, in order: published singly or in fast batches (where the
+    server ends a batch at the refused subject)."""
     conf = """
     max_payload: 2048
     max_control_line: 512
@@ -96,7 +100,7 @@ def test_messages_the_server_refuses_go_to_the_failed_list_and_the_rest_goes_on(
           "CREATE TABLE denied (id int PRIMARY KEY)")  # fmt: skip
     with _server(tmp_path, conf) as server:
         reader = {"user": "reader", "password": "reader-secret"}
-        _stream(server.url, "EVENTS", ["sequin-events.>"], **reader)
+        _stream(server.url, "EVENTS", ["sequin-events.>"], batched, **reader)
         c = _connector("hooks", server.url, "ns", "EVENTS", retry={"initial": "10ms"})
         c["nats"] |= {"user": "weir", "password": "weir-secret"}
         with serving(weir_config(table, [c])):

@@ -1,0 +1,176 @@
+"""JetStream fast batch publishing (nats-server 2.14 on, a stream with ``allow_batched``): one
+answer a batch, where a PubAck a message cost the connector a quarter of its CPU.
+
+A batch's messages keep their ``Nats-Msg-Id`` (the stream's duplicate window drops one sent
+again after a crash, as for single publishes); the batch is told in each reply subject,
+``<inbox>.<batch id>.<flow>.fail.<n>.<op>.$FI`` (ADR-50): ``n`` its place in the batch, ``op`` 0
+starts it (answered before the rest go), 1 adds a message, 3 ends it with a message that is not
+stored. The server stores each message as it comes; ``fail`` makes the first message it refuses
+end the batch (those after it are not stored), and the batch's one PubAck ``count``s the
+messages before it, which the stream holds (stored now, or before: a duplicate). Why it refused
+that one comes on its own reply subject (an error PubAck, a 503 when no stream takes its
+subject) or as the connection's ``-ERR`` (a permission), which ``denied`` collects. The rest go
+again at once, as a batch of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import orjson
+
+from core.engine.sink import FatalError, RetryableError
+
+MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
+FAST_OFF = 10205  # JetStream: the stream does not allow fast batches (any more)
+NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
+_HPUB = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
+HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
+START, ADD, END = 0, 1, 3  # ops; END: commits, and its own message is not stored
+FLOW = 500  # messages between the server's flow acks (which nothing here waits for)
+
+Result = tuple[str, int] | Exception  # (stream, seq: 0 but for the last stored) or why not
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Round:
+    """One fast batch on the wire: its first message's answer, then its PubAck."""
+
+    first: str  # its first message's subject
+    started: asyncio.Future[None]
+    done: asyncio.Future[tuple[str, int, int]]  # stream, last seq stored, count
+    why: dict[int, Exception] = field(default_factory=dict)  # by place in the batch (1-based)
+
+
+class FastBatches:
+    """Publishes batches of one connector as fast batches, on the inbox its sink reads for it
+    (``reply`` takes what comes there)."""
+
+    def __init__(self, send: Callable[[bytes], Awaitable[None]], inbox: str, msg_id: str,
+                 timeout: float) -> None:  # fmt: skip
+        self._send, self._inbox, self._msg_id, self._timeout = send, inbox, msg_id, timeout
+        self._rounds: dict[str, _Round] = {}
+        self._ids = itertools.count()
+        self._base = os.urandom(6).hex()  # batch ids of other connections stay apart
+        self.denied: dict[str, str] = {}  # why the server refused a subject (-ERR), by subject
+        self.off = False  # the stream stopped allowing fast batches: publish singly from now
+
+    def refuse(self, subject: str, reason: str) -> None:
+        """The server refused a subject (a permission): the batch that sent it ends there, and
+        no answer comes to a batch it was the first message of."""
+        subject = subject.lower()
+        if len(self.denied) > 10_000:  # never looked for: a batch that ended otherwise
+            self.denied.clear()
+        self.denied[subject] = reason
+        for r in self._rounds.values():
+            if r.first.lower() == subject and not r.started.done():
+                r.why.setdefault(1, FatalError(reason))
+                r.started.set_result(None)
+
+    async def publish(
+        self, subjects: Sequence[str], payloads: Sequence[bytes], keys: Sequence[str]
+    ) -> list[Result]:
+        """Each message's result, in order; batches as many as it takes."""
+        results: list[Result] = []
+        while len(results) < len(subjects):
+            at = len(results)
+            results += await self._round(subjects[at:], payloads[at:], keys[at:])
+        return results
+
+    async def _round(
+        self, subjects: Sequence[str], payloads: Sequence[bytes], keys: Sequence[str]
+    ) -> list[Result]:
+        """One fast batch: how many the stream holds, then why the next was refused."""
+        loop = asyncio.get_running_loop()
+        batch_id = f"{self._base}{next(self._ids)}"
+        r = self._rounds[batch_id] = _Round(subjects[0], loop.create_future(),
+                                            loop.create_future())  # fmt: skip
+        prefix = f"{self._inbox}{batch_id}.{FLOW}.fail.".encode()
+        frames = [self._frame(prefix, 1, START, subjects[0], payloads[0], keys[0])]
+        try:
+            await self._send(frames[0])
+            await self._wait(asyncio.shield(r.started))
+            if not r.why:
+                n = len(subjects)
+                frames = [self._frame(prefix, i + 1, ADD, subjects[i], payloads[i], keys[i])
+                          for i in range(1, n)]  # fmt: skip
+                end = prefix + b"%d.%d.$FI" % (n + 1, END)
+                frames.append(b"PUB %b %b 0\r\n\r\n" % (subjects[0].encode(), end))
+                await self._send(b"".join(frames))
+                stream, seq, count = await self._wait(asyncio.shield(r.done))
+            else:
+                stream, seq, count = "", 0, 0
+        finally:
+            del self._rounds[batch_id]
+        held: list[Result] = [(stream, 0)] * count
+        if held:
+            held[-1] = (stream, seq)
+        if count == len(subjects):
+            return held
+        denied = self.denied.pop(subjects[count].lower(), None)
+        why = r.why.get(count + 1) or (
+            FatalError(denied) if denied is not None
+            else RetryableError("JetStream refused the message and said not why")
+        )  # fmt: skip
+        return [*held, why]
+
+    def _frame(self, prefix: bytes, n: int, op: int, subject: str, payload: bytes,
+               key: str) -> bytes:  # fmt: skip
+        reply = prefix + b"%d.%d.$FI" % (n, op)
+        return frame(subject.encode(), reply, (self._msg_id + key).encode(), payload)
+
+    async def _wait(self, future: Awaitable[T]) -> T:
+        try:
+            return await asyncio.wait_for(future, self._timeout)
+        except TimeoutError:
+            raise ConnectionError(f"no answer to a fast batch after {self._timeout}s") from None
+
+    def reply(self, subject: str, data: bytes, hdr: bytes | None) -> None:
+        """An answer on a batch's inbox: ``<batch id>.<flow>.fail.<n>.<op>.$FI`` after it."""
+        parts = subject.split(".")
+        r = self._rounds.get(parts[0]) if len(parts) == 6 else None
+        if r is None:
+            return  # a batch that ended (the messages after a refused one are answered so)
+        n = int(parts[3])
+        if hdr and hdr.startswith(NO_RESPONDERS):
+            r.why.setdefault(n, RetryableError("no JetStream stream takes this subject"))
+        else:
+            answer = orjson.loads(data) if data else {}
+            kind, error = answer.get("type"), answer.get("error")
+            if kind == "err" and error is not None:
+                r.why.setdefault(int(answer.get("seq", n)), error_of(error))
+            elif kind is None and error is not None:
+                r.why.setdefault(n, error_of(error))
+                self.off = self.off or error.get("err_code") == FAST_OFF
+            elif kind is None and "batch" in answer and not r.done.done():
+                r.done.set_result((answer["stream"], answer.get("seq", 0), answer["count"]))
+                return
+            elif kind not in ("ack", "gap"):
+                return
+        if n == 1 and not r.started.done():
+            r.started.set_result(None)  # answered, or refused: then no other one goes
+
+    def lost(self, error: Exception) -> None:
+        """The connection is gone: no answer comes to a batch on it."""
+        for r in self._rounds.values():
+            for future in (r.started, r.done):
+                if not future.done():
+                    future.set_exception(error)
+
+
+def frame(subject: bytes, reply: bytes, msg_id: bytes, payload: bytes) -> bytes:
+    """A message as the protocol's HPUB frame, its ``Nats-Msg-Id`` in its headers."""
+    header = HEADERS + len(msg_id)
+    return _HPUB % (subject, reply, header, header + len(payload), msg_id, payload)
+
+
+def error_of(error: dict[str, object]) -> Exception:
+    """A JetStream API error: the failed list's (too large: never taken) or a retry's."""
+    text = f"JetStream {error.get('code')}/{error.get('err_code')}: {error.get('description')}"
+    return FatalError(text) if error.get("err_code") == MSG_TOO_LARGE else RetryableError(text)
