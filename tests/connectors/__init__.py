@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from core.registry import connector_specs
+from tests.helpers.brokers import Harness
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,14 @@ class Kit:
     """A connector's test kit, named ``KIT`` in its package's ``__init__.py``.
 
     ``server`` starts the connector's test server on loopback (a context manager; once per
-    test session, as the session fixture named ``fixture``); ``harness`` is the
-    :class:`~tests.helpers.brokers.Harness` class, made from that server.
+    test session, as the session fixture named ``fixture``); ``harness`` is the class that
+    follows :class:`~tests.helpers.brokers.Harness` (mypy checks that it does), made from what
+    the server's ``with`` gives.
     """
 
     server: Callable[[], AbstractContextManager[Any]]
     fixture: str
-    harness: Callable[[Any], Any]
+    harness: Callable[[Any], Harness]
 
 
 @cache

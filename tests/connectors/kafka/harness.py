@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from devkit.embedded import EmbeddedKafka
 from tests.helpers.brokers import Delivered, unique
@@ -73,10 +73,9 @@ def read_kafka(conf: dict[str, Any], topics: list[str], partitions: int) -> list
                         raise KafkaException(err)
                     left.discard((msg.topic(), msg.partition()))
                     continue
-                headers = dict(msg.headers() or [])
-                value = msg.value()
-                out.append(Delivered(headers["idempotency_key"].decode(), json.loads(value),
-                                     value))  # fmt: skip
+                key, value = dict(msg.headers() or [])["idempotency_key"], msg.value()
+                assert isinstance(key, bytes) and value is not None, msg
+                out.append(Delivered(key.decode(), json.loads(value), value))
         assert not left, f"partitions never reached their end: {left}"
     finally:
         consumer.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pydantic import ValidationError
 
 from connectors.kafka.config import KafkaConnector
@@ -33,24 +33,27 @@ def test_kafka_key_headers_and_value(kafka_server: EmbeddedKafka, table: str) ->
     consumer = Consumer({"bootstrap.servers": kafka_server.bootstrap, "group.id": "check"})
     topic = c["kafka"]["topic"]
     consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
-    got = []
+    got: list[Message] = []
     while len(got) < 4:
         for msg in consumer.consume(10, timeout=5):
             assert msg.error() is None
             got.append(msg)
     consumer.close()
-    by_partition: dict[bytes, set[int]] = {}
+    by_partition: dict[bytes, set[int | None]] = {}
+    actions: list[str] = []
     for msg in got:
-        payload = orjson.loads(msg.value())
+        key, value = msg.key(), msg.value()
+        assert isinstance(key, bytes) and value is not None
+        payload = orjson.loads(value)
         meta = payload["metadata"]
-        headers = {k: v.decode() for k, v in msg.headers()}
-        assert headers == {"idempotency_key": meta["idempotency_key"],
-                           "collection_id": "public:t", "action": payload["action"]}  # fmt: skip
-        key = msg.key().decode()
-        assert key == f"{meta['sync_id']}.postgres.public:t.{meta['record_id']}"
-        by_partition.setdefault(msg.key(), set()).add(msg.partition())
+        actions.append(payload["action"])
+        assert dict(msg.headers() or []) == {"idempotency_key": meta["idempotency_key"].encode(),
+                                             "collection_id": b"public:t",
+                                             "action": payload["action"].encode()}  # fmt: skip
+        assert key.decode() == f"{meta['sync_id']}.postgres.public:t.{meta['record_id']}"
+        by_partition.setdefault(key, set()).add(msg.partition())
     assert all(len(parts) == 1 for parts in by_partition.values()), "a record in two partitions"
-    assert sorted(orjson.loads(m.value())["action"] for m in got) == ["insert"] * 3 + ["update"]
+    assert sorted(actions) == ["insert"] * 3 + ["update"]
 
 
 def test_kafka_topic_template_per_collection(kafka_server: EmbeddedKafka, table: str) -> None:

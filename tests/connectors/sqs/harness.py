@@ -56,8 +56,9 @@ class SqsHarness:
 
     def limit_size(self, connector: dict[str, Any], nbytes: int) -> None:
         for name in self.queues[connector["name"]]:
-            limit = {"MaximumMessageSize": str(nbytes)}
-            self.client.set_queue_attributes(QueueUrl=self.queue_url(name), Attributes=limit)
+            self.client.set_queue_attributes(
+                QueueUrl=self.queue_url(name), Attributes={"MaximumMessageSize": str(nbytes)}
+            )
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
         out: list[Delivered] = []
