@@ -5,7 +5,8 @@ testcontainers talks to, and the cleanup of what containers leave behind.
 Nothing is pulled (there may be no registry). An image is built once per content: Weir's is
 tagged with the hash of what goes into it; a stand-in (tests/helpers/standins/, a directory per
 service) is tagged with the name the compose file asks for (docker.io/library/postgres:16, ...)
-and labelled with the hash of what it is built from.
+and labelled with the hash of what it is built from. ``python -m tests.helpers.podman`` builds
+the stand-ins alone.
 """
 
 from __future__ import annotations
@@ -204,3 +205,12 @@ def drop_dnat_chains(before: set[str]) -> None:
     network went (netavark 1.4 does); a chain still in use is refused and stays."""
     for chain in dnat_chains() - before:
         subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
+
+
+if __name__ == "__main__":
+    # python -m tests.helpers.podman (as root, after deploy/container/build): the stand-ins, so
+    # that deploy/compose.yaml runs with no registry (docs/operations.md "Container").
+    with tempfile.TemporaryDirectory() as tmp:
+        standins(Podman(Path(tmp)))
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    print(*(services[s.name]["image"] for s in sorted(STANDINS.iterdir())), sep="\n")
