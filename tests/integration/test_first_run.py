@@ -32,9 +32,13 @@ AUTH = {"Authorization": "Bearer a-token-of-24-characters"}
 
 
 def quickstart() -> dict[str, str]:
-    """The quickstart's code blocks by language (sql, yaml, sh), as the README writes them."""
+    """The quickstart's code blocks by language (sql, yaml, sh), as the README writes them;
+    the blocks of one language one after the other."""
     section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"```(\w+)\n(.*?)```", section, re.S))
+    blocks: dict[str, str] = {}
+    for lang, code in re.findall(r"```(\w+)\n(.*?)```", section, re.S):
+        blocks[lang] = blocks.get(lang, "") + code
+    return blocks
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,9 @@ def _db(pg: EmbeddedPostgres, db: str, user: str = "postgres", password: str = "
 
 
 def _statements(sql: str) -> list[str]:
-    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    """The SQL statements, without comments and psql's commands (``\\c app``: the test's
+    connection is to app already)."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith(("--", "\\"))]
     return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
 
 
@@ -110,7 +116,7 @@ def test_the_quickstart_as_written(
     config, env = _config(tmp_path, ns), _env(pg)
     for command in quickstart()["sh"].splitlines():
         args = [a.replace("weir.yaml", config) for a in command.split("#")[0].split()]
-        if args[:1] == [".venv/bin/weir"] and args[1] in ("config", "nats"):
+        if args[:1] in (["weir"], [".venv/bin/weir"]) and args[1] in ("config", "nats"):
             out = subprocess.run([*WEIR, *args[1:]], capture_output=True, text=True, env=env,
                                  timeout=60)  # fmt: skip
             assert out.returncode == 0, out.stdout + out.stderr
