@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from core.config.base import ConnectorBase, Duration, Model, TlsFiles
 from core.templates import check_template
@@ -19,26 +21,79 @@ class _Quiet:
         pass
 
 
-def _made_with(properties: dict[str, Any]) -> None:
-    """A producer made with ``properties`` and no brokers, or ValueError with librdkafka's
-    reason in one line."""
+def _refusal(properties: dict[str, Any]) -> str | None:
+    """Why librdkafka makes no producer with ``properties`` (and no brokers), in one line, or
+    None when it makes one."""
     from confluent_kafka import KafkaException, Producer
 
     try:
         Producer(properties | {"bootstrap.servers": "", "logger": _Quiet()})
     except KafkaException as e:
-        raise ValueError(" ".join(e.args[0].str().split())) from None
+        return " ".join(e.args[0].str().split())
+    return None
 
 
-# librdkafka properties Weir sets itself, and what to give instead.
+# librdkafka's other names of its properties (its CONFIGURATION.md, "Alias for"): its errors
+# name a property by the name on the right, whichever the config wrote.
+_ALIASES = {
+    "bootstrap.servers": "metadata.broker.list",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "sasl.mechanism": "sasl.mechanisms",
+    "sasl.oauthbearer.client.credentials.client.id": "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.credentials.client.secret": "sasl.oauthbearer.client.secret",
+    "linger.ms": "queue.buffering.max.ms",
+    "retries": "message.send.max.retries",
+    "compression.type": "compression.codec",
+    "acks": "request.required.acks",
+    "delivery.timeout.ms": "message.timeout.ms",
+}
+
+
+def _property(key: str) -> str:
+    """The property a librdkafka key sets, by librdkafka's own name for it (a topic's property
+    may be written with ``topic.`` before it; none of the global ``topic.*`` ones is a topic
+    property's name without it)."""
+    name = key.removeprefix("topic.")
+    return _ALIASES.get(name, name)
+
+
+# The producer properties Weir's keys set (by librdkafka's own name), and the key of kafka:
+# that sets each; librdkafka: may set them too, applied last, but for those of _WEIRS.
+_KEYS = {
+    "metadata.broker.list": "bootstrap_servers",
+    "compression.codec": "compression",
+    "queue.buffering.max.ms": "linger",
+    "batch.size": "batch_bytes",
+    "message.max.bytes": "max_message_bytes",
+    "message.timeout.ms": "delivery_timeout",
+    "allow.auto.create.topics": "auto_create_topics",
+    "sasl.mechanisms": "sasl.mechanism",
+    "sasl.username": "sasl.username",
+    "sasl.password": "sasl.password",
+    "ssl.ca.location": "tls.ca_file",
+    "ssl.certificate.location": "tls.cert_file",
+    "ssl.key.location": "tls.key_file",
+    "ssl.key.password": "tls.key_password",
+}
+# Properties librdkafka: may not set (by librdkafka's own name), and what to give instead.
 _WEIRS = {
-    "bootstrap.servers": "give it as kafka.bootstrap_servers",
+    "metadata.broker.list": "give it as kafka.bootstrap_servers",
     "sasl.username": "give it in kafka.sasl",
     "sasl.password": "give it in kafka.sasl",
     "enable.idempotence": "Weir's producer is idempotent: a message goes once into Kafka",
-    "acks": "Weir's producer waits for every in-sync replica (acks=all): nothing is lost",
-    "request.required.acks": "Weir's producer waits for every in-sync replica (acks=all)",
+    "request.required.acks": "Weir's producer waits for every in-sync replica (acks=all): "
+    "nothing is lost",
 }
+_NAMED = re.compile(r"[A-Za-z][\w-]*(?:\.[\w-]+)+")  # what may be a property in librdkafka's text
+
+
+def _invalid(problems: list[tuple[tuple[str, ...], str]]) -> ValidationError:
+    """Problems of KafkaSettings, each where it is (a path under kafka:), as pydantic says
+    them: raised in a validator, their paths go on from its own."""
+    return ValidationError.from_exception_data("KafkaSettings", [
+        InitErrorDetails(type=PydanticCustomError("value_error", "{reason}", {"reason": why}),
+                         loc=where, input=None)
+        for where, why in problems])  # fmt: skip
 
 
 class KafkaSasl(Model):
@@ -111,13 +166,20 @@ class KafkaSettings(Model):
     def _not_weirs(
         cls, v: dict[str, str | int | float | bool]
     ) -> dict[str, str | int | float | bool]:
-        """Properties that Weir's keys or guarantees set are not taken here: one given here
-        replaced them without a word (bootstrap.servers, found by an outside tryout)."""
+        """Properties that Weir's keys or guarantees set are not taken here, by any of their
+        names: one given here replaced them without a word (bootstrap.servers, found by an
+        outside tryout); nor one property under two of its names (the last would win)."""
+        problems: list[tuple[tuple[str, ...], str]] = []
+        seen: dict[str, str] = {}
         for key in v:
-            if (owner := _WEIRS.get(key)) is not None:
-                raise ValueError(f"{key}: {owner}")
-        if v:  # named here when they alone are wrong; the producer's whole set is _takes's
-            _made_with(dict(v))
+            prop = _property(key)
+            if (instead := _WEIRS.get(prop)) is not None:
+                problems.append(((key,), instead))
+            elif prop in seen:
+                problems.append(((key,), f"the same property as {seen[prop]}: give it once"))
+            seen.setdefault(prop, key)
+        if problems:
+            raise _invalid(problems)
         return v
 
     @model_validator(mode="after")
@@ -125,9 +187,32 @@ class KafkaSettings(Model):
         """The producer's properties (Weir's, from sasl: and tls:, and librdkafka:) are ones
         librdkafka takes together, and its files ones it can load: a producer made with them
         says so at load (made, not connected: it has no brokers), where it would be refused at
-        each connect, for ever (found by an outside tryout)."""
-        _made_with(self.producer_properties("check"))
-        return self
+        each connect, for ever (found by an outside tryout). librdkafka's reason names each
+        property by the key that gives it, as written."""
+        reason = _refusal(self.producer_properties("check"))
+        if reason is None:
+            return self
+        keys = self.where_given()
+        named = {keys[p] for p in map(_property, _NAMED.findall(reason)) if p in keys}
+        # Said at the one key it names, else at kafka:, naming each key from there.
+        where = next(iter(named)) if len(named) == 1 else ()
+        start = len(where) - 1 if where else 0
+
+        def key(m: re.Match[str]) -> str:
+            path = keys.get(_property(m[0]))
+            return m[0] if path is None else ".".join(path[start:])
+
+        raise _invalid([(where, _NAMED.sub(key, reason))])
+
+    def where_given(self) -> dict[str, tuple[str, ...]]:
+        """Where each producer property is given, by librdkafka's own name for it: the path
+        of its key under kafka:, as written (librdkafka:'s, applied last, else Weir's)."""
+        given = {prop: tuple(key.split(".")) for prop, key in _KEYS.items()}
+        return given | {_property(key): ("librdkafka", key) for key in self.librdkafka}
+
+    def key_of(self, prop: str) -> str:
+        """The key that gives librdkafka's property ``prop``, for a line to name (kafka.…)."""
+        return ".".join(("kafka", *self.where_given()[_property(prop)]))
 
     def client_properties(self, name: str) -> dict[str, Any]:
         """Connection properties shared by the producer, the read-back consumer and the admin

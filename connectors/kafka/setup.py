@@ -29,7 +29,7 @@ def _ensure(connector: KafkaConnector) -> list[str]:
     if "{" in topic:
         return [f"{name}: topic template {topic!r}: its topics are created by the broker "
                 "(auto_create_topics) or by you, one per placeholder value"]  # fmt: skip
-    logs = _SetupLog()
+    logs = _SetupLog(s)
     admin = AdminClient(client_config(s, name) | {"logger": logs})
     try:
         existing = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(topic)

@@ -70,7 +70,8 @@ class _ClientLog:
     reach a broker (a refused SASL login, a TLS handshake, a closed connection).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
         self.failure: str | None = None
 
     def log(self, level: int, fmt: str, facility: str, client: str, line: str) -> None:
@@ -80,12 +81,13 @@ class _ClientLog:
 
     def check(self) -> tuple[str, bool]:
         """What the user should check after the last failure, and whether it is for good:
-        the broker refused the SASL credentials, which trying again cannot change."""
+        the broker refused the SASL credentials or lacks the mechanism, which trying again
+        cannot change. The mechanism is named where the config gives it (librdkafka: may)."""
         failure = self.failure or ""
         if "SASL authentication error" in failure:
             return "kafka.sasl's username and password", True
         if "Unsupported SASL mechanism" in failure:  # the broker takes others
-            return "kafka.sasl.mechanism", True
+            return self.settings.key_of("sasl.mechanism"), True
         if "SASL" in failure or "SSL" in failure:
             return "kafka.sasl and kafka.tls", False
         return "kafka.bootstrap_servers", False
@@ -149,7 +151,7 @@ class KafkaSink:
         return self._producer
 
     async def connect(self) -> None:
-        logs = _ClientLog()
+        logs = _ClientLog(self.settings)
         conf = producer_config(self.settings, self.cfg.name)
         self._producer = Producer(conf | {"logger": logs, "error_cb": self._on_error})
         self.admin = AdminClient(client_config(self.settings, self.cfg.name) | {"logger": logs})

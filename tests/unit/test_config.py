@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from core.config.load import ConfigError, load_config
 from core.config.settings import settings_or_exit
@@ -226,28 +227,27 @@ def test_files_the_config_names_are_read_at_load(tmp_path: Path) -> None:
 
 
 def test_librdkafka_properties_are_known_at_load(tmp_path: Path) -> None:
-    """A property librdkafka does not know, or a value it does not take, is said at load: the
-    producer refused it at each connect, which Weir retried for ever (found by an outside
-    tryout). Properties that go together are taken together."""
+    """A property librdkafka does not know, or a value it does not take, is said at load, at
+    its key: the producer refused it at each connect, which Weir retried for ever (found by an
+    outside tryout). Properties that go together are taken together."""
     head = (
         "store: {url: 'postgresql://weir@127.0.0.1/app'}\n"
         "connectors:\n  - {name: k, type: kafka, stream: events, kafka: {librdkafka: "
     )
     oidc = "sasl.mechanism: OAUTHBEARER, sasl.oauthbearer.method: oidc"
-    for props, problem in [
-        ("linger.msec: 5", 'No such configuration property: "linger.msec"'),
-        ("compression.codec: zip", 'for configuration property "compression.codec"'),
-        (oidc, "is mandatory when `sasl.oauthbearer.method=oidc` is set"),
-        (
-            "bootstrap.servers: '127.0.0.1:1'",
-            "bootstrap.servers: give it as kafka.bootstrap_servers",
-        ),
-        ("acks: 1", "acks: Weir's producer waits for every in-sync replica (acks=all)"),
-    ]:
+    for props, key, problem in [
+        ("linger.msec: 5", "linger.msec", 'No such configuration property: "linger.msec"'),
+        ("compression.codec: zip", "compression.codec",
+         'Invalid value "zip" for configuration property "compression.codec"'),
+        (oidc, "sasl.oauthbearer.method", "is mandatory when `sasl.oauthbearer.method=oidc`"),
+        ("bootstrap.servers: '127.0.0.1:1'", "bootstrap.servers",
+         "give it as kafka.bootstrap_servers"),
+        ("acks: 1", "acks", "Weir's producer waits for every in-sync replica (acks=all)"),
+    ]:  # fmt: skip
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, head + "{" + props + "}}}\n"))
         [said] = e.value.problems
-        assert said.startswith("3: connectors[0].kafka.librdkafka: ") and problem in said, said
+        assert said.startswith(f"3: connectors[0].kafka.librdkafka.{key}: ") and problem in said
     ok = (
         f"{oidc}, sasl.oauthbearer.client.id: weir, sasl.oauthbearer.client.secret: s3cret,"
         " sasl.oauthbearer.token.endpoint.url: 'https://idp.example/token', linger.ms: 20"
@@ -257,16 +257,74 @@ def test_librdkafka_properties_are_known_at_load(tmp_path: Path) -> None:
     # With Weir's own: sasl: and a mechanism no broker has; tls: with a CA that is no PEM.
     junk = tmp_path / "ca.pem"
     junk.write_text("not a certificate\n")
-    for kafka, problem in [
+    for kafka, said in [
         ("sasl: {username: u, password: pw}, librdkafka: {sasl.mechanism: BOGUS}",
-         "Unsupported SASL mechanism: BOGUS"),
-        (f"tls: {{ca_file: {junk}}}", "ssl.ca.location failed"),
+         "3: connectors[0].kafka: Failed to create producer: Unsupported SASL mechanism: BOGUS"),
+        (f"tls: {{ca_file: {junk}}}",
+         "3: connectors[0].kafka.tls.ca_file: Failed to create producer: ca_file failed: "),
     ]:  # fmt: skip
         text = head.replace("kafka: {librdkafka: ", "kafka: {" + kafka + "}}\n")
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, text))
-        [said] = e.value.problems
-        assert said.startswith("3: connectors[0].kafka: ") and problem in said, said
+        assert e.value.problems[0].startswith(said), e.value.problems
+
+
+def test_librdkafka_errors_name_the_keys_as_written(tmp_path: Path) -> None:
+    """librdkafka names a property by its own name, not the alias the config wrote (linger.ms
+    is its queue.buffering.max.ms; found by an outside tryout), nor Weir's key that set it:
+    each is named as the file writes it, at its line. And an alias is one property: one that
+    Weir's keys set is not taken under another name (metadata.broker.list, topic.acks), nor
+    one property under two names."""
+    head = (
+        "connectors:\n"
+        "  - name: k\n"
+        "    type: kafka\n"
+        "    stream: events\n"
+        "    kafka:\n"
+        "      delivery_timeout: 10s\n"
+        "      librdkafka:\n"
+    )
+    for props, said in [
+        (["linger.ms: soon"], ['8: connectors[0].kafka.librdkafka.linger.ms: Invalid value for '
+                               'configuration property "linger.ms"']),
+        (["retries: -1"], ['8: connectors[0].kafka.librdkafka.retries: Configuration property '
+                           '"retries" value -1 is outside allowed range 0..2147483647']),
+        (["linger.ms: 20000"], ["6: connectors[0].kafka: Failed to create producer: "
+                                "`delivery_timeout` must be greater than `librdkafka.linger.ms`"]),
+        (["topic.delivery.timeout.ms: 100", "queue.buffering.max.ms: 200"],
+         ["6: connectors[0].kafka: Failed to create producer: "
+          "`librdkafka.topic.delivery.timeout.ms` must be greater than "
+          "`librdkafka.queue.buffering.max.ms`"]),
+        (["metadata.broker.list: 'h:1'", "topic.acks: 0", "linger.ms: 3",
+          "queue.buffering.max.ms: 4"],
+         ["8: connectors[0].kafka.librdkafka.metadata.broker.list: give it as "
+          "kafka.bootstrap_servers",
+          "9: connectors[0].kafka.librdkafka.topic.acks: Weir's producer waits for every in-sync "
+          "replica (acks=all): nothing is lost",
+          "11: connectors[0].kafka.librdkafka.queue.buffering.max.ms: the same property as "
+          "linger.ms: give it once"]),
+    ]:  # fmt: skip
+        text = head + "".join(f"        {p}\n" for p in props)
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, text))
+        assert e.value.problems == said
+
+
+def test_weirs_producer_properties_are_each_named_by_their_key() -> None:
+    """Every property Weir's keys give the producer has the key that gives it, for librdkafka's
+    errors to name (but the client's id, and what Weir's guarantees set)."""
+    from connectors.kafka.config import _KEYS, KafkaSasl, KafkaSettings, KafkaTls, _property
+
+    here = Path(__file__)  # no PEM: made without its checks
+    tls = KafkaTls.model_construct(ca_file=here, cert_file=here, key_file=here,
+                                   key_password=SecretStr("k"))  # fmt: skip
+    sasl = KafkaSasl(username="u", password=SecretStr("p"))
+    settings = KafkaSettings.model_construct(sasl=sasl, tls=tls)
+    given = {_property(p) for p in settings.producer_properties("c")}
+    fixed = {"client.id", "security.protocol", "enable.idempotence", "request.required.acks"}
+    assert given - fixed == set(_KEYS)
+    for prop, key in _KEYS.items():
+        assert settings.key_of(prop) == f"kafka.{key}"
 
 
 def test_filter_values_are_json_as_written(tmp_path: Path) -> None:

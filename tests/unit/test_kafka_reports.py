@@ -1,6 +1,7 @@
 """The Kafka sink's delivery reports settle a batch (connectors/kafka/sink.py): offsets move the
 mark, a refusal goes to its message, any other error leaves the batch in doubt. A producer
-double answers each message with the report the test gives it; no broker runs.
+double answers each message with the report the test gives it; no broker runs. And what the
+clients' log says to check after a connection failed.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from connectors.kafka.config import KafkaConnector
-from connectors.kafka.sink import KafkaSink
+from connectors.kafka.config import KafkaConnector, KafkaSettings
+from connectors.kafka.sink import KafkaSink, _ClientLog
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
 
@@ -97,3 +98,25 @@ def test_every_message_is_waited_for(n: int) -> None:
     sink, err = send({}, n)
     assert err is None
     assert sink.mark()["sequin-events:0"] == 9 + (n + 1) // 2  # the last of the batch
+
+
+def test_a_mechanism_the_broker_lacks_is_named_where_the_config_gives_it() -> None:
+    """A broker without the SASL mechanism turns the connector away for good, and the line
+    names the key that gives the mechanism as the file writes it: librdkafka:'s under either
+    of librdkafka's names for it, which wins over kafka.sasl's (it named kafka.sasl.mechanism)."""
+    broker = "sasl_plaintext://127.0.0.1:9/bootstrap"
+    line = (f"[thrd:{broker}]: {broker}: SASL OAUTHBEARER mechanism handshake failed: "
+            "Broker: Unsupported SASL mechanism: broker's supported mechanisms: PLAIN")  # fmt: skip
+    sasl = {"username": "u", "password": "p"}
+    jwt = {"enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": "sub=weir"}
+    for kafka, key in [
+        ({"sasl": sasl}, "kafka.sasl.mechanism"),
+        ({"sasl": sasl, "librdkafka": {"sasl.mechanism": "OAUTHBEARER"} | jwt},
+         "kafka.librdkafka.sasl.mechanism"),
+        ({"librdkafka": {"security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanisms": "OAUTHBEARER"} | jwt},
+         "kafka.librdkafka.sasl.mechanisms"),
+    ]:  # fmt: skip
+        logs = _ClientLog(KafkaSettings.model_validate(kafka))
+        logs.log(3, "%s", "FAIL", "rdkafka#producer-1", line)
+        assert logs.check() == (key, True)
