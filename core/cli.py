@@ -21,7 +21,8 @@ from core.commands import (
 )
 from core.config.settings import settings_or_exit
 from core.failures import bound_postgres_connects, for_good, reach_postgres
-from core.redact import first_line, redact, setup_logging
+from core.logs import setup_logging
+from core.redact import first_line, redact
 from core.registry import connector_specs, setup_of, spec_of
 
 log = logging.getLogger("weir")

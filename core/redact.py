@@ -10,28 +10,27 @@ secret.
   ``sasl.password``); every other value is shown as it is (URL passwords masked by shape), so
   what is read can be sent back.
 - **By value**, in text Weir did not write (:func:`redact`): exception messages, what a remote
-  answered, the values a log line carries (its arguments), config and API error messages,
-  failed-list errors, status details. Every secret Weir was given (:func:`remember`: the
-  config's secret fields, the passwords of its URLs) becomes ``***`` in each of its spellings
-  (raw, percent-encoded or -decoded, JSON- or repr-escaped, trimmed, its lines, a URL's
-  ``user:password`` as Basic auth's base64), but only as a whole: not where it adjoins a word
-  character on a side where it ends in one, so the password ``secret`` leaves ``secretnats``
-  alone. Weir's own words (log format strings, logger names, levels, file paths, key paths) are
-  never searched, so a dictionary-like password (``weir``) cannot garble them.
+  answered, the values a log line carries (its arguments, as they print: core/logs.py), config
+  and API error messages, failed-list errors, status details. Every secret Weir was given
+  (:func:`remember`: the config's secret fields, the passwords of its URLs) becomes ``***`` in
+  each of its spellings (raw, percent-encoded or -decoded, JSON-escaped, as Python's repr()
+  writes it in a text or in its bytes, trimmed, its lines, a URL's ``user:password`` as Basic
+  auth's base64), but only as a whole: not where it adjoins a word character on a side where
+  it ends in one, so the password ``secret`` leaves ``secretnats`` alone. Weir's own words (log
+  format strings, logger names, levels, file paths, key paths) are never searched, so a
+  dictionary-like password (``weir``) cannot garble them; nor are the config's names a log
+  line carries whole (:func:`known_name`).
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import json
-import logging
 import re
-import sys
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any, TextIO
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, SecretStr
@@ -92,8 +91,20 @@ def _spellings(value: str) -> set[str]:
     variants |= {line.strip() for line in value.splitlines() if _telling(line.strip())}
     out = set()
     for v in variants | {unquote(v) for v in variants}:
-        out |= {v, quote(v, safe=""), json.dumps(v)[1:-1], repr(v)[1:-1]}
+        out |= {v, quote(v, safe=""), json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1]}
+        out |= _quoted(v)
     return {s for s in out if s.strip()}
+
+
+def _quoted(v: str) -> set[str]:
+    """``v`` as Python's repr() and ascii() write it inside a longer text or its UTF-8 bytes
+    (a tuple's or an error's text, ``b'...'``), whichever quote that one is in: in '...' its '
+    is escaped, in "..." (only when it holds no ") it is not."""
+    b = v.encode(errors="surrogatepass")
+    out = {repr(v + '"')[1:-2], ascii(v + '"')[1:-2], repr(b + b'"')[2:-2]}
+    if '"' not in v:
+        out |= {repr("'" + v)[2:-1], ascii("'" + v)[2:-1], repr(b"'" + b)[3:-1]}
+    return out
 
 
 def _pieces(password: str) -> list[str]:
@@ -188,6 +199,12 @@ def remember(values: Iterable[str]) -> None:
     _SECRETS.remember(values)
 
 
+def known_name(value: str) -> bool:
+    """Whether ``value`` is one of the names this process knows (:func:`remember_config`): a
+    log line prints it as it is."""
+    return value in _SECRETS.names
+
+
 def remember_config(cfg: BaseModel) -> None:
     """Hide the secrets of a loaded config (:func:`secrets_of`) from everything this process
     prints, and know its other strings (names, schemas, namespaces) as Weir's own words: a log
@@ -277,71 +294,6 @@ def first_line(e: BaseException) -> str:
     (redacted whole first: a secret may span lines)."""
     lines = [line.strip() for line in redact(str(e)).splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
-
-
-def _logged(value: Any) -> Any:
-    """A log record's argument as it may be printed: a number or one of the config's names as
-    it is, anything else (an error, a detail) as redacted text."""
-    if value is None or isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str) and value in _SECRETS.names:
-        return value
-    return redact(str(value))
-
-
-class RedactingFormatter(logging.Formatter):
-    """Formats log records without secrets: the values a record carries (its arguments) and
-    its exception are redacted by value, the line by shape only, so that Weir's own words (the
-    message's format, the logger's name) stay as written. Tracebacks only when ``tracebacks``
-    (``-v``); otherwise an exception logged with its traceback shows as its last line."""
-
-    def __init__(self, fmt: str, tracebacks: bool) -> None:
-        super().__init__(fmt)
-        self.tracebacks = tracebacks
-
-    def formatException(self, ei: Any) -> str:
-        text = redact(super().formatException(ei))
-        return text if self.tracebacks else text.rstrip().rsplit("\n", 1)[-1]
-
-    def formatStack(self, stack_info: str) -> str:
-        return redact(stack_info) if self.tracebacks else ""
-
-    def format(self, record: logging.LogRecord) -> str:
-        record = copy.copy(record)  # other handlers see the record as it was logged
-        if isinstance(record.args, Mapping):
-            record.args = {k: _logged(v) for k, v in record.args.items()}
-        elif record.args:
-            record.args = tuple(map(_logged, record.args))
-        return redact_urls(super().format(record))
-
-
-class StderrHandler(logging.StreamHandler[TextIO]):
-    """Writes to ``sys.stderr`` as it is at each record, not as it was at setup: a progress bar
-    (core/progress.py) redirects it while drawn, to print log lines above itself."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr  # emit runs under the handler's lock
-        super().emit(record)
-
-
-def setup_logging(level: str) -> None:
-    """The logging of a ``weir`` process: every line redacted, tracebacks only at the debug
-    level (``-v``), and an exception that ends a thread logged (redacted) instead of printed."""
-    handler = StderrHandler()
-    debug = level.lower() == "debug"
-    handler.setFormatter(
-        RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", debug)
-    )
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line a request, URL and all
-
-    def thread_died(args: threading.ExceptHookArgs) -> None:
-        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
-            name = args.thread.name if args.thread is not None else "?"
-            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
-            logging.getLogger("weir").error("thread %s died", name, exc_info=exc_info)
-
-    threading.excepthook = thread_died
 
 
 def shown(value: Any, key: str = "") -> Any:

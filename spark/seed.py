@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.commands import load_or_exit
     from core.config.settings import WeirSettings
     from core.failures import bound_postgres_connects
-    from core.redact import setup_logging
+    from core.logs import setup_logging
 
     parser = argparse.ArgumentParser(prog="weir seed", description=__doc__.split("\n")[0])
     add_arguments(parser)

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from core.config.model import WeirConfig
+from core.logs import RedactingFormatter
 from core.redact import (
     MAX_CUTS,
     SECRET_MASK,
-    RedactingFormatter,
     Secrets,
     forms_of,
     masked,
