@@ -18,8 +18,8 @@ secret.
   auth's base64), but only as a whole: not where it adjoins a word character on a side where
   it ends in one, so the password ``secret`` leaves ``secretnats`` alone. Weir's own words (log
   format strings, logger names, levels, file paths, key paths) are never searched, so a
-  dictionary-like password (``weir``) cannot garble them; nor are the config's names a log
-  line carries whole (:func:`known_name`).
+  dictionary-like password (``weir``) cannot garble them; nor are the names a log line carries
+  whole (:func:`known_name`: the config's, and the tables its sources capture).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class Secrets:
         self._lock = threading.Lock()
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
-        self.names: frozenset[str] = frozenset()  # the config's strings that are no secret
+        self.names: frozenset[str] = frozenset()  # the config's strings, its tables: no secret
 
     def remember(self, values: Iterable[str], names: Iterable[str] = ()) -> None:
         """Hide these values (and their passwords, when they hold a URL's) from now on;
@@ -199,9 +199,15 @@ def remember(values: Iterable[str]) -> None:
     _SECRETS.remember(values)
 
 
+def remember_names(names: Iterable[str]) -> None:
+    """Know these as names, as the config's are: the tables a source captures (of the schemas
+    it follows too), which log lines print as they are."""
+    _SECRETS.remember((), names)
+
+
 def known_name(value: str) -> bool:
-    """Whether ``value`` is one of the names this process knows (:func:`remember_config`): a
-    log line prints it as it is."""
+    """Whether ``value`` is one of the names this process knows (:func:`remember_config`,
+    :func:`remember_names`): a log line prints it as it is."""
     return value in _SECRETS.names
 
 

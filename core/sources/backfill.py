@@ -110,7 +110,7 @@ class Backfill:
                 self.table, "resuming" if last else "starting", st.version, read, st.rows_total,
             )  # fmt: skip
             writer = SnapshotWriter(store_conn, self.store, sid, st.version, st.snapshot_at)
-            with Progress(f"backfill {self.table}", st.rows_total) as progress:
+            with Progress("backfill", st.rows_total, name=self.table) as progress:
                 progress.update(read)
                 while not stop.is_set():
                     query = plan.page_query(last, self.page_size)

@@ -324,16 +324,21 @@ def test_nothing_that_is_no_secret_is_masked(
     connector named
     ``secretnats`` with the namespace ``secret``, made over the API, keeps its name and its
     config round-trips; the log's logger names and a receiver's answer holding the letters
-    stay as they are, while the passwords themselves are masked."""
+    stay as they are, while the passwords themselves are masked. So does a table named as the
+    password, of a schema the source follows, in its backfill's lines (they read
+    ``backfill public.***``, its progress too; found by an outside tryout)."""
     token = "a-token-of-24-characters"
     with fresh_database(pg_server) as db, Echo(body="a secretive and weird answer") as echo:
         with psycopg.connect(db, autocommit=True) as conn:
             conn.execute("CREATE TABLE t (id serial PRIMARY KEY, body text)")
+            conn.execute("CREATE TABLE secret (id int PRIMARY KEY)")
+            conn.execute("INSERT INTO secret VALUES (1), (2)")
         spec = {
             "api": {"listen": f"127.0.0.1:{free_port()}", "tokens": [token]},
             "store": {"url": with_password(db, "postgres", "weir")},
-            "sources": [{"name": "app", "kind": "postgres", "tables": ["public.t"],
-                         "url": with_password(db, "postgres", "secret"), "slot": "words"}],
+            "sources": [{"name": "app", "kind": "postgres", "schemas": ["public"],
+                         "url": with_password(db, "postgres", "secret"), "slot": "words",
+                         "backfill": {}}],
             "connectors": [{"name": "weird-hooks", "type": "webhook", "stream": "events",
                             "retry": {"initial": "10ms", "max_attempts": 1},
                             "webhook": {"url": f"{echo.url}/x", "secret": "secret"}}],
@@ -367,6 +372,7 @@ def test_nothing_that_is_no_secret_is_masked(
     heads = [re.match(r"\S+ \S+ [A-Z]+ [\w.]+: ", line) for line in lines]
     assert lines and all(heads), log  # the logger's name is never masked
     assert "secretnats" in log and "weird-hooks" in log and "to schema weir" in log, log
+    assert "backfill public.secret: 2 rows read" in log, log
     messages = "\n".join(line[h.end() :] for line, h in zip(lines, heads, strict=True) if h)
     assert MASK not in messages.replace(f":{MASK}@", ""), messages  # only URL passwords,
     assert ":secret@" not in log and ":weir@" not in log, log  # and they are

@@ -1,6 +1,6 @@
 """Log lines without secrets (core/logs.py): whatever shape a record's arguments take, no secret
-survives formatting, and nothing else in the line changes; the config's names are never
-masked."""
+survives formatting, and nothing else in the line changes; the config's names and Weir's own
+words (a progress line's) are never masked."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from core.config.model import WeirConfig
 from core.logs import RedactingFormatter
+from core.progress import Progress
 from core.redact import MASK, remember, remember_config
 
 
@@ -82,6 +83,33 @@ def test_a_format_its_arguments_do_not_fit_prints_them_masked() -> None:
         _record("said: %d rows of %s", ("Zq8-pw", ("x", "Zq8-pw")))
     )
     assert "Zq8-pw" not in got and got.startswith("said: %d rows of %s"), got
+
+
+def test_a_progress_line_keeps_the_tables_name_and_its_own_words() -> None:
+    """A password ``orders`` and a table ``public.orders`` (or a password ``rows``): the
+    backfill's progress lines read ``backfill public.*** ... 1,000 ***`` (found by an outside
+    tryout), while every other line prints the table, a name of the config, as it is."""
+    remember_config(WeirConfig.model_validate({
+        "store": {"url": "postgresql://weir:rows@db/store"},
+        "sources": [{"name": "app", "kind": "postgres", "tables": ["public.orders"],
+                     "url": "postgresql://weir:orders@db/app"}]}))  # fmt: skip
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("weir.progress")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with Progress("backfill", 1000, name="public.orders", every=0.0) as progress:
+            progress.update(500)
+            progress.finish("1,000 rows read, 1,000 written")
+    finally:
+        logger.removeHandler(handler)
+    formatter = RedactingFormatter("%(message)s", tracebacks=False)
+    lines = [formatter.format(r) for r in records]
+    assert lines[0].startswith("backfill public.orders   50%  500/1,000 rows"), lines
+    assert lines[-1] == "backfill public.orders: 1,000 rows read, 1,000 written", lines
+    assert not any(MASK in line for line in lines), lines
 
 
 def test_mapping_args_are_each_shown() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from core.redact import remember_names
 from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables, identity_sql
 from core.store.migrations import STORE_MARK, STORE_TABLES
 from core.tables import parse_table, table_name
@@ -143,13 +144,17 @@ def capturable_tables(
 ) -> list[tuple[str, str]]:
     """The source's tables that can be captured. A table named in ``tables:`` that cannot is
     an error; one of ``schemas:`` is left out, and reported when ``say`` (capture's start
-    says it; a backfill's list of the same tables does not say it again)."""
+    says it; a backfill's list of the same tables does not say it again). Their names, those
+    of the schemas it follows too, are names as the config's are: log lines print them as they
+    are (core/logs.py)."""
     listed = {parse_table(t) for t in src.tables}
     published = (
         published_tables(conn, src.publication) if say and not src.create_publication else set()
     )
     tables = []
-    for schema, table in tables_of(conn, src):
+    found = tables_of(conn, src)
+    remember_names(table_name(schema, table) for schema, table in found)
+    for schema, table in found:
         name = table_name(schema, table)
         problem = table_problem(src, name, conn.execute(TABLE_INFO_SQL, (schema, table)).fetchone())
         if problem is None:
