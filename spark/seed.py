@@ -198,8 +198,9 @@ def run_seed(
     store = open_store(cfg)
     url = src.url.get_secret_value()
     with snapshot.connect(url) as conn:
-        snapshot.ensure_capture(conn, src, store, say=True)
+        # Its tables first: one it cannot read is said once, as the seed's error, not warned of
         plans = [snapshot.table_plan(conn, src, t) for t in tables]
+        snapshot.ensure_capture(conn, src, store, say=True)
         counts: list[int] = []
         ranges: list[tuple[int, Any, Any]] = []
         for t, plan in enumerate(plans):

@@ -168,6 +168,12 @@ class PostgresSource(SourceBase):
     def provider(self) -> str:
         return "postgres"
 
+    def backfills(self, table: str) -> bool:
+        """Whether ``weir run`` backfills ``table`` (``schema.table`` as written) by this
+        source's ``backfill:``."""
+        return self.backfill is not None and (not self.backfill.tables
+                                              or table in self.backfill.tables)  # fmt: skip
+
     @field_validator("publication", "slot")
     @classmethod
     def _ident(cls, v: str) -> str:

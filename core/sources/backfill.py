@@ -22,6 +22,7 @@ from core.progress import Progress
 from core.redact import first_line
 from core.sources.pg import snapshot
 from core.sources.pg.copy_out import copy_rows
+from core.sources.pg.grants import cannot_read, say_unreadable
 from core.sources.pg.relations import SourceSchemaError
 from core.sources.pg.setup import SourceSetupError, capturable_tables, published_tables
 from core.store import Conn, Store
@@ -155,11 +156,17 @@ class Backfill:
 
 
 def configured_tables(src: PostgresSource) -> list[str]:
-    """The tables the source's ``backfill:`` option names (all of the source's by default)."""
-    if src.backfill is not None and src.backfill.tables:
-        return list(src.backfill.tables)
+    """The tables the source's ``backfill:`` option names (all of the source's by default),
+    which its role must be able to read: else SourceSetupError names those it may not, with
+    the GRANT, before any is read."""
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        return [table_name(s, t) for s, t in capturable_tables(conn, src, say=False)]
+        if src.backfill is not None and src.backfill.tables:
+            tables = [parse_table(t) for t in src.backfill.tables]
+        else:
+            tables = capturable_tables(conn, src, say=False)
+        if why := cannot_read(conn, src, tables):
+            raise SourceSetupError(why)
+    return [table_name(s, t) for s, t in tables]
 
 
 def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> None:
@@ -174,16 +181,18 @@ def run_configured(src: PostgresSource, store: Store, stop: threading.Event) -> 
 def run_requested(src: PostgresSource, store: Store, stop: threading.Event) -> None:
     """The backfills capture asked for (sources/pg/capture.py): each table's request is done when
     a backfill started after it finishes. A table that is gone ends its request with an error
-    in the log."""
+    in the log; one the role may not read waits for the GRANT (said once: sources/pg/grants.py)."""
     backfills = Backfills(store, src.sync_id)
     with store.connect(autocommit=True) as conn:
         rows = backfills.requests(conn)
-        published = _published(src) if rows and not src.create_publication else None
+        published, unreadable = _waiting(src, [(s, t) for s, t, _ in rows]) if rows else (None, [])
         for schema, table, requested_at in rows:
             if stop.is_set():
                 return
             if published is not None and (schema, table) not in published:
                 continue  # one a DBA is to add to the publication (core/sources/pg/setup.py)
+            if (schema, table) in unreadable:
+                continue  # the GRANT is named: the request is done once the role may read it
             name = table_name(schema, table)
             try:
                 finished = Backfill(src, store, name).run(stop, since=requested_at).finished
@@ -207,9 +216,14 @@ def _lost(e: psycopg.Error) -> bool:
     return isinstance(e, psycopg.OperationalError) and (e.sqlstate or "08")[:2] in ("08", "57")
 
 
-def _published(src: PostgresSource) -> set[tuple[str, str]]:
+def _waiting(
+    src: PostgresSource, tables: list[tuple[str, str]]
+) -> tuple[set[tuple[str, str]] | None, list[tuple[str, str]]]:
+    """What the requested ``tables`` wait for: the tables the publication publishes (None when
+    it is Weir's: it holds them all), and those the role may not read, named once."""
     with snapshot.connect(src.url.get_secret_value()) as conn:
-        return published_tables(conn, src.publication)
+        published = None if src.create_publication else published_tables(conn, src.publication)
+        return published, say_unreadable(conn, src, tables)
 
 
 def _exists(src: PostgresSource, schema: str, table: str) -> bool:

@@ -18,6 +18,7 @@ from psycopg import sql
 
 from core.redact import remember_names
 from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables, identity_sql
+from core.sources.pg.grants import role_of, say_unreadable
 from core.store.migrations import STORE_MARK, STORE_TABLES
 from core.tables import parse_table, table_name
 
@@ -210,8 +211,8 @@ def complete_publication(
     try:
         tables = capturable_tables(conn, src, say)
         waiting = _ensure_publication(conn, src, tables)
-        if say:
-            _say_unreadable(conn, src, tables)
+        if say:  # those a backfill of backfill: reads are said by it, as it stops weir run
+            say_unreadable(conn, src, [t for t in tables if not src.backfills(table_name(*t))])
         if follow and src.create_publication:
             follow_tables(conn, src)
         elif follow and say:
@@ -319,32 +320,6 @@ def _ensure_publication(
             src.publication,
         )
     return []
-
-
-def _say_unreadable(
-    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
-) -> None:
-    """Name the captured tables the source's role may not read, with the GRANT: capture needs
-    no SELECT, but every backfill does (one asked for after a column change, too), and would
-    stop at them."""
-    rows = conn.execute(
-        "SELECT s, t FROM unnest(%s::text[], %s::text[]) AS u(s, t)"
-        " WHERE NOT has_table_privilege(format('%%I.%%I', s, t), 'SELECT')",
-        ([s for s, _ in tables], [t for _, t in tables]),
-    ).fetchall()
-    if rows:
-        me = role_of(conn)
-        names = ", ".join(table_name(s, t) for s, t in rows)
-        grant = ", ".join(sql.Identifier(s, t).as_string(conn) for s, t in rows)
-        log.warning("source %s: role %s may not read %s, which a backfill reads (capture does "
-                    "not): as their owner run GRANT SELECT ON %s TO %s", src.name, me, names,
-                    grant, me)  # fmt: skip
-
-
-def role_of(conn: psycopg.Connection[Any]) -> str:
-    """The connection's role, as a GRANT names it."""
-    row = conn.execute("SELECT quote_ident(current_user)").fetchone()
-    return str(row[0]) if row else "?"
 
 
 def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:

@@ -32,6 +32,7 @@ from psycopg import sql
 from core.envelope import dumps
 from core.sources.pg import encoding
 from core.sources.pg.copy_out import copy_lines, copy_rows, unescape
+from core.sources.pg.grants import cannot_read
 from core.sources.pg.relations import (
     Relation,
     Relations,
@@ -39,13 +40,7 @@ from core.sources.pg.relations import (
     record_id_for,
     row_values,
 )
-from core.sources.pg.setup import (
-    SlotBusyError,
-    SourceSetupError,
-    ensure_slot,
-    prepare,
-    role_of,
-)
+from core.sources.pg.setup import SlotBusyError, SourceSetupError, ensure_slot, prepare
 from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
 
@@ -235,13 +230,8 @@ def table_plan(
     if not rows:
         raise SourceSetupError(f"source {src.name!r}: table {name} does not exist")
     relid, replident = rows[0][0], rows[0][1]
-    readable = conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (relid,)).fetchone()
-    if not (readable and readable[0]):
-        me, grant = role_of(conn), sql.Identifier(schema, table).as_string(conn)
-        raise SourceSetupError(
-            f"source {src.name!r}: role {me} may not read table {name}, which "
-            f"a backfill reads: as its owner run GRANT SELECT ON {grant} TO {me}"
-        )
+    if why := cannot_read(conn, src, [(schema, table)]):
+        raise SourceSetupError(why)
     cols = [(1 if r[6] else 0, r[2], r[3], -1) for r in rows]
     relations = Relations(conn, {name: src.key_columns[name]} if name in src.key_columns else {})
     rel = relations.add(("R", relid, schema, table, replident, cols), sent=False)
