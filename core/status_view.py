@@ -82,10 +82,16 @@ def readings(
 
 def sections(r: Reading, width: int | None) -> list[RenderableType]:
     """The tables of a reading: sources, connectors, consumers and backfills (those two when
-    there are any), for a terminal ``width`` columns wide, or plain when None."""
+    there are any), for a terminal ``width`` columns wide, or plain when None.
+
+    A connector's (and a consumer's feed's) BEHIND is the messages stored that its cursor has
+    not passed yet (not yet sent, failed, or skipped by its filters; a consumer's: not yet in
+    its queue), BEHIND BY how long ago the oldest of them was stored. A consumer's QUEUED is
+    the messages in its queue waiting to be received (never delivered, or nacked), UNACKED
+    those received and neither acked nor nacked (docs/operations.md “Monitoring”)."""
     out = [_sources(r, width), _connectors(r, width)]
     if r.queues:
-        out.append(_table(width, "Consumers", ["CONSUMER", "#PENDING", "#ACK PENDING"],
+        out.append(_table(width, "Consumers", ["CONSUMER", "#QUEUED", "#UNACKED"],
                           [(n, str(p), str(a)) for n, (p, a) in r.queues.items()]))  # fmt: skip
     if r.backfills:
         out.append(_backfills(r, width))
@@ -118,8 +124,8 @@ def _connectors(r: Reading, width: int | None) -> RenderableType:
         rows.append((c.name, _state(w.state if w else "-"), c.source, c.stream,
                      str(c.lag_messages), f"{c.lag_seconds:.1f}s", rate, failed, c.owner or "-",
                      w.detail if w else ""))  # fmt: skip
-    return _table(width, "Connectors", ["CONNECTOR", "STATE", "SOURCE", "STREAM", "#LAG",
-                  "#LAG AGE", "#RATE/S", "#FAILED", "OWNER", "NOTE"], rows)  # fmt: skip
+    return _table(width, "Connectors", ["CONNECTOR", "STATE", "SOURCE", "STREAM", "#BEHIND",
+                  "#BEHIND BY", "#RATE/S", "#FAILED", "OWNER", "NOTE"], rows)  # fmt: skip
 
 
 def _backfills(r: Reading, width: int | None) -> RenderableType:

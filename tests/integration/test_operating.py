@@ -128,7 +128,7 @@ def test_weir_status_shows_lag_rate_and_failures(tmp_path: Path, table: str,
         "KIND": "postgres", "STATE": "not running", "EVENTS SEQ": "3", "RECORDS SEQ": "3",
         "NOTE": "slot not being read"}  # fmt: skip
     hook = rows["hooks"]
-    assert (hook["STATE"], hook["SOURCE"], hook["LAG"], hook["FAILED"], hook["OWNER"]) == (
+    assert (hook["STATE"], hook["SOURCE"], hook["BEHIND"], hook["FAILED"], hook["OWNER"]) == (
         "not running", "app", "0", "3", "-")  # fmt: skip
 
 
