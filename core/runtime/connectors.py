@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.config.model import Connector, WeirConfig
@@ -71,7 +71,7 @@ class ConnectorWorks:
         for name, (c, shard) in wanted.items():
             if name not in self.mine:
                 if self.loop is None:
-                    self.loop = ConnectorLoop(self.store)
+                    self.loop = ConnectorLoop(self.store, leases.first_to_say)
                 work = ConnectorWork(c, shard, cfg, self.store, self.metrics, self.loop)
                 self.mine[name] = works[name] = work
         leases.works = len(works)
@@ -82,22 +82,28 @@ class ConnectorWorks:
 
 
 class ConnectorLoop:
-    """The event loop every connector of this instance runs in, in a thread of its own."""
+    """The event loop every connector of this instance runs in, in a thread of its own.
+    ``first_to_say`` tells whether this process is the one to say a line of all that run on
+    the store (core/runtime/leases.py)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, first_to_say: Callable[[str], bool]) -> None:
         self.loop = asyncio.new_event_loop()
         self.notifier = Notifier(store)
         self._thread = threading.Thread(target=self.loop.run_forever, name="connectors",
                                         daemon=True)  # fmt: skip
         self._thread.start()
         self.call(self.notifier.start())
-        self.said: set[str] = set()  # the refusals for good said, one line a connector
+        self.first_to_say = first_to_say
+        self.said: set[str] = set()  # the connectors whose refusal for good was looked at
 
-    def say_once(self, line: str) -> None:
-        """An error line, once however many shards of a connector end with it."""
-        if line not in self.said:
-            self.said.add(line)
-            log.error("%s", line)
+    def say_refused(self, connector: str, line: str) -> None:
+        """A connector's refusal for good, said once however many of its shards end with it,
+        in this process and in the others on the store (workers: {connectors: 3} said it three
+        times; found by an outside tryout): by the first of them to end so."""
+        if connector not in self.said:
+            self.said.add(connector)
+            if self.first_to_say(f"refused:{connector}"):
+                log.error("%s", line)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -140,7 +146,7 @@ class ConnectorWork:
 
     def _ended(self, run: concurrent.futures.Future[None]) -> None:
         if not run.cancelled() and isinstance(e := run.exception(), Refused):
-            self.loop.say_once(f"connector {self.connector.name}: {e}")
+            self.loop.say_refused(self.connector.name, f"connector {self.connector.name}: {e}")
 
     def stop(self) -> None:
         self.loop.loop.call_soon_threadsafe(self._halt.set)

@@ -173,8 +173,8 @@ def serve(
             w.stop()
         for w in works.values():
             w.join(grace)
+        connectors.close()  # first: a connector's end may still be asking the leases' connection
         leases.close()
-        connectors.close()
         if scheduler is not None:
             scheduler.shutdown(wait=False)
         if api is not None:

@@ -68,16 +68,18 @@ class Owners:
     def take(self, conn: Conn, work: str) -> bool:
         """Lock ``work`` on ``conn`` and record the instance as its owner, unless another
         connection holds it: then False."""
-        row = conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self._key(work),)
-        ).fetchone()
-        if not row or not row[0]:
+        if not _locked(conn, self._key(work)):
             return False
         conn.execute(self._claim, (work, self.instance))
         return True
 
     def _key(self, work: str) -> str:
         return lock_key(self.store.schema, "lease", work)
+
+    def first_to_say(self, conn: Conn, what: str) -> bool:
+        """Whether no other connection on the store says ``what`` now: the first to ask locks
+        it on ``conn``, until that connection ends (its process, at most)."""
+        return _locked(conn, lock_key(self.store.schema, "said", what))
 
     def report(self, conn: Conn, work: str, state: str, detail: str) -> None:
         """Record ``work``'s state and why, while the instance owns it."""
@@ -97,3 +99,9 @@ class Owners:
     def release(self, conn: Conn) -> None:
         """No longer show the instance as owner, but of work that failed (it says why)."""
         conn.execute(self._release, (self.instance,))
+
+
+def _locked(conn: Conn, key: str) -> bool:
+    """Lock ``key`` on ``conn`` until it ends, unless another connection holds it: then False."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+    return bool(row and row[0])

@@ -164,9 +164,9 @@ def test_wrong_nats_credentials(
 ) -> None:
     """A destination that turns a new connector's credentials away ends ``weir run`` as a
     source's does, naming the connector and what to check (it retried them for ever), in one
-    line however many shards it has (it was one a shard). One that ran before (a password
-    changed on the broker, a worker restarted) retries instead, and ``weir run`` goes on with
-    its other work."""
+    line however many shards it has (it was one a shard), in as many worker processes (it was
+    one a process; found by an outside tryout). One that ran before (a password changed on the
+    broker, a worker restarted) retries instead, and ``weir run`` goes on with its other work."""
     pg, _ = servers
     with EmbeddedNats(args=["--user", "natsuser", "--pass", "the-right-one"]) as guarded:
         config = _config(tmp_path, guarded)
@@ -178,12 +178,15 @@ def test_wrong_nats_credentials(
             spec["connectors"][0]["nats"] |= {"user": "natsuser", "password": password}
             Path(config).write_text(yaml.safe_dump(spec))
 
-        with_password("not-the-one-9")
-        err = _fails(config, _env(pg), "run")
         said = (f"connector guarded: cannot reach NATS at 127.0.0.1:{guarded.port}: it refused "
                 "the credentials; check nats.user and nats.password")  # fmt: skip
-        assert err.count("refused the credentials") == 1 and said in err, err
-        assert "not-the-one-9" not in err, err
+        for workers in (1, 3):  # its shards in one worker process, then one in each
+            spec["workers"] = {"connectors": workers}
+            with_password("not-the-one-9")
+            err = _fails(config, _env(pg), "run")
+            assert err.count("refused the credentials") == 1 and said in err, err
+            assert "not-the-one-9" not in err, err
+        del spec["workers"]
 
         with_password("the-right-one")
         weir("nats", "setup", "--config", config, env=_env(pg))
