@@ -10,6 +10,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,7 +86,9 @@ def test_a_format_its_arguments_do_not_fit_prints_them_masked() -> None:
     assert "Zq8-pw" not in got and got.startswith("said: %d rows of %s"), got
 
 
-def test_a_progress_line_keeps_the_tables_name_and_its_own_words() -> None:
+def test_a_progress_line_keeps_the_tables_name_and_its_own_words(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A password ``orders`` and a table ``public.orders`` (or a password ``rows``): the
     backfill's progress lines read ``backfill public.*** ... 1,000 ***`` (found by an outside
     tryout), while every other line prints the table, a name of the config, as it is."""
@@ -93,20 +96,12 @@ def test_a_progress_line_keeps_the_tables_name_and_its_own_words() -> None:
         "store": {"url": "postgresql://weir:rows@db/store"},
         "sources": [{"name": "app", "kind": "postgres", "tables": ["public.orders"],
                      "url": "postgresql://weir:orders@db/app"}]}))  # fmt: skip
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("weir.progress")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        with Progress("backfill", 1000, name="public.orders", every=0.0) as progress:
-            progress.update(500)
-            progress.finish("1,000 rows read, 1,000 written")
-    finally:
-        logger.removeHandler(handler)
+    caplog.set_level(logging.INFO, "weir.progress")
+    with Progress("backfill", 1000, name="public.orders", every=0.0) as progress:
+        progress.update(500)
+        progress.finish("1,000 rows read, 1,000 written")
     formatter = RedactingFormatter("%(message)s", tracebacks=False)
-    lines = [formatter.format(r) for r in records]
+    lines = [formatter.format(r) for r in caplog.records]
     assert lines[0].startswith("backfill public.orders   50%  500/1,000 rows"), lines
     assert lines[-1] == "backfill public.orders: 1,000 rows read, 1,000 written", lines
     assert not any(MASK in line for line in lines), lines
