@@ -4,13 +4,15 @@ answer a batch, where a PubAck a message cost the connector a quarter of its CPU
 A batch's messages keep their ``Nats-Msg-Id`` (the stream's duplicate window drops one sent
 again after a crash, as for single publishes); the batch is told in each reply subject,
 ``<inbox>.<batch id>.<flow>.fail.<n>.<op>.$FI`` (ADR-50): ``n`` its place in the batch, ``op`` 0
-starts it (answered before the rest go), 1 adds a message, 3 ends it with a message that is not
-stored. The server stores each message as it comes; ``fail`` makes the first message it refuses
-end the batch (those after it are not stored), and the batch's one PubAck ``count``s the
-messages before it, which the stream holds (stored now, or before: a duplicate). Why it refused
-that one comes on its own reply subject (an error PubAck, a 503 when no stream takes its
-subject) or as the connection's ``-ERR`` (a permission), which ``denied`` collects. The rest go
-again at once, as a batch of their own.
+starts it (answered before the rest go), 1 adds a message, 2 adds the last and commits. (The
+commit without a message of its own, op 3, is published too: core NATS subscribers of the
+subject received it, an empty message.) The server stores each message as it comes; ``fail``
+makes the first message it refuses end the batch (those after it are not stored), and the
+batch's one PubAck ``count``s the messages before it, which the stream holds (stored now, or
+before: a duplicate). Why it refused that one comes on its own reply subject (an error PubAck,
+a 503 when no stream takes its subject) or as the connection's ``-ERR`` (a permission), which
+``denied`` collects; when it is the last, no PubAck follows, and that answer ends the batch.
+The rest go again at once, as a batch of their own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ FAST_OFF = 10205  # JetStream: the stream does not allow fast batches (any more)
 NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
 _HPUB = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
 HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
-START, ADD, END = 0, 1, 3  # ops; END: commits, and its own message is not stored
+START, ADD, COMMIT = 0, 1, 2  # ops: the first message, one more, the last
+GONE = 10208  # JetStream: the batch is unknown (it ended at a refused message before)
 FLOW = 500  # messages between the server's flow acks (which nothing here waits for)
 
 Result = tuple[str, int] | Exception  # (stream, seq: 0 but for the last stored) or why not
@@ -42,7 +45,7 @@ T = TypeVar("T")
 class _Round:
     """One fast batch on the wire: its first message's answer, then its PubAck."""
 
-    first: str  # its first message's subject
+    subjects: Sequence[str]
     started: asyncio.Future[None]
     done: asyncio.Future[tuple[str, int, int]]  # stream, last seq stored, count
     why: dict[int, Exception] = field(default_factory=dict)  # by place in the batch (1-based)
@@ -69,9 +72,14 @@ class FastBatches:
             self.denied.clear()
         self.denied[subject] = reason
         for r in self._rounds.values():
-            if r.first.lower() == subject and not r.started.done():
+            n = len(r.subjects)
+            if r.subjects[0].lower() == subject and not r.started.done():
                 r.why.setdefault(1, FatalError(reason))
                 r.started.set_result(None)
+                if n == 1:
+                    self._ended(r, FatalError(reason))
+            elif n > 1 and r.subjects[-1].lower() == subject and r.started.done():
+                self._ended(r, FatalError(reason))
 
     async def publish(
         self, subjects: Sequence[str], payloads: Sequence[bytes], keys: Sequence[str]
@@ -89,20 +97,18 @@ class FastBatches:
         """One fast batch: how many the stream holds, then why the next was refused."""
         loop = asyncio.get_running_loop()
         batch_id = f"{self._base}{next(self._ids)}"
-        r = self._rounds[batch_id] = _Round(subjects[0], loop.create_future(),
-                                            loop.create_future())  # fmt: skip
+        n = len(subjects)
+        r = self._rounds[batch_id] = _Round(subjects, loop.create_future(), loop.create_future())
         prefix = f"{self._inbox}{batch_id}.{FLOW}.fail.".encode()
-        frames = [self._frame(prefix, 1, START, subjects[0], payloads[0], keys[0])]
+        ops = [START] + [ADD] * (n - 2) + [COMMIT] if n > 1 else [COMMIT]
+        frames = [self._frame(prefix, i + 1, op, subjects[i], payloads[i], keys[i])
+                  for i, op in enumerate(ops)]  # fmt: skip
         try:
-            await self._send(frames[0])
-            await self._wait(asyncio.shield(r.started))
+            if n > 1:  # the first is answered before the rest go
+                await self._send(frames[0])
+                await self._wait(asyncio.shield(r.started))
             if not r.why:
-                n = len(subjects)
-                frames = [self._frame(prefix, i + 1, ADD, subjects[i], payloads[i], keys[i])
-                          for i in range(1, n)]  # fmt: skip
-                end = prefix + b"%d.%d.$FI" % (n + 1, END)
-                frames.append(b"PUB %b %b 0\r\n\r\n" % (subjects[0].encode(), end))
-                await self._send(b"".join(frames))
+                await self._send(b"".join(frames[1:] if n > 1 else frames))
                 stream, seq, count = await self._wait(asyncio.shield(r.done))
             else:
                 stream, seq, count = "", 0, 0
@@ -138,15 +144,18 @@ class FastBatches:
         if r is None:
             return  # a batch that ended (the messages after a refused one are answered so)
         n = int(parts[3])
+        why: Exception | None = None
         if hdr and hdr.startswith(NO_RESPONDERS):
-            r.why.setdefault(n, RetryableError("no JetStream stream takes this subject"))
+            why = r.why.setdefault(n, RetryableError("no JetStream stream takes this subject"))
         else:
             answer = orjson.loads(data) if data else {}
             kind, error = answer.get("type"), answer.get("error")
             if kind == "err" and error is not None:
                 r.why.setdefault(int(answer.get("seq", n)), error_of(error))
             elif kind is None and error is not None:
-                r.why.setdefault(n, error_of(error))
+                if error.get("err_code") == GONE:
+                    return  # after a refused one: the PubAck came before
+                why = r.why.setdefault(n, error_of(error))
                 self.off = self.off or error.get("err_code") == FAST_OFF
             elif kind is None and "batch" in answer and not r.done.done():
                 r.done.set_result((answer["stream"], answer.get("seq", 0), answer["count"]))
@@ -155,6 +164,19 @@ class FastBatches:
                 return
         if n == 1 and not r.started.done():
             r.started.set_result(None)  # answered, or refused: then no other one goes
+        if why is not None and n == len(r.subjects) and r.started.done():
+            self._ended(r, why)
+
+    def _ended(self, r: _Round, why: Exception) -> None:
+        """The last message (the commit) refused: no PubAck follows. The stream holds those
+        before the first refused: the answers and -ERRs of earlier ones came before this one's
+        (nats-py reads them in order, and -ERRs inline)."""
+        n = len(r.subjects)
+        r.why.setdefault(n, why)
+        denied = [i + 1 for i, s in enumerate(r.subjects[: n - 1]) if s.lower() in self.denied]
+        count = min([k for k in r.why if k < n] + denied, default=n) - 1
+        if not r.done.done():
+            r.done.set_result(("", 0, count))
 
     def lost(self, error: Exception) -> None:
         """The connection is gone: no answer comes to a batch on it."""

@@ -31,16 +31,26 @@ def _message(seq: int, key: int, big: bool) -> Message:
 
 
 async def _publish(cfg: NatsConnector, batch: list[Message]) -> tuple[bool, dict[int, str]]:
-    """Whether the sink sent fast batches, and the failed messages' errors by place."""
+    """Whether the sink sent fast batches, and the failed messages' errors by place. A core
+    NATS subscriber of the subjects meanwhile receives the batch's messages, nothing else."""
+    watcher = await nats.connect(cfg.nats.url)
+    seen = await watcher.subscribe(f"sequin-events.{cfg.nats.namespace}.>")
     sink = NatsSink(cfg)
     await sink.connect()
     try:
         await sink.write_batch(batch)
-        return sink._fast is not None, {}
+        failed = {}
     except BatchError as e:
-        return sink._fast is not None, {i: f"{type(x).__name__}: {x}" for i, x in e.failed.items()}
+        failed = {i: f"{type(x).__name__}: {x}" for i, x in e.failed.items()}
     finally:
         await sink.close()
+    await watcher.flush()
+    got = []
+    while seen.pending_msgs:
+        got.append((await seen.next_msg(timeout=1)).data)
+    await watcher.close()
+    assert got and all(data in {m.payload for m in batch} for data in got), got[:3]
+    return sink._fast is not None, failed
 
 
 async def _stream(url: str, cfg: dict[str, Any], batched: bool) -> None:
