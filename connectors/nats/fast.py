@@ -29,7 +29,6 @@ import orjson
 from core.engine.sink import FatalError, RetryableError
 
 MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
-FAST_OFF = 10205  # JetStream: the stream does not allow fast batches (any more)
 NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
 _HPUB = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
 HEADERS = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")  # the header block, but the id
@@ -37,7 +36,19 @@ START, ADD, COMMIT = 0, 1, 2  # ops: the first message, one more, the last
 GONE = 10208  # JetStream: the batch is unknown (it ended at a refused message before)
 FLOW = 500  # messages between the server's flow acks (which nothing here waits for)
 
+UNBATCHED = (10205, 10211)  # JetStream: fast batches not allowed (any more), too many open
 Result = tuple[str, int] | Exception  # (stream, seq: 0 but for the last stored) or why not
+
+
+class Unbatched(RetryableError):
+    """The stream takes no fast batch now (``off``: allow_batched turned off; else too many
+    open on it): the message goes again at once, published singly."""
+
+    def __init__(self, text: str, off: bool) -> None:
+        super().__init__(text)
+        self.off = off
+
+
 T = TypeVar("T")
 
 
@@ -62,7 +73,6 @@ class FastBatches:
         self._ids = itertools.count()
         self._base = os.urandom(6).hex()  # batch ids of other connections stay apart
         self.denied: dict[str, str] = {}  # why the server refused a subject (-ERR), by subject
-        self.off = False  # the stream stopped allowing fast batches: publish singly from now
 
     def refuse(self, subject: str, reason: str) -> None:
         """The server refused a subject (a permission): the batch that sent it ends there, and
@@ -145,18 +155,22 @@ class FastBatches:
             return  # a batch that ended (the messages after a refused one are answered so)
         n = int(parts[3])
         why: Exception | None = None
-        if hdr and hdr.startswith(NO_RESPONDERS):
-            why = r.why.setdefault(n, RetryableError("no JetStream stream takes this subject"))
+        if hdr and hdr.startswith(b"NATS/1.0 "):  # a status: no stream takes it (503), full
+            code = hdr[9:12].decode(errors="replace")
+            text = ("no JetStream stream takes this subject" if hdr.startswith(NO_RESPONDERS)
+                    else f"NATS answered status {code}")  # fmt: skip
+            why = r.why.setdefault(n, RetryableError(text))
         else:
             answer = orjson.loads(data) if data else {}
             kind, error = answer.get("type"), answer.get("error")
             if kind == "err" and error is not None:
                 r.why.setdefault(int(answer.get("seq", n)), error_of(error))
             elif kind is None and error is not None:
-                if error.get("err_code") == GONE:
-                    return  # after a refused one: the PubAck came before
-                why = r.why.setdefault(n, error_of(error))
-                self.off = self.off or error.get("err_code") == FAST_OFF
+                if error.get("err_code") == GONE:  # the batch ended before this one
+                    if r.started.done() and not r.done.done():
+                        self._ended(r, None)  # (its PubAck came before, when it had one)
+                    return
+                why = r.why.setdefault(n, _unbatched(error) or error_of(error))
             elif kind is None and "batch" in answer and not r.done.done():
                 r.done.set_result((answer["stream"], answer.get("seq", 0), answer["count"]))
                 return
@@ -167,29 +181,44 @@ class FastBatches:
         if why is not None and n == len(r.subjects) and r.started.done():
             self._ended(r, why)
 
-    def _ended(self, r: _Round, why: Exception) -> None:
-        """The last message (the commit) refused: no PubAck follows. The stream holds those
-        before the first refused: the answers and -ERRs of earlier ones came before this one's
-        (nats-py reads them in order, and -ERRs inline)."""
+    def _ended(self, r: _Round, why: Exception | None) -> None:
+        """The batch ended with no PubAck: its last message (the commit) refused (``why``), or
+        the server forgot it. The stream holds those before the first refused: the answers and
+        -ERRs of earlier ones came before this (nats-py reads them in order, -ERRs inline).
+        When none is known refused, where it ended is not known: in doubt, as a lost
+        connection is (the engine reads back what the stream took)."""
         n = len(r.subjects)
-        r.why.setdefault(n, why)
-        denied = [i + 1 for i, s in enumerate(r.subjects[: n - 1]) if s.lower() in self.denied]
-        count = min([k for k in r.why if k < n] + denied, default=n) - 1
-        if not r.done.done():
-            r.done.set_result(("", 0, count))
+        if why is not None:
+            r.why.setdefault(n, why)
+        denied = [i + 1 for i, s in enumerate(r.subjects) if s.lower() in self.denied]
+        refused = [k for k in r.why if k <= n] + denied
+        if r.done.done():
+            return
+        if refused:
+            r.done.set_result(("", 0, min(refused) - 1))
+        else:
+            r.done.set_exception(ConnectionError("the server ended a fast batch, not saying where"))
 
     def lost(self, error: Exception) -> None:
         """The connection is gone: no answer comes to a batch on it."""
-        for r in self._rounds.values():
-            for future in (r.started, r.done):
-                if not future.done():
-                    future.set_exception(error)
+        for r in self._rounds.values():  # the one its round awaits
+            future = r.done if r.started.done() else r.started
+            if not future.done():
+                future.set_exception(error)
 
 
 def frame(subject: bytes, reply: bytes, msg_id: bytes, payload: bytes) -> bytes:
     """A message as the protocol's HPUB frame, its ``Nats-Msg-Id`` in its headers."""
     header = HEADERS + len(msg_id)
     return _HPUB % (subject, reply, header, header + len(payload), msg_id, payload)
+
+
+def _unbatched(error: dict[str, object]) -> Unbatched | None:
+    code = error.get("err_code")
+    if code not in UNBATCHED:
+        return None
+    return Unbatched(f"JetStream {error.get('code')}/{code}: {error.get('description')}",
+                     off=code == UNBATCHED[0])  # fmt: skip
 
 
 def error_of(error: dict[str, object]) -> Exception:

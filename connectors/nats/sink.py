@@ -34,6 +34,7 @@ from connectors.nats.fast import (
     NO_RESPONDERS,
     FastBatches,
     Result,
+    Unbatched,
     error_of,
     frame,
 )
@@ -194,13 +195,16 @@ class NatsSink:
             results[i] = refusal = self._refusal(subjects[i], m.key, m.payload, limit)
             if refusal is None:
                 go.append(i)
-        if go:
-            send = self._fast.publish if self._fast is not None else self._singly
+        for fast in (True, False):  # what the stream took no fast batch of goes singly
+            if not go or (fast and self._fast is None):
+                continue
+            send = self._fast.publish if fast and self._fast is not None else self._singly
             got = await send([subjects[i] for i in go], [batch[i].payload for i in go],
                              [batch[i].key for i in go])  # fmt: skip
             for i, sent in zip(go, got, strict=True):
                 results[i] = sent
-            if self._fast is not None and self._fast.off:  # its refusals are retried singly
+            go = [i for i in go if isinstance(results[i], Unbatched)]
+            if any(isinstance(r, Unbatched) and r.off for r in results):
                 log.warning("connector %s: the stream no longer allows fast batches: publishing "
                             "a message at a time", self.cfg.name)  # fmt: skip
                 self._fast = None
@@ -250,7 +254,7 @@ class NatsSink:
                 f"message of {size} bytes with its headers is over the server's max_payload "
                 f"({limit})"
             )
-        if len(subject) + len(self._inbox) + 48 > MAX_CONTROL_LINE:
+        if len(subject) + len(self._inbox) + 96 > MAX_CONTROL_LINE:  # a fast batch's reply too
             return FatalError(
                 f"subject of {len(subject)} bytes is too long for the server's control line "
                 f"({MAX_CONTROL_LINE} bytes): {subject[:80]}..."
