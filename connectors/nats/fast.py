@@ -99,6 +99,8 @@ class FastBatches:
         while len(results) < len(subjects):
             at = len(results)
             results += await self._round(subjects[at:], payloads[at:], keys[at:])
+            if isinstance(results[-1], Unbatched):  # the rest go singly too
+                results += [results[-1]] * (len(subjects) - len(results))
         return results
 
     async def _round(
