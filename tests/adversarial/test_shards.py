@@ -138,6 +138,11 @@ def test_shards_on_two_workers_survive_one_killed_alone(
     with WeirProcess(config, tmp_path / "weir.log") as weir:
         wait_for(lambda: len(weir.workers()) == 3, what="three workers")
         first = weir.workers()
+        # every shard taken before the kill (on a slow machine the load reached its kill
+        # before connectors-1 had taken its shards, which it then took once only)
+        wait_for(lambda: all(f"leases: connector:{s}#{k}/2 is" in weir.log_text()
+                             for s in ("events", "records") for k in (0, 1)),
+                 what="all four shards taken")  # fmt: skip
 
         def kill_connectors_1() -> None:
             pid = weir.workers()["connectors-1"]
