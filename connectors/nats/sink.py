@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats
@@ -46,6 +46,8 @@ log = logging.getLogger("weir.nats")
 MAX_CONTROL_LINE = 4096  # nats-server's default max_control_line (its INFO does not say)
 # nats-py hands the server's -ERR over in lower case, subject included.
 _DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)', re.IGNORECASE)
+# publishes messages (subjects, payloads, keys) and gives each's result, in order
+Publish = Callable[[Sequence[str], Sequence[bytes], Sequence[str]], Awaitable[list[Result]]]
 
 
 @dataclass(eq=False, slots=True)
@@ -195,19 +197,16 @@ class NatsSink:
             results[i] = refusal = self._refusal(subjects[i], m.key, m.payload, limit)
             if refusal is None:
                 go.append(i)
-        for fast in (True, False):  # what the stream took no fast batch of goes singly
-            if not go or (fast and self._fast is None):
-                continue
-            send = self._fast.publish if fast and self._fast is not None else self._singly
-            got = await send([subjects[i] for i in go], [batch[i].payload for i in go],
-                             [batch[i].key for i in go])  # fmt: skip
-            for i, sent in zip(go, got, strict=True):
-                results[i] = sent
+        if go and self._fast is not None:
+            await self._send(self._fast.publish, go, subjects, batch, results)
+            unbatched = [r for r in results if isinstance(r, Unbatched)]  # these go singly
             go = [i for i in go if isinstance(results[i], Unbatched)]
-            if any(isinstance(r, Unbatched) and r.off for r in results):
+            if any(r.off for r in unbatched):
                 log.warning("connector %s: the stream no longer allows fast batches: publishing "
                             "a message at a time", self.cfg.name)  # fmt: skip
                 self._fast = None
+        if go:
+            await self._send(self._singly, go, subjects, batch, results)
         mark = self._mark
         failed: dict[int, Exception] = {}
         for i, result in enumerate(results):
@@ -219,6 +218,21 @@ class NatsSink:
                     mark[stream] = seq
         if failed:
             raise BatchError(failed)
+
+    @staticmethod
+    async def _send(
+        send: Publish,
+        go: list[int],
+        subjects: list[str],
+        batch: Sequence[Message],
+        results: list[Result | None],
+    ) -> None:
+        """Publish the messages ``go`` of ``batch`` by ``send``, putting each's outcome in
+        ``results``."""
+        got = await send([subjects[i] for i in go], [batch[i].payload for i in go],
+                         [batch[i].key for i in go])  # fmt: skip
+        for i, sent in zip(go, got, strict=True):
+            results[i] = sent
 
     async def _singly(
         self, subjects: Sequence[str], payloads: Sequence[bytes], keys: Sequence[str]
