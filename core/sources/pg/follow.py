@@ -69,22 +69,13 @@ BEGIN
     END IF;
     SELECT p.oid INTO pub FROM pg_publication p WHERE p.pubname = {pub};
     IF TG_EVENT = 'table_rewrite' THEN  -- its rows change, and the WAL has no change of theirs
-        FOR t IN
-            SELECT n.nspname, c.relname, c.oid FROM pg_class c
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE c.oid = coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
-                                   pg_event_trigger_table_rewrite_oid())
-        LOOP
-            PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
-                t.nspname, t.relname, t.oid::text)::text);
-        END LOOP;
-        RETURN;
-    END IF;
-    IF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed: the rows' text changes, no row
+        touched := ARRAY[coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
+                                  pg_event_trigger_table_rewrite_oid())];
+    ELSIF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed: the rows' text changes, no row
         IF current_query() !~* 'rename[[:space:]]+value' THEN  -- no other form changes a row
             RETURN;
         END IF;
-        FOR t IN  -- the published tables with a column of it (or of a type made of it)
+        touched := ARRAY(  -- the published tables with a column of it (or of a type made of it)
             WITH RECURSIVE used(oid) AS (
                 SELECT d.objid FROM pg_event_trigger_ddl_commands() d
                 WHERE d.classid = 'pg_type'::regclass
@@ -98,11 +89,16 @@ BEGIN
                     UNION ALL SELECT r.rngtypid FROM pg_range r WHERE r.rngsubtype = u.oid
                 ) x
             )
-            SELECT DISTINCT n.nspname, c.relname, c.oid FROM pg_publication_tables p
+            SELECT DISTINCT c.oid FROM pg_publication_tables p
             JOIN pg_namespace n ON n.nspname = p.schemaname
             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-            WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u)
+            WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u));
+    END IF;
+    IF touched IS NOT NULL THEN  -- each table whose rows changed without a change in the WAL
+        FOR t IN
+            SELECT n.nspname, c.relname, c.oid FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY (touched)
         LOOP
             PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
                 t.nspname, t.relname, t.oid::text)::text);
