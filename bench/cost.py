@@ -16,7 +16,8 @@ every change, so each process's CPU covers all of them.
 Per phase: WAL bytes a change (``pg_current_wal_lsn()``), CPU µs a change of every process
 (Postgres by role: the load's backends and the others that ended, the walsender, Weir's store
 connections, the rest; Weir's by worker; nats-server), commit → subscriber latency p50/p99 (a
-core NATS subscriber takes ``now - commit_timestamp``), and against ``alone``: the Postgres CPU
+core NATS subscriber takes ``now - commit_timestamp``), changes per store write (how
+much capture batches), and against ``alone``: the Postgres CPU
 and WAL that Weir adds a change (``added``), and against ``floor`` the Postgres CPU that Weir
 adds beyond any logical-decoding reader (``beyond_floor``). Target (issue 30): Postgres ≤ 25 µs
 and WAL ≤ 1x on single-row transactions (bulk: ≤ 15 µs, ≤ 1x), Weir ≤ 30 µs (bulk 25), p99 ≤ 100 ms.
@@ -196,11 +197,11 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
     weir = None
     ctx = None
     recv = None
+    store_url = url
     try:
         if name == "floor":
             recv = floor_reader(pg, url)
         elif name != "alone":
-            store_url = url
             if name == "own_db":
                 with psycopg.connect(pg.url, autocommit=True) as conn:
                     conn.execute("CREATE DATABASE cost_store")
@@ -226,6 +227,8 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
                 time.sleep(0.5)
             time.sleep(2)
         before = scalar(url, "SELECT count(*) FROM bench")
+        writes = "SELECT count(*) FROM weir.event_batches"  # store writes: changes a write
+        writes0 = int(scalar(store_url, writes)) if weir else 0
         scalar(pg.url, "CHECKPOINT")
         servers = {"nats-server": ns.proc.pid} if ns.proc else {}
         wal0 = scalar(pg.url, "SELECT pg_current_wal_lsn() - '0/0'")
@@ -287,6 +290,9 @@ def phase(pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, args: argparse.Name
             "weir_us_per_change": round(sum(v for k, v in us.items() if k.startswith("weir:")), 1),
             "cpu_us_per_change": us,
         }
+        if weir:
+            out["changes_per_store_write"] = round(n / max(1, int(scalar(store_url, writes))
+                                                             - writes0), 1)  # fmt: skip
         if sub and sub.latencies:
             lat = sorted(sub.latencies)
             quantiles = (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
