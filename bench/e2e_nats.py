@@ -10,6 +10,8 @@ Three measurements in one run, on one embedded Postgres and one nats-server:
 
     .venv/bin/python bench/e2e_nats.py [--seconds 30] [--profile]
 
+BENCH_STEPS=1: the connector filters and transforms each message (a small transform in place).
+
 Prints one JSON line and appends it to bench/results/e2e_nats.jsonl; ``--profile`` also writes
 bench/results/e2e_nats-profile.txt (py-spy, self time by function, of the weir process).
 """
@@ -54,12 +56,17 @@ async def ceiling(url: str, n: int) -> float:
     return rate
 
 
+# BENCH_STEPS=1: the connector runs a small transform (docs/transforms.md) on each message.
+STEPS = [{"filter": 'action != "delete"'}, {"transform": {"drop": ["name"]}}] \
+    if os.environ.get("BENCH_STEPS") == "1" else []  # fmt: skip
+
+
 def start_weir(pg_url: str, nats_url: str, workdir: Path, name: str) -> subprocess.Popen[bytes]:
     cfg = {
         "sources": [{"name": name, "kind": "postgres", "url": pg_url, "tables": ["public.bench"],
                      "slot": f"weir_{name}", "max_batch": 20000}],
         "connectors": [{"name": f"{name}-events", "type": "nats", "stream": "events",
-                        "nats": {"url": nats_url, "namespace": name}}],
+                        "nats": {"url": nats_url, "namespace": name}, "steps": STEPS}],
     }  # fmt: skip
     config = workdir / f"{name}.yaml"
     config.write_text(json.dumps(cfg))
@@ -183,6 +190,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "seconds": args.seconds,
         "nats_fast_batches": os.environ.get("BENCH_BATCHED", "1") != "0",
+        "steps": STEPS,
         "ceiling_publish_async_per_s": round(raw),
         "e2e_changes_per_s": round(rate),
         "ratio_to_ceiling": round(rate / raw, 3),

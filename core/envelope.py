@@ -205,6 +205,7 @@ class Message:
     committed: float = 0.0
     attempts: int = 0
     replay: bool = False  # sent again from the failed list (an operator's retry)
+    route: dict[str, str] | None = None  # where its steps sent it (core/steps/), by route field
 
 
 def earliest(marks: Sequence[BrokerMark]) -> BrokerMark:

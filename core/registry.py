@@ -17,7 +17,8 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import connectors
-from core.config.base import ConnectorBase, tag_of
+from core.config.base import tag_of
+from core.config.connector import ConnectorBase
 
 if TYPE_CHECKING:
     from core.engine.sink import Sink

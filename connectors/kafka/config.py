@@ -9,7 +9,8 @@ from typing import Any, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from core.config.base import ConnectorBase, Duration, Model, TlsFiles
+from core.config.base import Duration, Model, TlsFiles
+from core.config.connector import ConnectorBase
 from core.templates import check_template
 
 

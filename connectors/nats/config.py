@@ -10,7 +10,10 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from core.config.base import ConnectorBase, Duration, Model, ReadableFile, TlsFiles, check_pair
+from core.config.base import Duration, Model, ReadableFile, TlsFiles, check_pair
+from core.config.connector import ConnectorBase
+from core.config.steps import RouteField
+from core.ids import encode_token
 from core.redact import redact_urls
 
 
@@ -165,8 +168,23 @@ class NatsSettings(Model):
         return self
 
 
+def check_subject_tail(value: str) -> None:
+    """What a route's ``subject`` may be: tokens of a subject after ``sequin-{stream}.{ns}.``,
+    none empty, with no wildcard or white space (a template's fields are written as tokens)."""
+    tokens = value.split(".")
+    if not value or any(not t or t in ("*", ">") or any(c.isspace() for c in t) or "*" in t
+                        or ">" in t for t in tokens):  # fmt: skip
+        raise ValueError(f"{value!r} is no subject: dot-separated tokens, none empty, without "
+                         "*, > or white space")  # fmt: skip
+    if len(value) > 1024:
+        raise ValueError(f"a subject of {len(value)} characters is too long (at most 1024)")
+
+
 class NatsConnector(ConnectorBase):
     """Forwards one stream to JetStream subjects ``sequin-records.…`` / ``sequin-events.…``."""
+
+    # route: {subject: …} replaces what follows sequin-{stream}.{namespace}.
+    ROUTES = {"subject": RouteField(encode_token, check_subject_tail)}
 
     type: Literal["nats"] = Field(
         description="publishes to NATS JetStream subjects `sequin-{stream}.{namespace}.…`"

@@ -38,6 +38,7 @@ from connectors.nats.fast import (
     error_of,
     frame,
 )
+from core.config.steps import RouteStep
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, event_subject, record_subject, subject_prefix
 
@@ -182,6 +183,8 @@ class NatsSink:
 
     def subject(self, m: Message) -> str:
         ns = self.settings.namespace
+        if m.route is not None and "subject" in m.route:  # its steps' route
+            return f"{subject_prefix(self.cfg.stream, ns)}.{m.route['subject']}"
         if self.records:
             return record_subject(ns, m.group)
         return event_subject(ns, m.group, m.action or "")
@@ -286,14 +289,17 @@ class NatsSink:
     async def read_back(self, mark: BrokerMark, sync_ids: Sequence[str]) -> set[str]:
         """Msg ids stored after ``mark`` in every stream that takes some of this connector's
         subjects (one stream for all, or one a table: whatever subjects they were given). A
-        stream whose sequence fell below the mark was made anew: it is read from its start."""
+        stream whose sequence fell below the mark was made anew: it is read from its start.
+        Routed by its steps, its subjects are any under its prefix: all of them are read."""
         js = self.nc.jetstream()
         keys: set[str] = set()
         prefix = subject_prefix(self.cfg.stream, self.settings.namespace)
+        routed = any(isinstance(s, RouteStep) for s in self.cfg.steps)
+        ours = [f"{prefix}.>"] if routed else [f"{prefix}.{sync_id}.>" for sync_id in sync_ids]
         for info in await js.streams_info():
             name = info.config.name or ""
-            filters = {f for sync_id in sync_ids for taken in info.config.subjects or []
-                       if (f := intersect(f"{prefix}.{sync_id}.>", taken))}  # fmt: skip
+            filters = {f for pattern in ours for taken in info.config.subjects or []
+                       if (f := intersect(pattern, taken))}  # fmt: skip
             last = info.state.last_seq
             start = mark.get(name, 0) + 1
             if last < start - 1:  # made anew since the mark

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from core.config.base import ConnectorBase, Duration, Model, check_http_url, check_pair
+from core.config.base import Duration, Model, check_http_url, check_pair
+from core.config.connector import ConnectorBase
 from core.templates import check_template
 
 

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator
 
-from core.config.base import BatchPolicy, ConnectorBase, Duration, Model, check_http_url
+from core.config.base import Duration, Model, check_http_url
+from core.config.connector import BatchPolicy, ConnectorBase
 
 
 def _one_line(v: SecretStr) -> SecretStr:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from core.config.base import tag_of
 from core.config.model import WeirConfig
 from core.redact import raw_secrets, redact, remember, remember_config
+from core.steps import functions
 
 
 class ConfigError(Exception):
@@ -137,6 +138,14 @@ def _tags(loc: tuple[str | int, ...], disc: str) -> list[str]:
 _API_UNREAD = {"listen": "127.0.0.1:0", "tokens": ["not-read-by-this-command"]}
 
 
+def use_functions_dir(path: Path, data: dict[str, Any]) -> None:
+    """The functions' directory, relative to the config file's, for the steps' checks (which
+    import them) and their runs; before the config is validated."""
+    given = data.get("functions")
+    where = given.get("dir") if isinstance(given, dict) else None
+    functions.use_dir((path.parent / where).resolve() if isinstance(where, str) else None)
+
+
 def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
     """Read and validate a config file; raises :class:`ConfigError` listing every problem.
     ``api=False``: the ``api:`` section is not read (a command that does not serve it)."""
@@ -162,6 +171,7 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
         raise ConfigError(path, ["1: the file must be a mapping (store:, sources:, ...)"])
     if not api and "api" in data:
         data["api"] = _API_UNREAD
+    use_functions_dir(path, data)
     try:
         cfg = WeirConfig.model_validate(data)
     except ValidationError as e:

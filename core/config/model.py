@@ -16,8 +16,10 @@ from pydantic import (
     model_validator,
 )
 
-from core.config.base import ConnectorBase, Duration, Model, Text
+from core.config.base import Duration, Model, Text
+from core.config.connector import ConnectorBase
 from core.config.sources import IDENT, HttpSource, PostgresSource, Source, check_postgres_url
+from core.config.steps import FunctionsConfig
 from core.registry import connector_specs
 from core.shards import Shard, split
 
@@ -201,6 +203,10 @@ class WeirConfig(Model):
     )
     consumers: list[ConsumerConfig] = Field(
         [], description="HTTP pull consumers of the Consume API; more can be made over the API"
+    )
+    functions: FunctionsConfig = Field(
+        default_factory=lambda: FunctionsConfig.model_validate({}),
+        description="the Python functions connectors' steps call (docs/transforms.md)",
     )
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ByteSize, SecretStr, TypeAdapter
+from pydantic import BaseModel, ByteSize, JsonValue, SecretStr, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from core.config.base import TableName, tag_of
@@ -37,6 +37,7 @@ NAMES: tuple[tuple[Any, str], ...] = (
     (datetime, "ISO-8601"),
     (uuid.UUID, "UUID"),
     (Any, "any"),
+    (JsonValue, "JSON"),
 )
 
 

@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 
-from core.config.base import ConnectorBase
+from core.config.connector import ConnectorBase
 from core.engine.ports import Commits, Reader
 from core.engine.rules import Suspects
 from core.engine.session import Session, Source
@@ -71,8 +71,10 @@ class Forwarder:
         open_sink: Callable[[ConnectorBase], Sink] = make_sink,
         open_reader: Callable[[Source], Reader] | None = None,
         shard: Shard = UNSPLIT,
+        step_timeout: float = 1.0,
     ) -> None:
         self.cfg = connector
+        self.step_timeout = step_timeout  # functions.timeout: how long a step's call may run
         self.shard = shard
         self.name = shard.key(connector.name)  # in logs, metrics and weir status
         self.metrics = metrics or Metrics()

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from core.config.base import ConnectorBase
+from core.config.connector import ConnectorBase
 from core.config.sources import HttpSource, PostgresSource
 from core.engine.lane import Lane
 from core.engine.ports import Commits, Reader
@@ -26,6 +26,7 @@ from core.engine.rules import Groups, Suspects
 from core.engine.sink import BatchError, FatalError, ReadBack, Sink
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.metrics import Metrics
+from core.steps.run import Steps
 from core.store.cursors import FenceLost, Resplitting
 
 log = logging.getLogger("weir.engine")
@@ -59,6 +60,7 @@ class Host(Protocol):
     said: bool  # that start_position no longer applies
     had: bool  # its cursors: a session finding none then stops (ConnectorGone)
     suspects: Suspects  # the messages that lost a connection, and how often
+    step_timeout: float  # how long one call of a function of its steps may run
 
     def set_state(self, state: str, detail: str = "") -> None: ...
 
@@ -72,6 +74,11 @@ class Session:
         self.stop = stop
         self.sink = fw.open_sink(fw.cfg)
         self.readable = self.sink if isinstance(self.sink, ReadBack) else None
+        self.write = self.sink.write_batch
+        if fw.cfg.steps:  # made anew each session: a changed function is imported again
+            steps = Steps(fw.cfg.steps, type(fw.cfg).ROUTES, fw.cfg.stream == "records",
+                          fw.step_timeout)  # fmt: skip
+            self.write = functools.partial(steps.write, self.sink.write_batch)
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")
         self.stream = 0 if fw.cfg.stream == "events" else 1  # its place in Commits.heads
@@ -294,7 +301,7 @@ class Session:
             for lane, max_seq in top.values():
                 lane.note_dispatch(mark, max_seq)
             self.sent += len(batch)
-            write = self.sink.write_batch([m for _, m in batch])
+            write = self.write([m for _, m in batch])
             self.in_flight.add(task := asyncio.create_task(write))  # keeps the task alive
             task.add_done_callback(functools.partial(self._finished, batch=batch))
 

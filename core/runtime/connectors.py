@@ -119,7 +119,8 @@ class ConnectorWork:
                  metrics: Metrics, loop: ConnectorLoop) -> None:  # fmt: skip
         self.connector = c
         self.forwarder = Forwarder(c, cfg.sources_of(c), store, loop.notifier, metrics,
-                                   shard=shard)  # fmt: skip
+                                   shard=shard,
+                                   step_timeout=cfg.functions.timeout.total_seconds())  # fmt: skip
         self.loop = loop
         self._halt = asyncio.Event()  # binds to the loop when first awaited
         self._run: concurrent.futures.Future[None] | None = None

@@ -18,7 +18,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from core.config.base import SeqStart, TimeStart
+from core.config.connector import SeqStart, TimeStart
 from core.envelope import (
     Message,
     Payloads,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from core.config.base import Action, Filter
+from core.config.connector import Action, Filter
 
 # A record holds JSON nested up to 1000 deep (core/sources/pg/values.py); reading it with exact
 # numbers, comparing or writing it recurses about once a level, beyond the default limit (1000).

@@ -43,11 +43,14 @@ def _assert_once_in_order(got: list[Delivered], expected_seqs: list[int]) -> Non
 
 
 def test_per_record_order_under_concurrent_updates(broker: Harness, db_url: str) -> None:
+    """Also with steps that change nothing (docs/transforms.md): the same messages."""
     _table(db_url)
     events = broker.connector("events", "events", batch={"max_messages": 50})
     recs = broker.connector("records", "records")
-    broker.prepare(events)
-    broker.prepare(recs)
+    identity = [{"filter": "True"}, {"transform": {"drop": []}}]
+    stepped = broker.connector("stepped", "events", batch={"max_messages": 50}, steps=identity)
+    for c in (events, recs, stepped):
+        broker.prepare(c)
 
     def writer(seed: int) -> None:
         rng = random.Random(seed)
@@ -55,7 +58,7 @@ def test_per_record_order_under_concurrent_updates(broker: Harness, db_url: str)
             for _ in range(250):  # bounded load: 4 writers x 250 updates of 20 records
                 conn.execute("UPDATE load SET v = v + 1 WHERE id = %s", (rng.randint(1, 20),))
 
-    with serving(weir_config(db_url, [events, recs])):
+    with serving(weir_config(db_url, [events, recs, stepped])):
         _insert(db_url, range(1, 21))
         threads = [threading.Thread(target=writer, args=(s,)) for s in range(4)]
         for t in threads:
@@ -65,6 +68,8 @@ def test_per_record_order_under_concurrent_updates(broker: Harness, db_url: str)
         wait_for(lambda: len(store_events(db_url)) == 1020, what="capture of 1020 changes")
         got = wait_delivered(broker, events, 1020)
         _assert_once_in_order(got, list(range(1, 1021)))
+        through_steps = wait_delivered(broker, stepped, 1020)
+        assert {d.key: d.payload for d in through_steps} == {d.key: d.payload for d in got}
         wait_for(lambda: cursor_of(db_url, "records")[0] > 0, what="records cursor")
         records = broker.read(recs)
     with psycopg.connect(db_url) as conn:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from core.config.base import SeqStart
+from core.config.connector import SeqStart
 from core.config.sources import HttpSource
 from core.envelope import Message, event_key, group_key, record_key
 from core.store.cursors import ConnectorGone, Cursor, CursorGone

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 from unittest.mock import patch
 
-from core.config.base import BatchPolicy, ConnectorBase, RetryPolicy
+from core.config.connector import BatchPolicy, ConnectorBase, RetryPolicy
 from core.engine import session
 from core.engine.forwarder import Forwarder
 from tests.helpers.fake_sink import FakeBroker

@@ -12,7 +12,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.config.base import Filter
+from core.config.connector import Filter
 from core.envelope import RawJson, dumps
 from core.store.selection import Selection, jsonb_text, parse
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from core.config.base import ConnectorBase
+from core.config.connector import ConnectorBase
 from core.config.model import ConsumerConfig, WeirConfig
 from core.config.sources import PostgresSource
 from core.ids import collection_id_of

@@ -1,0 +1,176 @@
+"""A connector's ``steps`` (docs/transforms.md): filter, transform and route, in order, run on
+each message after it is read from the store and before it is sent. Expressions, templates and
+functions are checked here, at load, so that a typo is a config error naming its key; the
+engine compiles them into closures (core/steps/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any, Self
+
+from pydantic import Discriminator, Field, JsonValue, Tag, field_validator, model_validator
+
+from core.config.base import Duration, Model
+from core.steps import expr, functions
+
+
+def _template(v: str) -> str:
+    expr.template(v)
+    return v
+
+
+class FilterStep(Model):
+    """Keep a message when the expression is true, drop it (and move past it) otherwise."""
+
+    filter: str = Field(description="an expression over action, record, changes, metadata")
+
+    @field_validator("filter")
+    @classmethod
+    def _expression(cls, v: str) -> str:
+        expr.expression(v)  # refused with the reason (an ExpressionError is a ValueError)
+        return v
+
+
+class TransformSpec(Model):
+    """Reshape the message: the declarative keys apply in the order listed here, or a function
+    does it all."""
+
+    keep: list[str] | None = Field(None, description="the record's fields kept (and of changes)")
+    drop: list[str] = Field([], description="the record's fields dropped (and of changes)")
+    rename: dict[str, str] = Field({}, description="record fields renamed, old: new")
+    add: dict[str, JsonValue] = Field(
+        {},
+        description="fields added to the record: a value as given, or text as a template "
+        "(`{metadata.table_name}`; a template of one field alone keeps its value's type)",
+    )
+    flatten: bool = Field(
+        False,
+        description="the message becomes its record alone, with `_action` (events) or "
+        "`_deleted` (records) beside its fields, as Debezium's ExtractNewRecordState does",
+    )
+    function: str | None = Field(
+        None,
+        description="`module:function` in functions.dir, called with (action, record, changes, "
+        "metadata); returns the new message (a dict) or None to drop it",
+    )
+
+    @field_validator("add")
+    @classmethod
+    def _templates(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for value in v.values():
+            if isinstance(value, str):
+                _template(value)
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _function(cls, v: str | None) -> str | None:
+        if v is not None:
+            functions.load(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        given = self.model_fields_set - {"function"}
+        if self.function is not None and given:
+            raise ValueError(f"a function transforms alone: move {', '.join(sorted(given))} "
+                             "to a transform step of its own")  # fmt: skip
+        if not given and self.function is None:
+            raise ValueError("a transform needs keep, drop, rename, add, flatten or function")
+        return self
+
+
+class TransformStep(Model):
+    transform: TransformSpec = Field(
+        description="reshape the message: keep, drop, rename, add, flatten, or a function"
+    )
+
+
+class RouteStep(Model):
+    """Where a message goes, per message: the connector's route fields (NATS: ``subject``, the
+    subject after ``sequin-{stream}.{namespace}.``), each a template, or a function."""
+
+    route: dict[str, str] = Field(
+        description="route field: template, or function: `module:function` returning a dict "
+        "of route fields"
+    )
+
+    @field_validator("route")
+    @classmethod
+    def _fields(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("a route names at least one field")
+        if "function" in v:
+            if len(v) > 1:
+                raise ValueError("a route function decides every field alone")
+            functions.load(v["function"])
+        else:
+            for value in v.values():
+                _template(value)
+        return v
+
+
+def _step_kind(v: Any) -> str | None:
+    """Which step ``v`` is, by its one key; None: one error says what a step is."""
+    if isinstance(v, (FilterStep, TransformStep, RouteStep)):
+        return next(iter(type(v).model_fields))
+    if isinstance(v, dict) and len(v) == 1 and next(iter(v)) in KINDS:
+        return str(next(iter(v)))
+    return None
+
+
+KINDS = ("filter", "transform", "route")
+Step = Annotated[
+    Annotated[FilterStep, Tag("filter")]
+    | Annotated[TransformStep, Tag("transform")]
+    | Annotated[RouteStep, Tag("route")],
+    Discriminator(
+        _step_kind,
+        custom_error_type="step",
+        custom_error_message="a step is one of filter: EXPRESSION, transform: {…}, route: {…}",
+    ),
+]
+
+
+class FunctionsConfig(Model):
+    """Where the steps' functions are loaded from, and how long one may run."""
+
+    dir: str | None = Field(
+        None,
+        description="the directory of the modules steps name (`module:function`); relative to "
+        "the config file's directory",
+    )
+    timeout: Duration = Field(
+        timedelta(seconds=1),
+        description="how long one call may run before its message goes to the failed list",
+    )
+
+
+@dataclass(frozen=True)
+class RouteField:
+    """A route field a connector takes: how a template's field value is written into it, and
+    what a whole value must be (raises ValueError)."""
+
+    escape: Callable[[str], str]
+    check: Callable[[str], None]
+
+
+def check_routes(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
+    """Refuse route fields the connector's type does not take."""
+    for step in steps:
+        if isinstance(step, RouteStep):
+            wrong = sorted(set(step.route) - {*fields, "function"})
+            if wrong:
+                takes = ", ".join(fields) or "no route fields"
+                raise ValueError(f"steps: a {connector} connector takes {takes} in a route, "
+                                 f"not {', '.join(wrong)}")  # fmt: skip
+            for name, text in step.route.items():
+                if name in fields:  # a sample of what it makes: its literal text must fit
+                    pieces, _ = expr.template(text)
+                    try:
+                        fields[name].check("x".join(pieces))
+                    except ValueError as e:
+                        raise ValueError(f"steps: route {name} {text!r}: {e}") from None

@@ -1,0 +1,1 @@
+"""A connector's steps: filter, transform and route (docs/transforms.md)."""

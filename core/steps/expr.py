@@ -1,0 +1,293 @@
+"""Filter expressions and templates (docs/transforms.md “Expressions”), compiled once into
+Python functions of a message, never interpreted per message.
+
+An expression is a Python expression of a fixed, small grammar, checked node by node before it
+is compiled; anything outside it is refused at load with the reason:
+
+- the names ``action``, ``record``, ``changes``, ``metadata`` and ``message`` (the whole
+  message, as the previous step left it);
+- fields by ``record.status`` or ``record["status"]`` (a list item by ``record.tags[0]``): a
+  missing field, or a field of something that is not an object, is ``None``; a name starting
+  with ``__`` is refused;
+- literals (text, numbers, ``True``, ``False``, ``None``, lists and tuples of them);
+- ``and``, ``or``, ``not``, ``x if c else y``; comparisons ``== != < <= > >= in not in is is not``
+  (an ordering comparison with ``None`` is false, not an error);
+- ``+ - * / // %`` and unary ``-`` on numbers (``+`` also joins text and lists); no ``**``;
+- the calls ``len lower upper str int float startswith endswith``.
+
+A template is text with ``{field}`` places (``orders.{record.tenant_id}``, ``{{`` for a brace),
+each a field path as above.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+NAMES = ("action", "record", "changes", "metadata", "message")
+MAX_LENGTH = 4096  # characters of an expression or template
+Fields = Callable[[dict[str, Any]], Any]
+
+
+class ExpressionError(ValueError):
+    """An expression or template that cannot be compiled: the message says why and where."""
+
+
+def _get(v: Any, k: Any) -> Any:
+    """A field of an object or an item of a list; None when there is none."""
+    if type(v) is dict:
+        return v.get(k)
+    if type(v) is list and type(k) is int and -len(v) <= k < len(v):
+        return v[k]
+    return None
+
+
+def _num(v: Any, op: str) -> Any:
+    if type(v) in (int, float) or isinstance(v, Decimal):
+        return v
+    raise TypeError(f"{op} takes numbers, not {_kind(v)}")
+
+
+def _kind(v: Any) -> str:
+    return {type(None): "null", bool: "true/false", str: "text", list: "a list",
+            dict: "an object"}.get(type(v), type(v).__name__)  # fmt: skip
+
+
+def _mixed(a: Any, b: Any) -> tuple[Any, Any]:
+    """Numbers of one kind: an exact number (Decimal) meets a float as a float."""
+    if isinstance(a, Decimal) and type(b) is float:
+        return float(a), b
+    if isinstance(b, Decimal) and type(a) is float:
+        return a, float(b)
+    return a, b
+
+
+def _add(a: Any, b: Any) -> Any:
+    if type(a) is type(b) and type(a) in (str, list):
+        return a + b
+    x, y = _mixed(_num(a, "+"), _num(b, "+"))
+    return x + y
+
+
+def _arith(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def run(a: Any, b: Any) -> Any:
+        x, y = _mixed(_num(a, op), _num(b, op))
+        return fn(x, y)
+
+    return run
+
+
+def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+    def run(a: Any, b: Any) -> bool:
+        if a is None or b is None:
+            return False
+        return fn(*_mixed(a, b))
+
+    return run
+
+
+def _text(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(s: Any, *rest: Any) -> Any:
+        if type(s) is not str:
+            raise TypeError(f"{fn.__name__} takes text, not {_kind(s)}")
+        return fn(s, *rest)
+
+    return run
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"int of {v}")
+    return int(v)
+
+
+def text_of(v: Any) -> str:
+    """A value as text: text as it is, anything else as its JSON (``true``, ``1.5``)."""
+    if type(v) is str:
+        return v
+    if isinstance(v, Decimal):
+        return str(v)
+    return orjson.dumps(v).decode()
+
+
+_CALLS: dict[str, Callable[..., Any]] = {
+    "len": len, "str": text_of, "int": _int, "float": float,
+    "lower": _text(str.lower), "upper": _text(str.upper),
+    "startswith": _text(str.startswith), "endswith": _text(str.endswith),
+}  # fmt: skip
+_BINOPS: dict[type[ast.operator], str] = {
+    ast.Add: "_add", ast.Sub: "_sub", ast.Mult: "_mul", ast.Div: "_div",
+    ast.FloorDiv: "_floordiv", ast.Mod: "_mod",
+}  # fmt: skip
+_ORDERS: dict[type[ast.cmpop], str] = {ast.Lt: "_lt", ast.LtE: "_le", ast.Gt: "_gt",
+                                       ast.GtE: "_ge"}  # fmt: skip
+_HELPERS: dict[str, Any] = {
+    "_get": _get, "_add": _add, "_neg": lambda v: -_num(v, "-"),
+    "_sub": _arith("-", lambda a, b: a - b), "_mul": _arith("*", lambda a, b: a * b),
+    "_div": _arith("/", lambda a, b: a / b), "_floordiv": _arith("//", lambda a, b: a // b),
+    "_mod": _arith("%", lambda a, b: a % b),
+    "_lt": _order(lambda a, b: a < b), "_le": _order(lambda a, b: a <= b),
+    "_gt": _order(lambda a, b: a > b), "_ge": _order(lambda a, b: a >= b),
+    **{f"_call_{k}": v for k, v in _CALLS.items()},
+}  # fmt: skip
+
+
+class _Check(ast.NodeTransformer):
+    """Refuses what the grammar does not hold and rewrites the rest into calls of the helpers
+    (fields into ``_get``, arithmetic and ordering into null- and type-safe functions)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def refuse(self, node: ast.AST, why: str) -> ExpressionError:
+        col = getattr(node, "col_offset", 0)
+        return ExpressionError(f"{why} at column {col + 1} of {self.text!r}")
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if not isinstance(node, (ast.Expression, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.Compare,
+                                 ast.List, ast.Tuple, ast.Load, ast.And, ast.Or, ast.Not,
+                                 ast.USub, ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is,
+                                 ast.IsNot, ast.Lt, ast.LtE, ast.Gt, ast.GtE)):  # fmt: skip
+            raise self.refuse(node, f"{type(node).__name__.lower()} is not allowed")
+        return super().generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        if not isinstance(node.value, (str, int, float, bool, type(None))):
+            raise self.refuse(node, f"the literal {node.value!r} is not allowed")
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id not in NAMES:
+            known = ", ".join(NAMES)
+            raise self.refuse(node, f"unknown name {node.id!r} (the names are {known})")
+        return node
+
+    def _field(self, node: ast.AST, key: ast.expr) -> ast.AST:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str) and \
+                key.value.startswith("__"):  # fmt: skip
+            raise self.refuse(node, f"the field {key.value!r} is not allowed")
+        return ast.Call(ast.Name("_get", ast.Load()), [self.visit(node.value), key], [])  # type: ignore[attr-defined]
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        return self._field(node, ast.Constant(node.attr))
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = node.slice
+        if not (isinstance(key, ast.Constant) and type(key.value) in (str, int)):
+            raise self.refuse(node, "a field is named by a literal text or integer")
+        return self._field(node, key)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        name = _BINOPS.get(type(node.op))
+        if name is None:
+            raise self.refuse(node, f"the operator {type(node.op).__name__} is not allowed")
+        return ast.Call(ast.Name(name, ast.Load()), [self.visit(node.left),
+                                                     self.visit(node.right)], [])  # fmt: skip
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        if isinstance(node.op, ast.USub):
+            return ast.Call(ast.Name("_neg", ast.Load()), [self.visit(node.operand)], [])
+        if isinstance(node.op, ast.Not):
+            return self.generic_visit(node)
+        raise self.refuse(node, f"the operator {type(node.op).__name__} is not allowed")
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        """A chain ``a < b < c`` is ``a < b and b < c``; ordering goes through the helpers;
+        ``is`` only compares with None."""
+        terms = [self.visit(node.left), *(self.visit(c) for c in node.comparators)]
+        parts: list[ast.expr] = []
+        for op, (a, b) in zip(node.ops, itertools.pairwise(terms), strict=True):
+            if isinstance(op, (ast.Is, ast.IsNot)) and not (
+                isinstance(b, ast.Constant) and b.value is None
+            ):
+                raise self.refuse(node, "`is` compares with None only")
+            if (name := _ORDERS.get(type(op))) is not None:
+                parts.append(ast.Call(ast.Name(name, ast.Load()), [a, b], []))
+            else:
+                parts.append(ast.Compare(a, [op], [b]))
+        return parts[0] if len(parts) == 1 else ast.BoolOp(ast.And(), parts)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        name = node.func.id if isinstance(node.func, ast.Name) else None
+        if name not in _CALLS or node.keywords:
+            known = " ".join(_CALLS)
+            raise self.refuse(node, f"calls are {known} with plain arguments")
+        return ast.Call(ast.Name(f"_call_{name}", ast.Load()), [self.visit(a) for a in node.args],
+                        [])  # fmt: skip
+
+
+def _parse(text: str) -> ast.Expression:
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(f"an expression is at most {MAX_LENGTH} characters")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ExpressionError(f"{e.msg} at column {e.offset or 0} of {text!r}") from None
+    return tree
+
+
+def _function(body: ast.expr, text: str) -> Callable[..., Any]:
+    """``lambda action, record, changes, metadata, message: body`` with only the helpers in
+    reach (no builtins)."""
+    args = ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in NAMES], kwonlyargs=[],
+                         kw_defaults=[], defaults=[])  # fmt: skip
+    tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(args, body)))
+    try:
+        code = compile(tree, f"<expression {text!r}>", "eval")
+    except (ValueError, RecursionError, MemoryError, SyntaxError) as e:  # nesting too deep
+        raise ExpressionError(f"{text!r} cannot be compiled: {e}") from None
+    made: Callable[..., Any] = eval(code, {"__builtins__": {}, **_HELPERS})
+    return made
+
+
+def expression(text: str) -> Callable[..., Any]:
+    """The function of (action, record, changes, metadata, message) an expression is."""
+    tree = _parse(text)
+    try:
+        body = _Check(text).visit(tree).body
+    except RecursionError:
+        raise ExpressionError(f"{text[:40]!r}… is nested too deeply") from None
+    return _function(body, text)
+
+
+def path(text: str) -> Callable[..., Any]:
+    """A field path (``record.customer.id``, ``metadata["table_name"]``) as a function of the
+    message's parts; anything but a path is refused."""
+    tree = _parse(text)
+    node: ast.AST = tree.body
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise ExpressionError(f"{text!r} is not a field path (such as record.tenant_id)")
+    return expression(text)
+
+
+_PLACE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+
+
+def template(text: str) -> tuple[list[str], list[Callable[..., Any]]]:
+    """A template's literal pieces and the field functions between them: ``n`` fields come
+    with ``n + 1`` pieces (``pieces[0] + str(field0) + pieces[1] + …``)."""
+    pieces, fields, at, buf = [], [], 0, []
+    for m in _PLACE.finditer(text):
+        buf.append(text[at : m.start()])
+        at = m.end()
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            buf.append(token[0])
+        elif m.group(1) is None:
+            raise ExpressionError(f"a lone {token!r} in the template {text!r} (write it twice)")
+        else:
+            pieces.append("".join(buf))
+            buf = []
+            fields.append(path(m.group(1)))
+    buf.append(text[at:])
+    pieces.append("".join(buf))
+    return pieces, fields

@@ -1,0 +1,122 @@
+"""The steps' Python functions (docs/transforms.md “Functions”): ``module:function`` imported
+from the config's ``functions.dir``, checked at load, imported again when its file changes.
+
+The directory is the running config's (``use_dir``, set when the config file is loaded, so that
+connectors made over the API find the same functions); its modules import each other as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+PARAMS = ("action", "record", "changes", "metadata")
+_SPEC = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
+RELOOK = 1.0  # seconds between looks at a function's file for a change
+_dir: Path | None = None
+_lock = threading.Lock()
+_mtimes: dict[str, float] = {}  # module name: the file's mtime when it was imported
+
+
+def use_dir(path: Path | None) -> None:
+    """Where ``module:function`` is imported from from now on (None: nowhere)."""
+    global _dir
+    with _lock:
+        if _dir is not None and str(_dir) in sys.path:
+            sys.path.remove(str(_dir))
+        for name in _mtimes:  # the old directory's modules: a name may mean another now
+            sys.modules.pop(name, None)
+        _mtimes.clear()
+        _dir = path
+        if path is not None:
+            sys.path.append(str(path))  # after the installed modules: none is shadowed
+
+
+def load(spec: str) -> Callable[..., Any]:
+    """The function ``spec`` names, imported anew when its module's file changed since; a
+    ValueError says what is wrong and what to fix."""
+    m = _SPEC.match(spec)
+    if m is None:
+        raise ValueError(f"function {spec!r}: write it as module:function (e.g. shaping:redact)")
+    if _dir is None:
+        raise ValueError(f"function {spec!r}: set functions.dir to the directory of its module")
+    name, attr = m.groups()
+    with _lock:
+        module = _module(spec, name)
+    fn: Callable[..., Any] | None = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ValueError(f"function {spec!r}: {name} ({module.__file__}) has no function {attr}")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn  # a builtin's: it is called and its errors said
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL
+                and p.kind is not p.VAR_KEYWORD]  # fmt: skip
+    if len(required) > len(PARAMS) or (len(positional) < len(PARAMS) and not varargs):
+        raise ValueError(f"function {spec!r}: takes ({', '.join(p.name for p in params)}); a "
+                         f"step calls it with ({', '.join(PARAMS)})")  # fmt: skip
+    return fn
+
+
+class Loaded:
+    """A function as ``load`` gives it, looked at again (its file's time) once a second at
+    most: a step holds one, so that a fixed function is called from the next second on."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.fn = load(spec)
+        self.next = time.monotonic() + RELOOK
+
+    def __call__(self) -> Callable[..., Any]:
+        if time.monotonic() >= self.next:
+            self.fn = load(self.spec)
+            self.next = time.monotonic() + RELOOK
+        return self.fn
+
+
+def _module(spec: str, name: str) -> ModuleType:
+    assert _dir is not None
+    module = sys.modules.get(name)
+    try:
+        if module is None:
+            module = importlib.import_module(name)
+        elif _mtime(module) != _mtimes.get(name):  # changed since: fixed, say
+            module = importlib.reload(module)
+        _mtimes[name] = _mtime(module)
+        return module
+    except ModuleNotFoundError as e:
+        if e.name and name.startswith(e.name):
+            raise ValueError(f"function {spec!r}: no module {e.name} in {_dir}") from None
+        raise ValueError(f"function {spec!r}: {name} imports {e.name}, which is missing") from None
+    except Exception as e:
+        where = _where(e)
+        raise ValueError(f"function {spec!r}: importing {name} failed{where}: "
+                         f"{type(e).__name__}: {e}") from None  # fmt: skip
+
+
+def _mtime(module: ModuleType) -> float:
+    try:
+        return os.stat(module.__file__ or "").st_mtime
+    except OSError:
+        return 0.0
+
+
+def _where(e: BaseException) -> str:
+    """`` at file:line`` of an error's innermost frame, or of a syntax error."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" at {e.filename}:{e.lineno}"
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""

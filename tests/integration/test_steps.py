@@ -1,0 +1,229 @@
+"""A connector's steps against real servers (docs/transforms.md): what a NATS subscriber gets
+after a filter, a declarative transform and a route; a function that raises or hangs on one
+record (its message on the failed list with the reason, the others delivered in order, and the
+fixed function delivering it on retry); order and exactly-once with steps across SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from core.config.model import WeirConfig
+from core.steps import functions
+from devkit.embedded import EmbeddedNats
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.api import api_serving
+from tests.helpers.brokers import wait_delivered
+from tests.helpers.capture import wait_for
+from tests.helpers.load import (
+    WeirProcess,
+    check_delivered,
+    crash_connectors,
+    create_load_table,
+    load_with_interruptions,
+    wait_all_delivered,
+)
+from tests.helpers.weir import cursor_of, serving, weir_config
+
+
+@pytest.fixture
+def functions_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory of step functions, as ``functions.dir`` names it."""
+    where = tmp_path / "functions"
+    where.mkdir()
+    functions.use_dir(where)
+    yield where
+    functions.use_dir(None)
+
+
+def orders(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, tenant text, total numeric,"
+                     " card text, meta jsonb)")  # fmt: skip
+        conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")  # an update's changes
+
+
+def test_filter_transform_and_route_shape_what_a_subscriber_gets(
+    db_url: str, nats_server: EmbeddedNats
+) -> None:
+    orders(db_url)
+    nats = NatsHarness(nats_server)
+    steps = [
+        {"filter": 'action != "delete" and record.tenant != "skip"'},
+        {"transform": {"drop": ["card"], "rename": {"total": "amount"},
+                       "add": {"table": "{metadata.table_name}", "source": "weir"}}},
+        {"route": {"subject": "orders.{record.tenant}"}},
+    ]  # fmt: skip
+    c = nats.connector("shaped", "events", steps=steps)
+    nats.prepare(c)
+    with serving(weir_config(db_url, [c])), psycopg.connect(db_url, autocommit=True) as conn:
+        # a tenant with a dot, a space and a wildcard is one subject token; a json number
+        # with more digits than a double holds keeps them
+        for i, tenant in enumerate(["eu", "us", "a.b *>", "skip"], 1):
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, '4111', %s)",
+                         (i, tenant, f"{i}.10", '{"n": 0.10000000000000000555}'))  # fmt: skip
+        conn.execute("UPDATE orders SET total = 9.99, card = '5500' WHERE id = 1")
+        conn.execute("DELETE FROM orders WHERE id = 2")
+        got = wait_delivered(nats, c, 4, settle=1.0)
+        wait_for(lambda: cursor_of(db_url, "shaped")[0] == 6, what="the cursor past the drops")
+    assert len(got) == 4
+    by = {(d.payload["action"], d.payload["record"]["id"]): d for d in got}
+    assert set(by) == {("insert", 1), ("insert", 2), ("insert", 3), ("update", 1)}
+    ns = c["nats"]["namespace"]
+    assert by["insert", 1].subject == f"sequin-events.{ns}.orders.eu"
+    assert by["insert", 3].subject == f"sequin-events.{ns}.orders.a%2Eb%20%2A%3E"
+    update = by["update", 1].payload
+    assert update["record"] == {
+        "id": 1,
+        "tenant": "eu",
+        "amount": "9.99",
+        "table": "orders",
+        "source": "weir",
+        "meta": {"n": 0.10000000000000000555},
+    }
+    assert update["changes"] == {"amount": "1.10"}  # card dropped from changes too
+    assert b'"n":0.10000000000000000555' in by["update", 1].raw  # every digit kept
+    assert update["metadata"]["record_id"] == "1"  # the envelope's metadata as it was
+
+
+def _write(path: Path, text: str) -> None:
+    """A module file, with a modification time a changed one is told apart by."""
+    before = path.stat().st_mtime if path.exists() else 0.0
+    path.write_text(text)
+    os.utime(path, (before + 2, before + 2))
+
+
+def failed(client: httpx.Client, name: str) -> list[dict[str, Any]]:
+    r = client.get(f"/v1/connectors/{name}/failed", params={"limit": 100})
+    assert r.status_code == 200, r.text
+    return list(r.json()["data"])
+
+
+def test_a_function_that_raises_fails_its_message_alone_and_fixed_it_delivers_on_retry(
+    table: str, nats_server: EmbeddedNats, functions_dir: Path
+) -> None:
+    shaping = functions_dir / "shaping.py"
+    _write(shaping, "def shape(action, record, changes, metadata):\n"
+                    "    if record['id'] == 2:\n"
+                    "        raise ValueError('no twos here\\nsecond line')\n"
+                    "    return {'id': record['id'], 'op': action}\n")  # fmt: skip
+    nats = NatsHarness(nats_server)
+    c = nats.connector("fn", "events", steps=[{"transform": {"function": "shaping:shape"}}])
+    nats.prepare(c)
+    with api_serving(table, connectors=[c]) as client, \
+            psycopg.connect(table, autocommit=True) as conn:  # fmt: skip
+        for i in range(1, 5):
+            conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+        conn.execute("UPDATE t SET body = 'y' WHERE id = 3")
+        wait_for(lambda: len(failed(client, "fn")) == 1, what="the failing message listed")
+        got = wait_delivered(nats, c, 4, settle=0.5)
+        assert [d.payload for d in got] == [
+            {"id": 1, "op": "insert"},
+            {"id": 3, "op": "insert"},
+            {"id": 4, "op": "insert"},
+            {"id": 3, "op": "update"},
+        ]
+        entry = failed(client, "fn")[0]
+        assert entry["id"] == "app:2"
+        assert entry["error"] == "StepFailed: steps[0] transform: ValueError: no twos here"
+        _write(shaping, "def shape(action, record, changes, metadata):\n"
+                        "    return {'id': record['id'], 'op': action,\n"
+                        "            'fixed': True}\n")  # fmt: skip
+        assert client.post("/v1/connectors/fn/failed/retry", json={"all": True}).json() == {
+            "count": 1}  # fmt: skip
+        wait_for(lambda: failed(client, "fn") == [], what="the retried message delivered")
+        got = wait_delivered(nats, c, 5)
+        assert got[-1].payload == {"id": 2, "op": "insert", "fixed": True}
+        # Over the API: the same checks as the file's (422 naming the step), and a change of
+        # steps applies from the cursor on without a restart.
+        for steps, why in (
+            ([{"filter": "record.__class__"}], "'__class__' is not allowed"),
+            ([{"transform": {"function": "shaping:nope"}}], "no function nope"),
+            ([{"route": {"topic": "x"}}], "takes subject in a route"),
+        ):
+            r = client.put("/v1/connectors/fn", json={**c, "steps": steps})
+            assert r.status_code == 422 and why in r.text, r.text
+        made = {**nats.connector("made", "events"), "start_position": "end"}
+        nats.prepare(made)
+        r = client.post("/v1/connectors", json={**made, "steps": [{"transform": {"keep": ["id"]}}]})
+        assert r.status_code == 201, r.text
+        wait_for(lambda: cursor_of(table, "made")[0] >= 0, what="the new connector started")
+        conn.execute("INSERT INTO t VALUES (20, 'x')")
+        assert wait_delivered(nats, made, 1)[0].payload["record"] == {"id": 20}
+        r = client.put("/v1/connectors/made", json={**made, "steps": [
+            {"transform": {"keep": ["body"]}}]})  # fmt: skip
+        assert r.status_code == 200, r.text
+        ids = iter(range(21, 1000))
+
+        def switched() -> bool:  # a row a poll, until one comes shaped by the new steps
+            conn.execute("INSERT INTO t VALUES (%s, 'y')", (next(ids),))
+            return any("body" in d.payload["record"] for d in nats.read(made))
+
+        wait_for(switched, what="the changed steps applied")
+        shapes = [sorted(d.payload["record"]) for d in nats.read(made)]
+        new = shapes.index(["body"])  # from the cursor on: the old steps before, the new after
+        assert shapes[:new] == [["id"]] * new and shapes[new:] == [["body"]] * (len(shapes) - new)
+
+
+def test_a_function_past_its_time_limit_fails_that_message_and_the_rest_go_on(
+    tmp_path: Path, table: str, nats_server: EmbeddedNats, functions_dir: Path
+) -> None:
+    _write(functions_dir / "slow.py", "import time\n"
+                                      "def shape(action, record, changes, metadata):\n"
+                                      "    if record['id'] == 2:\n"
+                                      "        time.sleep(5)\n"
+                                      "    return {'id': record['id']}\n")  # fmt: skip
+    nats = NatsHarness(nats_server)
+    c = nats.connector("slow", "events", steps=[{"transform": {"function": "slow:shape"}}])
+    nats.prepare(c)
+    source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+    cfg = WeirConfig.model_validate({"sources": [source], "connectors": [c],
+                                     "functions": {"timeout": "300ms"}})  # fmt: skip
+    start = time.monotonic()
+    with serving(cfg), psycopg.connect(table, autocommit=True) as conn:
+        for i in range(1, 5):
+            conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+        got = wait_delivered(nats, c, 3)
+        wait_for(lambda: cursor_of(table, "slow")[0] == 4, what="the cursor past all four")
+    assert [d.payload["id"] for d in got] == [1, 3, 4]
+    assert time.monotonic() - start < 4.5  # not held up by the sleeping call
+    with psycopg.connect(table) as conn:
+        row = conn.execute("SELECT error FROM weir.failed_messages WHERE connector = 'slow'")
+        assert [r[0] for r in row] == ["StepFailed: steps: a function ran past functions.timeout"
+                                       " (0.3s)"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_steps_keep_order_and_exactly_once_across_sigkill(
+    tmp_path: Path, db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """Routed to a subject a record by its steps, under load, killed twice: the read-back finds
+    what the broker took wherever the route put it (the duplicate window is 100 ms)."""
+    create_load_table(db_url)
+    nats = NatsHarness(nats_server)
+    events, records = crash_connectors(nats)
+    steps = [{"transform": {"add": {"table": "{metadata.table_name}"}}},
+             {"route": {"subject": "load.{record.id}"}}]  # fmt: skip
+    events["steps"] = records["steps"] = steps
+    cfg = {"sources": [{"name": "app", "kind": "postgres", "url": db_url,
+                        "tables": ["public.load"]}], "connectors": [events, records]}  # fmt: skip
+    config = tmp_path / "weir.yaml"
+    config.write_text(json.dumps(cfg))
+    with WeirProcess(config, tmp_path / "weir.log") as weir:
+        expected = load_with_interruptions(db_url, 2000, [600, 1400], weir.kill_and_restart)
+        wait_all_delivered(nats, events, records, len(expected))
+    got_events, got_records = nats.read(events), nats.read(records)
+    check_delivered(db_url, got_events, got_records, expected)
+    for stream, got in (("events", got_events), ("records", got_records)):
+        ns = (events if stream == "events" else records)["nats"]["namespace"]
+        assert all(d.subject == f"sequin-{stream}.{ns}.load.{d.payload['record']['id']}"
+                   and d.payload["record"]["table"] == "load" for d in got)  # fmt: skip

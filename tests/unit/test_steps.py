@@ -1,0 +1,351 @@
+"""A connector's compiled steps (core/steps/) against a plain reference interpreter written here
+from docs/transforms.md: generated expressions, step lists and messages must give the same
+message, the same drop or an error in both; expressions that try to escape are refused at load;
+exact numbers survive a transform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from connectors.nats.config import NatsConnector
+from core.engine.sink import BatchError
+from core.envelope import Message
+from core.ids import encode_token
+from core.steps import expr
+from core.steps.run import StepFailed, Steps, load
+
+# -- the reference: each expression as text and as a plain function of the message ----------
+
+Ref = Any  # a function of the message dict
+
+
+class Err(Exception):
+    """The reference's error: the compiled expression must raise too."""
+
+
+def field(value: Any, key: Any) -> Any:
+    if isinstance(value, dict):
+        return value.get(key)
+    if isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) \
+            and -len(value) <= key < len(value):  # fmt: skip
+        return value[key]
+    return None
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def order(op: str, a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return False
+    try:
+        return bool(a < b if op == "<" else a >= b)
+    except TypeError:
+        raise Err from None
+
+
+def add(a: Any, b: Any) -> Any:
+    if type(a) is type(b) and type(a) in (str, list):
+        return a + b
+    if not (is_num(a) and is_num(b)):
+        raise Err
+    return a + b
+
+
+PATHS: list[tuple[str, Ref]] = [
+    ("action", lambda m: m.get("action")),
+    ("record.a", lambda m: field(m.get("record"), "a")),
+    ('record["b"]', lambda m: field(m.get("record"), "b")),
+    ("record.tags[0]", lambda m: field(field(m.get("record"), "tags"), 0)),
+    ("record.nested.x", lambda m: field(field(m.get("record"), "nested"), "x")),
+    ("metadata.table_name", lambda m: field(m.get("metadata"), "table_name")),
+    ("changes.a", lambda m: field(m.get("changes"), "a")),
+]
+LITERALS = st.one_of(st.integers(-5, 5), st.sampled_from(["x", "y", "", "insert"]),
+                     st.sampled_from([True, False, None]))  # fmt: skip
+
+
+def literal(v: Any) -> tuple[str, Ref]:
+    return (repr(v), lambda m: v)
+
+
+LEAVES = st.one_of(st.sampled_from(PATHS), LITERALS.map(literal))
+
+
+def _combine(children: st.SearchStrategy[tuple[str, Ref]]) -> st.SearchStrategy[tuple[str, Ref]]:
+    def unary(op: str, kid: tuple[str, Ref]) -> tuple[str, Ref]:
+        t, f = kid
+        if op == "not":
+            return (f"(not {t})", lambda m: not f(m))
+        if op == "len":
+
+            def n(m: Any) -> Any:
+                v = f(m)
+                if not isinstance(v, (str, list, dict)):
+                    raise Err
+                return len(v)
+
+            return (f"len({t})", n)
+        if op == "lower":
+
+            def low(m: Any) -> Any:
+                v = f(m)
+                if not isinstance(v, str):
+                    raise Err
+                return v.lower()
+
+            return (f"lower({t})", low)
+
+        def neg(m: Any) -> Any:
+            v = f(m)
+            if not is_num(v):
+                raise Err
+            return -v
+
+        return (f"(-{t})", neg)
+
+    def binary(op: str, a: tuple[str, Ref], b: tuple[str, Ref]) -> tuple[str, Ref]:
+        (ta, fa), (tb, fb) = a, b
+        text = f"({ta} {op} {tb})"
+        if op == "and":
+            return (text, lambda m: fa(m) and fb(m))
+        if op == "or":
+            return (text, lambda m: fa(m) or fb(m))
+        if op == "==":
+            return (text, lambda m: fa(m) == fb(m))
+        if op == "!=":
+            return (text, lambda m: fa(m) != fb(m))
+        if op in ("<", ">="):
+            return (text, lambda m: order(op, fa(m), fb(m)))
+        if op == "+":
+            return (text, lambda m: add(fa(m), fb(m)))
+
+        def is_in(m: Any) -> Any:  # in a literal list
+            return fa(m) in [fb(m), "x"]
+
+        return (f"({ta} in [{tb}, 'x'])", is_in)
+
+    def ifexp(c: tuple[str, Ref], a: tuple[str, Ref], b: tuple[str, Ref]) -> tuple[str, Ref]:
+        return (f"({a[0]} if {c[0]} else {b[0]})", lambda m: a[1](m) if c[1](m) else b[1](m))
+
+    return st.one_of(
+        st.builds(unary, st.sampled_from(["not", "len", "lower", "-"]), children),
+        st.builds(binary, st.sampled_from(["and", "or", "==", "!=", "<", ">=", "+", "in"]),
+                  children, children),
+        st.builds(ifexp, children, children, children),
+    )  # fmt: skip
+
+
+EXPRESSIONS = st.recursive(LEAVES, _combine, max_leaves=8)
+VALUES = st.one_of(st.integers(-3, 3), st.sampled_from(["x", "Y", "insert", ""]), st.none(),
+                   st.booleans(), st.floats(-2, 2, allow_nan=False), st.lists(st.integers(0, 2),
+                   max_size=2))  # fmt: skip
+RECORDS = st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+    "a": VALUES, "b": VALUES, "c": VALUES, "tags": st.lists(VALUES, max_size=2),
+    "nested": st.fixed_dictionaries({}, optional={"x": VALUES})}))  # fmt: skip
+MESSAGES = st.builds(
+    lambda action, record, changes: {"record": record, "changes": changes, "action": action,
+                                     "metadata": {"table_name": "t", "deleted": False}},
+    st.sampled_from(["insert", "update", "delete", None]), RECORDS, RECORDS,
+)  # fmt: skip
+
+
+def outcome(f: Ref, m: Any) -> tuple[str, Any]:
+    try:
+        return ("ok", f(m))
+    except (Err, ZeroDivisionError):
+        return ("error", None)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(EXPRESSIONS, MESSAGES)
+def test_compiled_expressions_agree_with_the_reference(e: tuple[str, Ref], m: Any) -> None:
+    text, ref = e
+    compiled = expr.expression(text)
+    want = outcome(ref, m)
+    try:
+        got = ("ok", compiled(m.get("action"), m.get("record"), m.get("changes"),
+                              m.get("metadata"), m))  # fmt: skip
+    except Exception:
+        got = ("error", None)
+    assert got == want, text
+
+
+# -- steps: the reference applies a generated step list in plain Python ----------------------
+
+KEYS = st.sampled_from(["a", "b", "c", "tags"])
+TRANSFORMS = st.fixed_dictionaries({}, optional={
+    "keep": st.lists(KEYS, max_size=3, unique=True),
+    "drop": st.lists(KEYS, max_size=2, unique=True),
+    "rename": st.dictionaries(KEYS, st.sampled_from(["A", "B", "a"]), max_size=2),
+    "add": st.dictionaries(st.sampled_from(["t", "k", "a"]), st.sampled_from(
+        [1, "v", "{metadata.table_name}", "{record.a}", "n-{record.a}"]), max_size=2),
+    "flatten": st.booleans(),
+}).filter(bool)  # fmt: skip
+STEPS = st.lists(st.one_of(
+    EXPRESSIONS.map(lambda e: ("filter", e)),
+    TRANSFORMS.map(lambda t: ("transform", t)),
+    st.sampled_from(["x.{record.a}", "{action}.{metadata.table_name}", "fixed"]).map(
+        lambda t: ("route", t)),
+), max_size=4)  # fmt: skip
+
+
+def text(v: Any) -> str:
+    return v if isinstance(v, str) else orjson.dumps(v).decode()
+
+
+def template(t: str, m: Any, escape: bool) -> Any:
+    """The reference template: one field alone keeps its value (unescaped); else text."""
+    places = {"{metadata.table_name}": field(m.get("metadata"), "table_name"),
+              "{record.a}": field(m.get("record"), "a"), "{action}": m.get("action")}  # fmt: skip
+    if not escape and t in places:
+        return places[t]
+    out = t
+    for place, v in places.items():
+        if place in out:
+            if escape and v is None:
+                raise Err
+            out = out.replace(place, encode_token(text(v)) if escape else
+                              ("" if v is None else text(v)))  # fmt: skip
+    return out
+
+
+def reference(steps: list[tuple[str, Any]], m: Any) -> tuple[str, Any, Any]:
+    route: dict[str, str] = {}
+    for kind, spec in steps:
+        if kind == "filter":
+            try:
+                if not spec[1](m):
+                    return ("dropped", None, None)
+            except (Err, ZeroDivisionError):
+                return ("failed", None, None)
+        elif kind == "route":
+            try:
+                route["subject"] = template(spec, m, escape=True)
+            except Err:
+                return ("failed", None, None)
+        else:
+            for part in ("record", "changes"):
+                d = m.get(part)
+                if isinstance(d, dict):
+                    if "keep" in spec:
+                        d = {k: d[k] for k in spec["keep"] if k in d}
+                    d = {k: v for k, v in d.items() if k not in spec.get("drop", [])}
+                    d = {spec.get("rename", {}).get(k, k): v for k, v in d.items()}
+                    m[part] = d
+            rec = m.get("record")
+            if isinstance(rec, dict):
+                for k, v in spec.get("add", {}).items():
+                    rec[k] = template(v, m, escape=False) if isinstance(v, str) else v
+            if spec.get("flatten"):
+                m = {**(rec if isinstance(rec, dict) else {}), "_action": m.get("action")}
+    return ("sent", m, route or None)
+
+
+def as_config(steps: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for kind, spec in steps:
+        if kind == "filter":
+            out.append({"filter": spec[0]})
+        elif kind == "route":
+            out.append({"route": {"subject": spec}})
+        else:
+            out.append({"transform": spec})
+    return out
+
+
+def message(m: Any) -> Message:
+    return Message("s", "postgres", 1, "public:t", m["action"], "g", "k", orjson.dumps(m))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(STEPS, MESSAGES)
+def test_compiled_steps_agree_with_the_reference(steps: list[tuple[str, Any]], m: Any) -> None:
+    cfg = NatsConnector.model_validate({"name": "n", "type": "nats", "stream": "events",
+                                        "steps": as_config(steps)})  # fmt: skip
+    compiled = Steps(cfg.steps, NatsConnector.ROUTES, records=False, timeout=1.0)
+    got = compiled.one(message(m))
+    kind, want, route = reference(steps, orjson.loads(orjson.dumps(m)))
+    if kind == "failed":
+        assert isinstance(got, StepFailed)
+    elif kind == "dropped":
+        assert got is None
+    else:
+        assert isinstance(got, Message), got
+        assert orjson.loads(got.payload) == want
+        assert got.route == route
+        assert (got.key, got.group, got.seq) == ("k", "g", 1)  # never a step's to change
+
+
+# -- refused at load ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os')", "record.__class__", 'record["__dict__"]', "2 ** 100000", "open('x')",
+    "lambda: 1", "[x for x in record]", "{1, 2}", "{'a': 1}", "record.a(1)", "os.system",
+    "len(record, x=1)", "(yield 1)", "f'{record}'", "record[action]", "a := 1", "~record.a",
+    "record.a is 1", "..." , "b'x'", "x" * 5000,
+])  # fmt: skip
+def test_expressions_that_try_to_escape_are_refused_at_load(text: str) -> None:
+    with pytest.raises(expr.ExpressionError):
+        expr.expression(text)
+
+
+def test_an_expression_nested_too_deep_is_refused_not_a_crash() -> None:
+    with pytest.raises(expr.ExpressionError):
+        expr.expression("(" * 1000 + "1" + ")" * 1000)
+    with pytest.raises(expr.ExpressionError):
+        expr.expression("-" * 2000 + "1")
+
+
+def test_text_repetition_cannot_blow_up_memory() -> None:
+    f = expr.expression('"a" * 1000000000')
+    with pytest.raises(TypeError):
+        f(None, None, None, None, None)
+
+
+# -- exact numbers and the batch ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"record":{"n":1.10,"big":123456789012345678901234567890,"f":0.1000000000000000055511}}',
+    b'{"record":{"n":1E+400,"m":-0.0}}', b'{"record": {"spaced": 1}}',
+])  # fmt: skip
+def test_a_transform_keeps_every_number_as_written(raw: bytes) -> None:
+    cfg = NatsConnector.model_validate({"name": "n", "type": "nats", "stream": "events",
+                                        "steps": [{"transform": {"add": {"k": 1}}}]})  # fmt: skip
+    steps = Steps(cfg.steps, NatsConnector.ROUTES, records=False, timeout=1.0)
+    m = Message("s", "postgres", 1, "public:t", "insert", "g", "k", raw)
+    got = steps.one(m)
+    assert isinstance(got, Message)
+    body = raw.replace(b" ", b"")
+    assert got.payload == body[:-2] + b',"k":1}}'
+    assert isinstance(load(raw)["record"].get("n", Decimal(0)), (Decimal, int))
+
+
+def test_a_batch_sends_what_its_steps_keep_and_fails_what_they_cannot_make() -> None:
+    cfg = NatsConnector.model_validate({"name": "n", "type": "nats", "stream": "events", "steps": [
+        {"filter": "record.n != 2"}, {"route": {"subject": "x.{record.tenant}"}}]})  # fmt: skip
+    steps = Steps(cfg.steps, NatsConnector.ROUTES, records=False, timeout=1.0)
+    batch = [message({"action": "insert", "record": {"n": n, "tenant": t}})
+             for n, t in ((1, "a"), (2, "b"), (3, None), (4, "d"))]  # fmt: skip
+    sent: list[Message] = []
+
+    async def write(msgs: Any) -> None:
+        sent.extend(msgs)
+        raise BatchError({1: RuntimeError("the broker refused d")})
+
+    with pytest.raises(BatchError) as e:
+        asyncio.run(steps.write(write, batch))
+    assert [m.route for m in sent] == [{"subject": "x.a"}, {"subject": "x.d"}]
+    assert sorted(e.value.failed) == [2, 3]  # no tenant: failed; d: the broker's refusal, placed
+    assert "steps[1] route" in str(e.value.failed[2])
