@@ -12,6 +12,7 @@ import traceback
 from types import FrameType
 
 from core.cli_operate import add_commands as add_operate_commands
+from core.cli_transform import add_commands as add_transform_commands
 from core.commands import (
     load_or_exit,
     postgres_source_or_exit,
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_status)
 
     add_operate_commands(sub)
+    add_transform_commands(sub)
 
     p = sub.add_parser("backfill", help="backfill tables of a source into its records stream")
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")

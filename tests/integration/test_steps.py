@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 
+from core.config.load import load_config
 from core.config.model import WeirConfig
 from core.steps import functions
 from devkit.embedded import EmbeddedNats
@@ -32,7 +36,7 @@ from tests.helpers.load import (
     load_with_interruptions,
     wait_all_delivered,
 )
-from tests.helpers.weir import cursor_of, serving, weir_config
+from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
 
 @pytest.fixture
@@ -227,3 +231,36 @@ def test_steps_keep_order_and_exactly_once_across_sigkill(
         ns = (events if stream == "events" else records)["nats"]["namespace"]
         assert all(d.subject == f"sequin-{stream}.{ns}.load.{d.payload['record']['id']}"
                    and d.payload["record"]["table"] == "load" for d in got)  # fmt: skip
+
+
+def test_transform_test_shows_each_stored_message_beside_what_its_steps_make(
+    tmp_path: Path, table: str, nats_server: EmbeddedNats
+) -> None:
+    nats = NatsHarness(nats_server)
+    c = nats.connector("tried", "events", steps=[
+        {"filter": "record.id != 2 and (record.id != 3 or record.body + 1)"},
+        {"route": {"subject": "t.{record.body}"}}, {"transform": {"keep": ["id"]}}])  # fmt: skip
+    source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+    config = tmp_path / "weir.yaml"
+    config.write_text(json.dumps({"sources": [source], "connectors": [c]}))
+    nats.prepare(c)
+    with serving(load_config(config)):
+        insert_t(table, range(1, 4))  # 1 goes, 2 is dropped, 3 fails (text + 1)
+        wait_for(lambda: cursor_of(table, "tried")[0] == 3, what="all three handled")
+    assert [d.payload["record"] for d in nats.read(c)] == [{"id": 1}]
+    run = subprocess.run([sys.executable, "-m", "core.cli", "transform", "test", "--config",
+                          str(config), "--connector", "tried"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    kinds = [line.split()[1 if line[0] != " " else 0] for line in lines[:-1]]
+    assert kinds == ["in", "out", "in", "dropped", "in", "fails:"]
+    assert lines[1].split(None, 1)[1].startswith('{"record":{"id":1},"changes":null,')
+    assert lines[1].endswith("}}  (route: subject=t.x)")
+    assert lines[5].endswith("steps[0] filter: TypeError: + takes numbers, not text")
+    assert re.fullmatch(r"3 messages: 1 sent, 1 dropped, 1 failed; [\d.]+ us a message",
+                        lines[-1])  # fmt: skip
+    wrong = subprocess.run([sys.executable, "-m", "core.cli", "transform", "test", "--config",
+                            str(config), "--connector", "nope"], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert wrong.returncode == 2 and "there are: tried" in wrong.stderr
