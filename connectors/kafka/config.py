@@ -11,6 +11,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from core.config.base import Duration, Model, TlsFiles
 from core.config.connector import ConnectorBase
+from core.config.steps import RouteField
 from core.templates import check_template
 
 
@@ -270,6 +271,9 @@ class KafkaConnector(ConnectorBase):
     kafka: KafkaSettings = Field(
         default_factory=KafkaSettings, description="where and how to produce"
     )
+
+    # route: {key: …} is the message key (the record's group key otherwise): its partition
+    ROUTES = {"key": RouteField(str, lambda v: None)}
 
     @property
     def topic(self) -> str:

@@ -239,7 +239,8 @@ class KafkaSink:
                 ("idempotency_key", m.key.encode()), *common]  # fmt: skip
             while True:
                 try:
-                    producer.produce(topic_of(m), m.payload, m.group.encode(),
+                    key = m.group if m.route is None else m.route.get("key", m.group)
+                    producer.produce(topic_of(m), m.payload, key.encode(),
                                      on_delivery=report, headers=headers)  # fmt: skip
                     break
                 except BufferError:  # the local queue is full: wait for reports to free it

@@ -9,6 +9,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from core.config.base import Duration, Model, check_http_url, check_pair
 from core.config.connector import ConnectorBase
+from core.config.steps import RouteField
+from core.ids import encode_token
 from core.templates import check_template
 
 
@@ -52,8 +54,18 @@ class SqsSettings(Model):
         return self
 
 
+def check_group(value: str) -> None:
+    """What a route's ``group`` may be: an SQS MessageGroupId (a template's fields are written
+    as subject tokens, which are)."""
+    if not 0 < len(value) <= 128 or not all(33 <= ord(c) <= 126 for c in value):
+        raise ValueError(f"{value!r} is no MessageGroupId: 1 to 128 printable ASCII characters")
+
+
 class SqsConnector(ConnectorBase):
     """Sends one stream to an SQS queue: FIFO queues keep per-record order and dedupe."""
+
+    # route: {group: …} is a FIFO queue's MessageGroupId (the record's group key otherwise)
+    ROUTES = {"group": RouteField(encode_token, check_group)}
 
     type: Literal["sqs"] = Field(
         description="sends to an SQS queue (or a queue per collection): FIFO queues keep "

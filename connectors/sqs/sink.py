@@ -127,7 +127,8 @@ class SqsSink:
             m = batch[i]
             entry: dict[str, Any] = {"Id": str(i), "MessageBody": m.payload.decode()}
             if fifo:
-                entry["MessageGroupId"] = group_id(m.group)
+                group = m.group if m.route is None else m.route.get("group", m.group)
+                entry["MessageGroupId"] = group_id(group)
                 entry["MessageDeduplicationId"] = _sha256(m.key)
             entries.append(entry)
         try:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator
 
 from core.config.base import Duration, Model, check_http_url
 from core.config.connector import BatchPolicy, ConnectorBase
+from core.config.steps import RouteField
 
 
 def _one_line(v: SecretStr) -> SecretStr:
@@ -48,6 +50,16 @@ class WebhookSettings(Model):
         return check_http_url(v, "https://hooks.example.com/weir")
 
 
+def check_path(value: str) -> None:
+    """What a route's ``path`` may be: a relative path put after the URL (a template's fields
+    are percent-encoded)."""
+    if not value or value.startswith("/") or any(c in value for c in "?#\\") or any(
+        c.isspace() or ord(c) < 32 for c in value
+    ) or ".." in value.split("/"):  # fmt: skip
+        raise ValueError(f"{value!r} is no path to put after the URL: relative, without ?, #, "
+                         "\\, .. or white space")  # fmt: skip
+
+
 class WebhookConnector(ConnectorBase):
     """POSTs batches of one stream's messages as ``{"data": [message, ...]}``: a 2xx answer
     acknowledges them; anything else, or no answer within ``timeout``, is retried with the
@@ -63,3 +75,6 @@ class WebhookConnector(ConnectorBase):
         description="the messages of one request",
     )
     webhook: WebhookSettings = Field(description="where to POST")
+
+    # route: {path: …} is put after the URL (a path of the receiver's per message)
+    ROUTES = {"path": RouteField(lambda v: quote(v, safe=""), check_path)}

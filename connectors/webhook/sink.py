@@ -50,18 +50,34 @@ class WebhookSink:
             headers=headers, timeout=s.timeout.total_seconds(), limits=limits
         )
 
+    def url(self, m: Message) -> str:
+        """The URL, with the path its steps' route gave the message after it."""
+        if m.route is not None and "path" in m.route:
+            return f"{self.settings.url.rstrip('/')}/{m.route['path']}"
+        return self.settings.url
+
     async def write_batch(self, batch: Sequence[Message]) -> None:
-        error = await self._post(batch)
-        if error is None:
-            return
-        if len(batch) == 1:
-            raise BatchError({0: error})
-        alone = await asyncio.gather(*(self._post([m]) for m in batch))
-        failed = {i: e for i, e in enumerate(alone) if e is not None}
+        by_url: dict[str, list[int]] = {}
+        for i, m in enumerate(batch):
+            by_url.setdefault(self.url(m), []).append(i)
+        done = await asyncio.gather(*(self._write(url, [batch[i] for i in places])
+                                      for url, places in by_url.items()))  # fmt: skip
+        failed = {places[j]: e for places, fails in zip(by_url.values(), done, strict=True)
+                  for j, e in fails.items()}  # fmt: skip
         if failed:
             raise BatchError(failed)
 
-    async def _post(self, batch: Sequence[Message]) -> Exception | None:
+    async def _write(self, url: str, batch: list[Message]) -> dict[int, Exception]:
+        """One request of ``batch``; when it fails, each message alone: what failed, by place."""
+        error = await self._post(url, batch)
+        if error is None:
+            return {}
+        if len(batch) == 1:
+            return {0: error}
+        alone = await asyncio.gather(*(self._post(url, [m]) for m in batch))
+        return {i: e for i, e in enumerate(alone) if e is not None}
+
+    async def _post(self, url: str, batch: Sequence[Message]) -> Exception | None:
         """None when the receiver took the messages, else why not."""
         assert self._client is not None, "write_batch() before connect()"
         body = b'{"data":[' + b",".join([m.payload for m in batch]) + b"]}"
@@ -73,13 +89,13 @@ class WebhookSink:
                 self.settings.secret.get_secret_value().encode(), ts, body
             )
         try:
-            resp = await self._client.post(self.settings.url, content=body, headers=headers)
+            resp = await self._client.post(url, content=body, headers=headers)
         except httpx.TimeoutException:
             return RetryableError(
                 f"no answer within {self.settings.timeout.total_seconds():g}s (timeout)"
             )
         except httpx.HTTPError as e:
-            return RetryableError(self._unanswered(e))
+            return RetryableError(self._unanswered(url, e))
         if resp.is_success:
             return None
         # A receiver may echo what it was sent (a token in a header): redacted whole, then cut.
@@ -88,11 +104,11 @@ class WebhookSink:
             return FatalError(text)
         return RetryableError(text)
 
-    def _unanswered(self, e: httpx.HTTPError) -> str:
+    def _unanswered(self, url: str, e: httpx.HTTPError) -> str:
         """One line for a post that got no answer: what became of it, where, what to check
         (httpx said ``ConnectError: [Errno -2] Name or service not known``, or ``ReadError: ``
         for a reset connection; found by an outside tryout)."""
-        where = url_addresses([self.settings.url])
+        where = url_addresses([url])
         said = first_line(e) if str(e).strip() else ""
         if isinstance(e, httpx.ConnectError):
             return (

@@ -208,3 +208,23 @@ def test_filters_select_messages(broker: Harness, db_url: str, stream: str) -> N
     got = broker.read(c)
     assert sorted(d.payload["record"]["v"] for d in got) == [5, 6, 7, 8, 9]
     assert {d.group[1] for d in got} == {"public:load"}
+
+
+def test_a_route_step_sends_each_message_where_its_template_says(
+    broker: Harness, db_url: str
+) -> None:
+    """docs/transforms.md “Route”: the connector type's route field from a template over the
+    record (NATS subject, Kafka key, SQS group, webhook path), each message once and in order."""
+    _table(db_url)
+    route = {broker.route_field: "v{record.v}.{record.id}"}
+    c = broker.connector("routed", "events", steps=[{"route": route}])
+    broker.prepare(c)
+    with serving(weir_config(db_url, [c])), psycopg.connect(db_url, autocommit=True) as conn:
+        _insert(db_url, range(1, 6))
+        for i in (2, 4):
+            conn.execute("UPDATE load SET v = 7 WHERE id = %s", (i,))
+        got = wait_delivered(broker, c, 7)
+    _assert_once_in_order(got, list(range(1, 8)))
+    for d in got:
+        rec = d.payload["record"]
+        assert d.where.endswith(f"v{rec['v']}.{rec['id']}"), (d.where, rec)

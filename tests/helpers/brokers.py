@@ -27,6 +27,8 @@ class Delivered:
     raw: bytes = b""  # the payload's bytes, where the harness has them
     subject: str = ""  # the NATS subject it was stored under
     at: float = 0.0  # when the broker stored it (epoch seconds), where the harness has it
+    where: str = ""  # what a route step decides (NATS: the subject; Kafka: the key; SQS: the
+    # group id; webhook: the path after the connector's URL), where the harness has it
 
     @property
     def group(self) -> tuple[str, str, str | None]:
@@ -40,6 +42,7 @@ class Delivered:
 
 class Harness(Protocol):
     kind: str
+    route_field: str  # the route field its connectors take in a route step
     too_large: str  # what the failed list's error says of a message over the size limit
     replays: bool  # no read-back: after a restart what came after the cursor may come again
 

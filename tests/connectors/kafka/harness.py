@@ -19,6 +19,7 @@ class KafkaHarness:
     """
 
     kind = "kafka"
+    route_field = "key"
     replays = False
     too_large = "MSG_SIZE_TOO_LARGE"
 
@@ -75,7 +76,8 @@ def read_kafka(conf: dict[str, Any], topics: list[str], partitions: int) -> list
                     continue
                 key, value = dict(msg.headers() or [])["idempotency_key"], msg.value()
                 assert isinstance(key, bytes) and value is not None, msg
-                out.append(Delivered(key.decode(), json.loads(value), value))
+                where = (msg.key() or b"").decode()
+                out.append(Delivered(key.decode(), json.loads(value), value, where=where))
         assert not left, f"partitions never reached their end: {left}"
     finally:
         consumer.close()

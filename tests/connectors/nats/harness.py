@@ -18,6 +18,7 @@ from tests.helpers.brokers import Delivered, unique
 
 class NatsHarness:
     kind = "nats"
+    route_field = "subject"
     replays = False
     too_large = "10054"  # JetStream: message size exceeds maximum allowed
 
@@ -61,7 +62,7 @@ class NatsHarness:
         namespace = connector["nats"].get("namespace", "default") + ":"
         got = asyncio.run(read_stream(self.server.url, stream, self.auth))
         assert all(d.key.startswith(namespace) for d in got), "a Nats-Msg-Id without namespace"
-        return [Delivered(d.key[len(namespace) :], d.payload, d.raw, d.subject, d.at)
+        return [Delivered(d.key[len(namespace) :], d.payload, d.raw, d.subject, d.at, d.subject)
                 for d in got]  # fmt: skip
 
     consume = read

@@ -20,6 +20,7 @@ class SqsHarness:
     """
 
     kind = "sqs"
+    route_field = "group"
     replays = False
     too_large = "over the queue's MaximumMessageSize"
 
@@ -67,7 +68,8 @@ class SqsHarness:
                 payload = orjson.loads(m["body"])
                 key = payload["metadata"]["idempotency_key"]
                 sent = hashlib.sha256(key.encode()).hexdigest()
-                out.append(Delivered(key if m["dedup_id"] == sent else m["dedup_id"], payload))
+                out.append(Delivered(key if m["dedup_id"] == sent else m["dedup_id"], payload,
+                                     where=m["group_id"] or ""))  # fmt: skip
         return out
 
     def consume(self, connector: dict[str, Any]) -> list[Delivered]:

@@ -12,6 +12,7 @@ class WebhookHarness:
     """Webhooks to a local receiver (receiver.py beside this file), a path per connector."""
 
     kind = "webhook"
+    route_field = "path"
     too_large = "HTTP 413"
     replays = True
 
@@ -34,8 +35,9 @@ class WebhookHarness:
 
     def read(self, connector: dict[str, Any]) -> list[Delivered]:
         with self.receiver.lock:
-            taken = list(self.hook(connector).taken)
-        return [Delivered(m["metadata"]["idempotency_key"], m) for m in taken]
+            hook = self.hook(connector)
+            taken = list(zip(hook.taken, hook.paths, strict=True))
+        return [Delivered(m["metadata"]["idempotency_key"], m, where=path) for m, path in taken]
 
     consume = read
 

@@ -27,6 +27,7 @@ class Hook:
     stall_next: int = 0  # leave this many requests unanswered for `stall` seconds
     stall: float = 0.0
     taken: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # of each taken: the path after the hook's
     requests: int = 0
     bad_signatures: int = 0
 
@@ -55,9 +56,12 @@ class Receiver:
 
     def handle(self, path: str, headers: dict[str, str], body: bytes) -> int:
         with self.lock:
-            hook = self.hooks.get(path)
-            if hook is None:
-                return 404
+            hook, below = self.hooks.get(path), ""
+            if hook is None:  # a path under a hook's (a route step's)
+                base = next((p for p in self.hooks if path.startswith(p + "/")), None)
+                if base is None:
+                    return 404
+                hook, below = self.hooks[base], path[len(base) + 1 :]
             hook.requests += 1
             stall = hook.stall if hook.stall_next > 0 else 0.0
             hook.stall_next = max(0, hook.stall_next - 1)
@@ -82,6 +86,7 @@ class Receiver:
             ):
                 return 422
             hook.taken.extend(data)
+            hook.paths.extend([below] * len(data))
             return 200
 
     def __enter__(self) -> Receiver:
