@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from core.config.base import Duration, Model, check_http_url, check_pair
 from core.config.connector import ConnectorBase
-from core.config.steps import RouteField
+from core.config.steps import RouteField, RouteStep
 from core.ids import encode_token
 from core.templates import check_template
 
@@ -72,3 +72,13 @@ class SqsConnector(ConnectorBase):
         "per-record order and dedupe"
     )
     sqs: SqsSettings = Field(description="where to send")
+
+    @model_validator(mode="after")
+    def _groups_on_fifo(self) -> SqsConnector:
+        routed = any(isinstance(s, RouteStep) and "group" in s.route for s in self.steps)
+        if routed and not self.sqs.queue_url.endswith(".fifo"):
+            raise ValueError(
+                "steps: a route's group is a FIFO queue's MessageGroupId; this queue is a "
+                "standard one (its name does not end in .fifo)"
+            )
+        return self
