@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("status", help="sources, connectors and consumers: lag, rate, failures")
     p.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between the readings")
+    p.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between the readings (default 1)"
+    )
     p.add_argument(
         "--watch", action="store_true", help="a reading every interval until ^C (in place)"
     )
