@@ -27,6 +27,13 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
         return v
     if not v.get_secret_value().strip():
         raise ValueError("is empty (an environment variable set to nothing?)")
+    text = v.get_secret_value().strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        # KEY='...' in a file for podman's or docker's --env-file, which keep the quotes
+        raise ValueError(
+            "not a valid PostgreSQL URL: the value is wrapped in quotes: remove them "
+            "(podman/docker --env-file takes values literally)"
+        )
     authority = re.split("[/?#]", v.get_secret_value().partition("://")[2])[0]
     if authority.count("@") > 1:  # libpq would read a piece of the password as the host
         raise ValueError(

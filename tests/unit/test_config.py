@@ -491,6 +491,21 @@ def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
         load_config(_write(tmp_path, head + body))
 
 
+@pytest.mark.parametrize("quote", ["'", '"'])
+def test_a_url_wrapped_in_quotes_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quote: str
+) -> None:
+    """A weir.env written for systemd (KEY='value') and given to podman's --env-file, which
+    keeps the quotes: the error says so, not libpq's words about a piece of the value."""
+    monkeypatch.setenv("WEIR_STORE_URL", f"{quote}postgresql://weir:s3cret@127.0.0.1/app{quote}")
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, "store: {url: '${WEIR_STORE_URL}'}\n"))
+    assert e.value.problems == [
+        "1: store.url: not a valid PostgreSQL URL: the value is wrapped in quotes: remove "
+        "them (podman/docker --env-file takes values literally)"
+    ]
+
+
 def test_a_port_out_of_range_is_named(tmp_path: Path) -> None:
     path = _write(tmp_path, "store: {url: 'postgresql://weir@127.0.0.1:99999999/app'}\n")
     with pytest.raises(ConfigError) as e:
