@@ -47,10 +47,17 @@ def _duration(v: Any) -> Any:
 
 
 def duration_text(v: timedelta) -> str:
-    """A duration as the config writes it (``250ms``, ``10s``, ``1.5s``): what the API shows
-    of a config can be sent back as it is."""
-    ms = v.total_seconds() * 1000
-    return f"{ms:g}ms" if ms < 1000 else f"{ms / 1000:g}s"
+    """A duration as the config writes it, in the largest unit it is a whole number of (``7d``,
+    ``12h``, ``30s``, ``1500ms``; less than a millisecond: ``0.5ms``): what the API shows of a
+    config can be sent back as it is."""
+    us = v // timedelta(microseconds=1)
+    if us == 0:
+        return "0s"
+    for unit in ("d", "h", "m", "s", "ms"):
+        step = round(_UNITS[unit] * 1_000_000)
+        if us % step == 0:
+            return f"{us // step}{unit}"
+    return f"{us / 1000}ms"
 
 
 Duration = Annotated[
