@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, TypeAdapter
 
+from core.config.base import Duration, duration_text
 from core.config.load import ConfigError, load_config
 from core.config.settings import settings_or_exit
 from core.config.sources import PostgresSource
@@ -529,3 +531,14 @@ def test_weir_settings_read_any_case_and_name_a_wrong_variable(
         "weir: WEIR_LOG_LEVEL=loud: Input should be 'debug', 'info', 'warning' or 'error'",
         "weir: WEIR_SHUTDOWN_GRACE=-1: Input should be greater than 0",
     ]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(604800, "7d"), (7200, "2h"), (120, "2m"), (30, "30s"), (1.5, "1500ms"), (0.1, "100ms"),
+     (0.0005, "0.5ms"), (0, "0s")],
+)  # fmt: skip
+def test_a_duration_is_shown_in_the_largest_unit_it_is_whole_in(seconds: float, text: str) -> None:
+    """As the configuration page's defaults and the API show it; it reads back the same."""
+    assert duration_text(timedelta(seconds=seconds)) == text
+    assert TypeAdapter(Duration).validate_python(text) == timedelta(seconds=seconds)
