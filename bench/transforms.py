@@ -38,7 +38,8 @@ from common import record
 from connectors.nats.config import NatsConnector
 from core.envelope import Message
 from core.steps import functions
-from core.steps.run import Steps, load
+from core.steps.payload import load
+from core.steps.run import Steps
 
 FILTER = 'action != "delete" and record.total > 100'
 KEEP = ["id", "tenant", "status", "total", "created_at"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from core.commands import load_or_exit, reach_store
 from core.config.model import Connector, WeirConfig
+from core.config.sources import PostgresSource
 from core.envelope import Message
 from core.steps.run import Steps
 from core.store import Store
@@ -37,19 +38,20 @@ def cmd_transform(args: argparse.Namespace) -> int:
         print(f"weir transform test: connector {c.name!r} has no steps: its messages go as "
               "they are stored", file=sys.stderr)  # fmt: skip
         return 2
+    urls = {str(s.sync_id): s.url.get_secret_value() for s in cfg.sources_of(c)
+            if isinstance(s, PostgresSource)}  # fmt: skip
     steps = Steps(c.steps, type(c).ROUTES, c.stream == "records",
-                  cfg.functions.timeout.total_seconds())  # fmt: skip
+                  cfg.functions.timeout.total_seconds(), urls)  # fmt: skip
     msgs = asyncio.run(_latest(cfg, store, c, args.limit))
     if not msgs:
         print(f"connector {c.name}: none of the last {WINDOW:,} stored messages of each source "
               "is one it takes")  # fmt: skip
         return 0
     counts = {"sent": 0, "dropped": 0, "failed": 0}
-    spent = 0.0
-    for m in msgs:
-        t0 = time.perf_counter()
-        out = steps.one(m)
-        spent += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outcomes = asyncio.run(_apply(steps, msgs))
+    spent = time.perf_counter() - t0
+    for m, out in zip(msgs, outcomes, strict=True):
         print(f"{m.sync_id}:{m.seq} in   {m.payload.decode()}")
         if isinstance(out, Message):
             counts["sent"] += 1
@@ -63,6 +65,13 @@ def cmd_transform(args: argparse.Namespace) -> int:
     print(f"{n} messages: {counts['sent']} sent, {counts['dropped']} dropped, "
           f"{counts['failed']} failed; {1e6 * spent / n:.1f} us a message")  # fmt: skip
     return 0
+
+
+async def _apply(steps: Steps, msgs: list[Message]) -> list[Any]:
+    try:
+        return await steps.apply(msgs)
+    finally:
+        await steps.close()
 
 
 def _routes(route: dict[str, str]) -> str:

@@ -113,24 +113,58 @@ class RouteStep(Model):
         return v
 
 
+class EnrichSpec(Model):
+    """One SQL query against the message's source database a batch: its rows joined to the
+    messages by a key, each message's row put in a field of its record."""
+
+    sql: str = Field(
+        description="a SELECT taking the batch's keys as `%(ids)s` (`… WHERE id = ANY(%(ids)s)`)"
+    )
+    key: str = Field(description="the message's field whose value joins it to a row: a path")
+    on: str = Field("id", description="the row's column that holds the key")
+    into: str = Field("enrichment", description="the record's field the row goes in (null: none)")
+
+    @field_validator("sql")
+    @classmethod
+    def _ids(cls, v: str) -> str:
+        if "%(ids)s" not in v:
+            raise ValueError("the query takes the batch's keys as %(ids)s "
+                             "(… WHERE id = ANY(%(ids)s))")  # fmt: skip
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        expr.path(v)
+        return v
+
+
+class EnrichStep(Model):
+    enrich: EnrichSpec = Field(
+        description="join a row of the source database to each message, one query a batch"
+    )
+
+
 def _step_kind(v: Any) -> str | None:
     """Which step ``v`` is, by its one key; None: one error says what a step is."""
-    if isinstance(v, (FilterStep, TransformStep, RouteStep)):
+    if isinstance(v, (FilterStep, TransformStep, RouteStep, EnrichStep)):
         return next(iter(type(v).model_fields))
     if isinstance(v, dict) and len(v) == 1 and next(iter(v)) in KINDS:
         return str(next(iter(v)))
     return None
 
 
-KINDS = ("filter", "transform", "route")
+KINDS = ("filter", "transform", "route", "enrich")
 Step = Annotated[
     Annotated[FilterStep, Tag("filter")]
     | Annotated[TransformStep, Tag("transform")]
-    | Annotated[RouteStep, Tag("route")],
+    | Annotated[RouteStep, Tag("route")]
+    | Annotated[EnrichStep, Tag("enrich")],
     Discriminator(
         _step_kind,
         custom_error_type="step",
-        custom_error_message="a step is one of filter: EXPRESSION, transform: {…}, route: {…}",
+        custom_error_message="a step is one of filter: EXPRESSION, transform: {…}, route: {…}, "
+        "enrich: {…}",
     ),
 ]
 

@@ -75,10 +75,13 @@ class Session:
         self.sink = fw.open_sink(fw.cfg)
         self.readable = self.sink if isinstance(self.sink, ReadBack) else None
         self.write = self.sink.write_batch
+        self.steps: Steps | None = None
         if fw.cfg.steps:  # made anew each session: a changed function is imported again
-            steps = Steps(fw.cfg.steps, type(fw.cfg).ROUTES, fw.cfg.stream == "records",
-                          fw.step_timeout)  # fmt: skip
-            self.write = functools.partial(steps.write, self.sink.write_batch)
+            urls = {str(s.sync_id): s.url.get_secret_value() for s in fw.sources
+                    if isinstance(s, PostgresSource)}  # fmt: skip
+            self.steps = Steps(fw.cfg.steps, type(fw.cfg).ROUTES, fw.cfg.stream == "records",
+                               fw.step_timeout, urls)  # fmt: skip
+            self.write = functools.partial(self.steps.write, self.sink.write_batch)
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")
         self.stream = 0 if fw.cfg.stream == "events" else 1  # its place in Commits.heads
@@ -107,6 +110,8 @@ class Session:
             await self.sink.close()  # delete returns once they did (core/store/connectors.py)
         for lane in self.lanes:
             await lane.reader.close()
+        if self.steps is not None:
+            await self.steps.close()
 
     async def run(self) -> None:
         fw = self.fw

@@ -9,7 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.config.steps import FilterStep, RouteField, RouteStep, Step, TransformSpec, TransformStep
+from core.config.steps import (
+    EnrichSpec,
+    EnrichStep,
+    FilterStep,
+    RouteField,
+    RouteStep,
+    Step,
+    TransformSpec,
+    TransformStep,
+)
 from core.steps import expr, functions
 
 Msg = dict[str, Any]
@@ -33,10 +42,18 @@ class Compiled:
     run: Run
 
 
+@dataclass(frozen=True, slots=True)
+class EnrichAt:
+    """An enrich step and its name: it runs on a whole batch (core/steps/enrich.py)."""
+
+    name: str
+    spec: EnrichSpec
+
+
 def compile_steps(
     steps: list[Step], routes: dict[str, RouteField], records: bool
-) -> list[Compiled]:
-    out = []
+) -> list[Compiled | EnrichAt]:
+    out: list[Compiled | EnrichAt] = []
     for i, step in enumerate(steps):
         if isinstance(step, FilterStep):
             out.append(Compiled(f"steps[{i}] filter", False, False, _filter(step.filter)))
@@ -48,10 +65,12 @@ def compile_steps(
             fn = step.route.get("function")
             run = _route_function(fn, routes) if fn else _route(step.route, routes)
             out.append(Compiled(f"steps[{i}] route", bool(fn), False, run))
+        elif isinstance(step, EnrichStep):
+            out.append(EnrichAt(f"steps[{i}] enrich", step.enrich))
     return out
 
 
-def _parts(msg: Msg) -> tuple[Any, Any, Any, Any]:
+def parts(msg: Msg) -> tuple[Any, Any, Any, Any]:
     return msg.get("action"), msg.get("record"), msg.get("changes"), msg.get("metadata")
 
 
@@ -59,7 +78,7 @@ def _filter(text: str) -> Run:
     test = expr.expression(text)
 
     def run(msg: Msg, route: Route) -> Msg | None:
-        return msg if test(*_parts(msg), msg) else None
+        return msg if test(*parts(msg), msg) else None
 
     return run
 
@@ -71,12 +90,12 @@ def render(text: str, escape: Callable[[str], str] | None = None) -> Callable[[M
     pieces, fields = expr.template(text)
     if escape is None and len(fields) == 1 and pieces == ["", ""]:
         only = fields[0]
-        return lambda msg: only(*_parts(msg), msg)
+        return lambda msg: only(*parts(msg), msg)
 
     def run(msg: Msg) -> str:
         out = [pieces[0]]
         for field, piece in zip(fields, pieces[1:], strict=True):
-            v = field(*_parts(msg), msg)
+            v = field(*parts(msg), msg)
             if escape is None:
                 out.append("" if v is None else v if type(v) is str else expr.text_of(v))
             elif v is None:
@@ -125,7 +144,7 @@ def _function(spec: str) -> Run:
     fn = functions.Loaded(spec)
 
     def run(msg: Msg, route: Route) -> Msg | None:
-        out = fn()(*_parts(msg))
+        out = fn()(*parts(msg))
         if out is not None and type(out) is not dict:
             raise StepError(f"{spec} returned {type(out).__name__}, not a dict or None")
         return out
@@ -148,7 +167,7 @@ def _route_function(spec: str, routes: dict[str, RouteField]) -> Run:
     fn = functions.Loaded(spec)
 
     def run(msg: Msg, route: Route) -> Msg | None:
-        out = fn()(*_parts(msg))
+        out = fn()(*parts(msg))
         if type(out) is not dict:
             raise StepError(f"{spec} returned {type(out).__name__}, not a dict of route fields")
         for name, value in out.items():

@@ -18,22 +18,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
-
-import orjson
 
 from core.config.steps import RouteField, Step
 from core.engine.sink import BatchError, FatalError
 from core.envelope import Message
 from core.redact import first_line
-from core.steps.compile import Compiled, compile_steps
+from core.steps.compile import Compiled, EnrichAt, compile_steps
+from core.steps.enrich import Enrich
+from core.steps.payload import dump, load
 
 log = logging.getLogger("weir.steps")
 
@@ -42,38 +40,6 @@ Outcome = Message | None | Exception  # the message to send, dropped, or why it 
 
 class StepFailed(FatalError):
     """A message its steps could not make: it goes to the failed list at once."""
-
-
-class _Big(int):
-    """An integer beyond 64 bits: written back as its own digits."""
-
-
-def _exact_int(text: str) -> int:
-    n = int(text)
-    return n if -(2**63) <= n < 2**64 else _Big(n)
-
-
-def _fragment(v: Any) -> Any:
-    if isinstance(v, (Decimal, _Big)):
-        return orjson.Fragment(str(int(v)) if isinstance(v, _Big) else str(v))
-    raise TypeError(f"{type(v).__name__} is not a JSON value")
-
-
-def load(payload: bytes, exact: bool = True) -> Any:
-    """A payload as JSON, every number exact: orjson's reading when writing it back gives the
-    same bytes (Weir's own payloads), else (a json column's ``1.10``, a 30-digit number) the
-    exact one. ``exact=False``: orjson's reading, when it can (read, not written back)."""
-    try:
-        fast = orjson.loads(payload)
-        if not exact or orjson.dumps(fast) == payload:
-            return fast
-    except orjson.JSONDecodeError:
-        pass
-    return json.loads(payload, parse_float=Decimal, parse_int=_exact_int)
-
-
-def dump(msg: Any) -> bytes:
-    return orjson.dumps(msg, default=_fragment, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
 
 
 @dataclass(slots=True)
@@ -86,22 +52,60 @@ class _Progress:
     abandoned: bool = False
 
 
+State = tuple[dict[str, Any], dict[str, str]] | None | Exception  # (message, route) so far
+
+
 class Steps:
     def __init__(self, steps: list[Step], routes: dict[str, RouteField], records: bool,
-                 timeout: float) -> None:  # fmt: skip
-        self.compiled: list[Compiled] = compile_steps(steps, routes, records)
-        self.rewrites = any(c.changes_payload for c in self.compiled)
-        self.threaded = any(c.calls_user for c in self.compiled)
+                 timeout: float, sources: dict[str, str] | None = None) -> None:  # fmt: skip
+        """``sources``: the URL of each Postgres source by sync id, for enrich steps."""
+        compiled = compile_steps(steps, routes, records)
+        self.compiled = [c for c in compiled if isinstance(c, Compiled)]
+        # the steps in stages: a list of steps run a message at a time, then an enrichment
+        # run on the whole batch (or None at the end)
+        self.stages: list[tuple[list[Compiled], Enrich | None]] = [([], None)]
+        for c in compiled:
+            if isinstance(c, EnrichAt):
+                self.stages[-1] = (self.stages[-1][0], Enrich(c.name, c.spec, sources or {}))
+                self.stages.append(([], None))
+            else:
+                self.stages[-1][0].append(c)
+        self.rewrites = any(c.changes_payload for c in self.compiled) or len(self.stages) > 1
         self.timeout = timeout
 
     def one(self, m: Message) -> Outcome:
-        """What the steps make of one message."""
+        """What the steps make of one message (steps without an enrich step)."""
+        assert len(self.stages) == 1, "an enrich step runs on a batch: apply()"
+        return self._finish(m, self._steps(self.compiled, self._begin(m)))
+
+    async def apply(self, batch: Sequence[Message]) -> list[Outcome]:
+        """What the steps make of each message of ``batch``."""
+        states: list[State] = [self._begin(m) for m in batch]
+        for segment, enrich in self.stages:
+            if any(c.calls_user for c in segment):
+                states = await self._threaded(segment, states, batch)
+            elif segment:
+                states = [self._steps(segment, s) for s in states]
+            if enrich is not None:
+                await enrich.merge(batch, states)
+        return [self._finish(m, s) for m, s in zip(batch, states, strict=True)]
+
+    async def close(self) -> None:
+        for enrich in (e for _, e in self.stages if e is not None):
+            await enrich.close()
+
+    def _begin(self, m: Message) -> State:
         try:
-            msg = load(m.payload, exact=self.rewrites)
+            return load(m.payload, exact=self.rewrites), {}
         except (ValueError, RecursionError) as e:
             return StepFailed(f"steps: the payload is no JSON Weir can read: {e}")
-        route: dict[str, str] = {}
-        for c in self.compiled:
+
+    @staticmethod
+    def _steps(segment: list[Compiled], state: State) -> State:
+        if not isinstance(state, tuple):
+            return state
+        msg, route = state
+        for c in segment:
             try:
                 out = c.run(msg, route)
             except Exception as e:
@@ -109,6 +113,12 @@ class Steps:
             if out is None:
                 return None
             msg = out
+        return msg, route
+
+    def _finish(self, m: Message, state: State) -> Outcome:
+        if not isinstance(state, tuple):
+            return state
+        msg, route = state
         try:
             payload = dump(msg) if self.rewrites else m.payload
         except TypeError as e:
@@ -120,7 +130,7 @@ class Steps:
                     batch: Sequence[Message]) -> None:  # fmt: skip
         """Run the steps on ``batch`` and write what they keep: a BatchError names the
         messages that failed, in ``batch``'s places; a dropped one succeeded."""
-        outcomes = await self._run(batch) if self.threaded else [self.one(m) for m in batch]
+        outcomes = await self.apply(batch)
         failed: dict[int, Exception] = {}
         places, out = [], []
         for i, o in enumerate(outcomes):
@@ -137,43 +147,44 @@ class Steps:
         if failed:
             raise BatchError(failed)
 
-    async def _run(self, batch: Sequence[Message]) -> list[Outcome]:
-        """``one`` of each message in a thread, each call bounded by ``timeout``."""
-        outcomes: list[Outcome] = [None] * len(batch)
+    async def _threaded(self, segment: list[Compiled], states: list[State],
+                        batch: Sequence[Message]) -> list[State]:  # fmt: skip
+        """``segment`` on each state in a thread, each message's bounded by ``timeout``."""
+        out = list(states)
         start = 0
         loop = asyncio.get_running_loop()
-        while start < len(batch):
+        while start < len(out):
             done = loop.create_future()
             progress = _Progress(start, time.monotonic())
-            threading.Thread(target=self._thread, args=(batch, outcomes, progress, loop, done),
+            threading.Thread(target=self._thread, args=(segment, out, progress, loop, done),
                              name="weir-steps", daemon=True).start()  # fmt: skip
             while True:
                 left = progress.began + self.timeout - time.monotonic()
                 try:
                     await asyncio.wait_for(asyncio.shield(done), max(0.01, left))
-                    return outcomes
+                    return out
                 except TimeoutError:
                     at = progress.at
                     if time.monotonic() - progress.began < self.timeout:
                         continue
                     progress.abandoned = True
-                    outcomes[at] = StepFailed(f"steps: a function ran past functions.timeout "
-                                              f"({self.timeout:g}s)")  # fmt: skip
+                    out[at] = StepFailed(f"steps: a function ran past functions.timeout "
+                                         f"({self.timeout:g}s)")  # fmt: skip
                     log.warning("steps: seq %d (%s): a function ran past functions.timeout "
                                 "(%gs); its thread is left to finish, the batch goes on",
                                 batch[at].seq, batch[at].key, self.timeout)  # fmt: skip
                     start = at + 1
                     break
-        return outcomes
+        return out
 
-    def _thread(self, batch: Sequence[Message], outcomes: list[Outcome], progress: _Progress,
+    def _thread(self, segment: list[Compiled], states: list[State], progress: _Progress,
                 loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:  # fmt: skip
-        for i in range(progress.at, len(batch)):
+        for i in range(progress.at, len(states)):
             progress.at, progress.began = i, time.monotonic()
-            got = self.one(batch[i])
+            got = self._steps(segment, states[i])
             if progress.abandoned:
                 return
-            outcomes[i] = got
+            states[i] = got
         loop.call_soon_threadsafe(_finish, done)
 
 

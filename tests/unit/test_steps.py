@@ -20,7 +20,8 @@ from core.engine.sink import BatchError
 from core.envelope import Message
 from core.ids import encode_token
 from core.steps import expr
-from core.steps.run import StepFailed, Steps, load
+from core.steps.payload import load
+from core.steps.run import StepFailed, Steps
 
 # -- the reference: each expression as text and as a plain function of the message ----------
 

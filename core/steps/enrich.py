@@ -1,0 +1,102 @@
+"""An enrich step (docs/transforms.md “Enrich”): one query a batch against each message's source
+database, whose rows join the messages by a key, each message's row put in a field of its
+record (null when it has none). A join without another service, as Sequin's enrichment.
+
+- The keys are the values of ``key`` in the batch's messages, distinct, sent as ``%(ids)s``
+  (numbers as numbers, text as text: cast in the query where the column is of another type).
+- The row is what ``to_jsonb`` makes of it, read with every number exact.
+- A query that fails (the database away, the query wrong) fails the batch's messages
+  retryably: the connector retries them with its backoff and says why (after
+  ``retry.max_attempts``, they go to the failed list); it never sends one unenriched.
+- Each source's connection is opened when first needed, with a statement timeout, read-only,
+  and opened again after an error.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from core.config.steps import EnrichSpec
+from core.engine.sink import RetryableError
+from core.envelope import Message
+from core.redact import first_line
+from core.steps import expr
+from core.steps.compile import parts
+from core.steps.payload import load
+
+QUERY_TIMEOUT_MS = 10_000
+
+
+class Enrich:
+    def __init__(self, name: str, spec: EnrichSpec, sources: dict[str, str]) -> None:
+        """``sources``: each Postgres source's URL by sync id."""
+        self.name = name
+        self.spec = spec
+        self.key = expr.path(spec.key)
+        self.sources = sources
+        self.conns: dict[str, psycopg.AsyncConnection[Any]] = {}
+        # the user's query, each row as its JSON text
+        self.query = f"SELECT to_jsonb(q)::text FROM ({spec.sql}) q"
+
+    async def merge(self, batch: Sequence[Message], states: list[Any]) -> None:
+        """Put each live message's row (or null) in its record, source by source; a query that
+        fails fails the source's live messages retryably."""
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for i, state in enumerate(states):
+            if isinstance(state, tuple):
+                by_source[batch[i].sync_id].append(i)
+        for sync_id, places in by_source.items():
+            keys = {i: self.key(*parts(states[i][0]), states[i][0]) for i in places}
+            try:
+                rows = await self._rows(sync_id, [k for k in set(map(_hashable, keys.values()))
+                                                  if k is not None])  # fmt: skip
+            except (psycopg.Error, OSError, ValueError) as e:
+                why = RetryableError(f"{self.name}: the query failed: {first_line(e)}")
+                for i in places:
+                    states[i] = why
+                continue
+            found = {}
+            for text in rows:
+                row = load(text.encode())
+                found[expr.text_of(row.get(self.spec.on))] = row
+            for i in places:
+                msg = states[i][0]
+                record = msg.get("record")
+                if type(record) is dict:
+                    k = keys[i]
+                    record[self.spec.into] = None if k is None else found.get(expr.text_of(k))
+
+    async def _rows(self, sync_id: str, ids: list[Any]) -> list[str]:
+        if not ids:
+            return []
+        url = self.sources.get(sync_id)
+        if url is None:
+            raise ValueError(f"source {sync_id} is no Postgres database to query")
+        conn = self.conns.get(sync_id)
+        if conn is None or conn.closed:
+            conn = self.conns[sync_id] = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, application_name="weir:enrich",
+                options=f"-c statement_timeout={QUERY_TIMEOUT_MS} "
+                        "-c default_transaction_read_only=on",
+            )  # fmt: skip
+        try:
+            cur = await conn.execute(self.query, {"ids": ids})
+            return [str(r[0]) for r in await cur.fetchall()]
+        except psycopg.Error:
+            await conn.close()  # opened again for the next batch
+            raise
+
+    async def close(self) -> None:
+        for conn in self.conns.values():
+            await conn.close()
+        self.conns.clear()
+
+
+def _hashable(v: Any) -> Any:
+    """A key value as the query takes it: text and numbers as they are; anything else (a list,
+    an object) as its JSON text."""
+    return v if v is None or type(v) in (str, int, float, bool) else expr.text_of(v)
