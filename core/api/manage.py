@@ -158,6 +158,7 @@ class Operations:
                 "name": c.name, "type": c.type, "stream": c.stream,
                 "origin": "api" if c.name in made else "config",
                 "paused": c.name in paused, "failed": mine[0].failed if mine else 0, "shards": [],
+                "steps": shown(c.model_dump(mode="json", include={"steps"}))["steps"],
             })  # fmt: skip
             entry["shards"].append({
                 "key": key, "state": w.state, "detail": w.detail, "owner": w.owner,

@@ -3,6 +3,7 @@ HTTP, and what a person does with it in a real headless Chromium (devkit/browser
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -199,3 +200,21 @@ def test_retry_a_failed_message_and_see_it_leave_the_list(
         expect(page.locator("p.empty")).to_be_visible()
         assert failed_messages(table, "hooks") == []
         assert TOKEN not in page.content()
+
+
+def test_a_connectors_page_and_the_api_show_its_steps(
+    table: str, webhook_receiver: Receiver
+) -> None:
+    steps = [{"filter": 'action != "delete" and record.id > 1'},
+             {"transform": {"drop": ["body"], "add": {"t": "{metadata.table_name}"}}},
+             {"route": {"path": "{record.id}"}}]  # fmt: skip
+    with console(table, webhook_receiver, steps=steps) as (api, _, _), logged_in(api) as (
+        client, _):  # fmt: skip
+        shown = api.get("/v1/connectors/hooks").json()["steps"]
+        assert shown[0] == steps[0] and shown[2] == steps[2]
+        assert shown[1]["transform"]["drop"] == ["body"]
+        page = client.get("/console/connectors/hooks").text
+        assert [html.unescape(s) for s in re.findall(r"<li><code>(.*?)</code></li>", page)] == [
+            'filter: action != "delete" and record.id > 1',
+            'transform: drop: ["body"], add: {"t":"{metadata.table_name}"}',
+            'route: path: "{record.id}"']  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 UNKNOWN = "\u2013"  # an en dash
 
 
@@ -92,6 +94,17 @@ def shard(key: str) -> str:
     return key.partition("#")[2] or key
 
 
+def step(s: dict[str, Any]) -> str:
+    """A step of a connector as one line: its kind, then its expression or its keys."""
+    kind, spec = next(iter(s.items()))
+    if isinstance(spec, str):
+        return f"{kind}: {spec}"
+    given = ", ".join(f"{k}: {orjson.dumps(v).decode()}" for k, v in spec.items()
+                      if v not in (None, [], {}, False))  # fmt: skip
+    return f"{kind}: {given}"
+
+
 FILTERS = {
-    f.__name__: f for f in (count, rate, seconds, size, tone, connector_state, totals, shard, when)
+    f.__name__: f
+    for f in (count, rate, seconds, size, tone, connector_state, totals, shard, when, step)
 }
