@@ -43,12 +43,16 @@ class RetryPolicy(Model):
     )
 
     def delay(self, attempt: int, rand: float) -> float:
-        """Seconds to wait before attempt ``attempt + 1``; ``rand`` is uniform in [0, 1)."""
-        base = min(
-            self.max.total_seconds(),
-            self.initial.total_seconds() * self.multiplier ** (attempt - 1),
-        )
-        return base * (1 - self.jitter + 2 * self.jitter * rand)
+        """Seconds to wait before attempt ``attempt + 1``; ``rand`` is uniform in [0, 1). The
+        growth stops at ``max`` for ever: a destination down for hours retries at ``max`` (the
+        power itself overflowed a float after 1,024 doublings: found by an outside tryout)."""
+        initial, most = self.initial.total_seconds(), self.max.total_seconds()
+        if initial <= 0.0 or initial >= most or self.multiplier == 1.0:
+            base = min(initial, most)
+        else:  # past the power that reaches max, max: the power is not computed
+            reaches = math.log(most / initial, self.multiplier)
+            base = most if attempt - 1 >= reaches else initial * self.multiplier ** (attempt - 1)
+        return min(base, most) * (1 - self.jitter + 2 * self.jitter * rand)
 
 
 FilterOp = Literal[

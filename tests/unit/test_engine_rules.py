@@ -5,6 +5,10 @@ they merge, and the charge of a message that keeps dropping the connection.
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.config.connector import RetryPolicy
 from core.engine.lane import MAX_MARKS, Lane
 from core.engine.rules import STRIKES, Groups, Suspects
 from core.engine.sink import FatalError
@@ -121,3 +125,24 @@ def test_a_suspect_is_charged_once_it_lost_the_connection_alone_often_enough() -
     )
     assert suspects.charged("k2", None) is None
     assert suspects.charged("k1", STRIKES + 1) is None  # max_attempts sets the count
+
+
+@given(
+    st.integers(1, 10**7),
+    st.floats(0.0, 0.999),
+    st.floats(1.0, 100.0),
+    st.sampled_from(["0s", "1ms", "100ms", "5s"]),
+    st.sampled_from(["1ms", "10s", "1d"]),
+)
+def test_a_retry_waits_at_most_max_whatever_the_attempt(
+    attempt: int, rand: float, multiplier: float, initial: str, most: str
+) -> None:
+    """A destination down for hours: the 1,025th doubling overflowed a float and stopped
+    weir run (found by an outside tryout). The wait grows to max and stays there."""
+    retry = RetryPolicy.model_validate({"initial": initial, "max": most, "jitter": 0.2,
+                                        "multiplier": multiplier})  # fmt: skip
+    cap, first = retry.max.total_seconds(), retry.initial.total_seconds()
+    wait = retry.delay(attempt, rand)
+    assert 0 <= wait <= min(first if multiplier == 1.0 else cap, cap) * 1.2 + 1e-12
+    if attempt > 10_000 and multiplier >= 1.01 and first > 0:
+        assert wait >= cap * 0.8 - 1e-12
