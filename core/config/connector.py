@@ -201,16 +201,25 @@ class ConnectorBase(Model):
     # the file's. Not a setting: compared with the config, so one deleted and made again under
     # its name, even alike, is another connector.
     _incarnation: int | None = PrivateAttr(None)
+    # Each source's [events seq, records seq] when it was made over the API: where its
+    # start_position end starts (None: where its first start finds the streams).
+    _heads: dict[str, list[int]] | None = PrivateAttr(None)
 
     @property
     def incarnation(self) -> int | None:
         return self._incarnation
 
-    def made(self, incarnation: int) -> Self:
-        """This connector as the making ``incarnation`` of it over the API."""
+    def made(self, incarnation: int, heads: dict[str, list[int]] | None = None) -> Self:
+        """This connector as the making ``incarnation`` of it over the API, made when its
+        sources' streams ended at ``heads``."""
         c = self.model_copy()
-        c._incarnation = incarnation
+        c._incarnation, c._heads = incarnation, heads
         return c
+
+    def head_when_made(self, sync_id: str) -> int | None:
+        """Where the source's stream ended when the connector was made over the API."""
+        got = (self._heads or {}).get(sync_id)
+        return None if got is None else got[0 if self.stream == "events" else 1]
 
     # The route fields the connector's type takes in its steps (core/config/steps.py).
     ROUTES: ClassVar[dict[str, RouteField]] = {}

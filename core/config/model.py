@@ -257,15 +257,17 @@ class WeirConfig(Model):
             raise UnknownSourceError(f"no source named {', '.join(unknown)}")
         return [s for s in self.sources if names is None or s.name in names]
 
-    def with_stored(self, stored: list[tuple[int, dict[str, Any]]]) -> WeirConfig:
+    def with_stored(
+        self, stored: list[tuple[int, dict[str, Any], dict[str, list[int]] | None]]
+    ) -> WeirConfig:
         """This config with the connectors made over the API (core/store/connectors.py: each
         one's id and config) after the file's. One that no longer fits the file (the file now
         declares its name, or no longer a source it reads) is left out, with a warning."""
         extra = []
         names = {c.name for c in self.connectors}
-        for incarnation, raw in stored:
+        for incarnation, raw, heads in stored:
             try:
-                c = CONNECTOR.validate_python(raw).made(incarnation)
+                c = CONNECTOR.validate_python(raw).made(incarnation, heads)
                 if c.name in names:
                     raise ValueError("the config file declares a connector of that name")
                 self.sources_of(c)

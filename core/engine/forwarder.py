@@ -96,8 +96,8 @@ class Forwarder:
         cfg = self.cfg
         where = selection(cfg.collections, cfg.actions, cfg.filters)
         return StreamReader(self.store, cfg.name, cfg.stream, where, str(src.sync_id),
-                            src.provider, self.shard, fenced=True,
-                            incarnation=cfg.incarnation)  # fmt: skip
+                            src.provider, self.shard, fenced=True, incarnation=cfg.incarnation,
+                            end=cfg.head_when_made(str(src.sync_id)))  # fmt: skip
 
     def set_state(self, state: str, detail: str = "") -> None:
         detail = " ".join(detail.split())  # one line, whatever the error's text holds

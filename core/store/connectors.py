@@ -25,18 +25,22 @@ VERSION = "SELECT count(*)::text || '/' || coalesce(max(changed_at)::text, '') F
 
 DELETE_WAIT = 30.0  # seconds a delete waits for the connector's sessions to end (drains)
 
-Stored = list[tuple[int, dict[str, Any]]]  # each connector's id (its making) and config
+# each connector's id (its making), config, and the heads of its sources when it was made
+Stored = list[tuple[int, dict[str, Any], dict[str, list[int]] | None]]
 
 
 class StillSending(Exception):
     """A deleted connector's session did not end within ``DELETE_WAIT``."""
 
 
+LOAD = "SELECT id, config, heads FROM {} ORDER BY name"
+
+
 def _load(store: Store) -> Stored:
-    q = sql.SQL("SELECT id, config FROM {} ORDER BY name").format(store.table("api_connectors"))
     with store.connect(autocommit=True) as conn:
-        rows: list[Any] = conn.execute(q).fetchall()
-    return [(int(i), dict(c)) for i, c in rows]
+        rows: list[Any] = conn.execute(sql.SQL(LOAD).format(store.table("api_connectors"))
+                                       ).fetchall()  # fmt: skip
+    return [(int(i), dict(c), h) for i, c, h in rows]
 
 
 def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
@@ -48,12 +52,12 @@ def clashes(cfg: WeirConfig, store: Store) -> list[str]:
     """Connectors the file declares that were made over the API too: the store's cursors and
     marks of that name are the API-made one's, which ``weir run`` refuses to mix up."""
     declared = {c.name for c in cfg.connectors}
-    return sorted(str(c.get("name")) for _, c in _load(store) if c.get("name") in declared)
+    return sorted(str(c.get("name")) for _, c, _ in _load(store) if c.get("name") in declared)
 
 
 async def aload(store: Store, conn: AConn) -> Stored:
-    q = sql.SQL("SELECT id, config FROM {} ORDER BY name").format(store.table("api_connectors"))
-    return [(int(i), dict(c)) for i, c in await (await conn.execute(q)).fetchall()]
+    q = sql.SQL(LOAD).format(store.table("api_connectors"))
+    return [(int(i), dict(c), h) for i, c, h in await (await conn.execute(q)).fetchall()]
 
 
 async def raw(store: Store, conn: AConn, name: str) -> dict[str, Any] | None:
@@ -73,8 +77,10 @@ async def put(store: Store, conn: AConn, name: str, config: str, new: bool) -> b
             q = sql.SQL("UPDATE {} SET config = %s, changed_at = now() WHERE name = %s").format(t)
             return int((await conn.execute(q, (config, name))).rowcount) == 1
         q = sql.SQL(
-            "INSERT INTO {} (name, config) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
-        ).format(t)
+            "INSERT INTO {} (name, config, heads) SELECT %s, %s, (SELECT jsonb_object_agg("
+            "sync_id::text, jsonb_build_array(events_seq, records_seq)) FROM {})"
+            " ON CONFLICT (name) DO NOTHING"
+        ).format(t, store.table("sources"))
         if int((await conn.execute(q, (name, config))).rowcount) != 1:
             return False
         await _clear(store, conn, name)  # what a session that outlived a delete left

@@ -477,4 +477,14 @@ ALTER TABLE {s}.collections ADD COLUMN columns text[];
 DROP INDEX {s}.consumer_messages_visible;
 """,
     ),
+    (
+        17,
+        "where start_position end starts for a connector made over the API",
+        """
+-- Each source's heads (events seq, records seq) when a connector was made over the API: its
+-- start_position end starts there, not where its first start found the streams a lease poll
+-- later (changes committed after the 201 were skipped: found by an outside tryout).
+ALTER TABLE {s}.api_connectors ADD COLUMN heads jsonb;
+""",
+    ),
 ]

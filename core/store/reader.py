@@ -66,11 +66,15 @@ class StreamReader:
         shard: Shard = UNSPLIT,
         fenced: bool = False,
         incarnation: int | None = None,
+        end: int | None = None,
     ) -> None:
         """``name`` keys the failed list, and with ``shard`` the cursor; ``select`` says which
         messages it takes. A ``fenced`` reader (a connector's) holds its shard's fence from
         ``open`` to ``close`` (core/store/cursors.py); the Consume API, served by every
-        instance at once, reads unfenced. ``incarnation``: see :class:`Cursors`."""
+        instance at once, reads unfenced. ``incarnation``: see :class:`Cursors`. ``end``: the
+        seq ``start_position: end`` means (an API-made connector's, when it was made), or
+        None for the stream's head at its first start."""
+        self.end = end
         self.fenced = fenced
         self.store = store
         self.connector = name
@@ -153,7 +157,7 @@ class StreamReader:
         if start == "beginning":
             return 0
         if start == "end":
-            return await self.head()
+            return self.end if self.end is not None else await self.head()
         if isinstance(start, SeqStart):
             return start.seq - 1
         assert isinstance(start, TimeStart)
