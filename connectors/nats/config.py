@@ -100,6 +100,8 @@ class NatsSettings(Model):
     @field_validator("url")
     @classmethod
     def _urls(cls, v: str | list[str]) -> str | list[str]:
+        if not v:
+            raise ValueError("give a server's URL (nats://host:port), or a list of them")
         for u in [v] if isinstance(v, str) else v:
             if not u.startswith(("nats://", "tls://", "ws://", "wss://")):
                 raise ValueError(
@@ -112,6 +114,8 @@ class NatsSettings(Model):
                     f"{redact_urls(u)!r}: its port is not a number (in a password, '/', '?', "
                     "'#' and '@' are written %2F, %3F, %23 and %40)"
                 ) from None
+            if not urlsplit(u).hostname:
+                raise ValueError(f"{redact_urls(u)!r}: the URL has no host (nats://host:port)")
         return v
 
     @field_validator("records_stream", "events_stream", mode="before")

@@ -11,6 +11,7 @@ import re
 import stat
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Self, get_args
 
 from pydantic import (
@@ -100,9 +101,18 @@ def check_pair(model: BaseModel, a: str, b: str) -> None:
 
 
 def check_http_url(v: str, example: str) -> str:
-    """A config validator: an http:// or https:// URL (``example`` shows one)."""
+    """A config validator: an http:// or https:// URL with a host and a numeric port, if any
+    (``example`` shows one): one that cannot be parsed was taken, and retried for ever as if
+    the receiver were away (found by an outside tryout)."""
     if not v.startswith(("https://", "http://")):
         raise ValueError(f"expected an http:// or https:// URL, like {example}")
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 (it raises when the port is not a number)
+    except ValueError as e:
+        raise ValueError(f"not a URL ({e}), expected one like {example}") from None
+    if not parts.hostname:
+        raise ValueError(f"the URL has no host, expected one like {example}")
     return v
 
 

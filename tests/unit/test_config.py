@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import SecretStr, TypeAdapter
+from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core.config.base import Duration, duration_text
 from core.config.load import ConfigError, load_config
+from core.config.model import CONNECTOR
 from core.config.settings import settings_or_exit
 from core.config.sources import PostgresSource
 from core.registry import connector_specs
@@ -542,3 +545,21 @@ def test_a_duration_is_shown_in_the_largest_unit_it_is_whole_in(seconds: float, 
     """As the configuration page's defaults and the API show it; it reads back the same."""
     assert duration_text(timedelta(seconds=seconds)) == text
     assert TypeAdapter(Duration).validate_python(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(("kind", "settings", "says"), [
+    ("webhook", {"url": "http://[::1"}, "not a URL (Invalid IPv6 URL)"),
+    ("webhook", {"url": "http://host:port/x"}, "not a URL (Port could not be cast"),
+    ("webhook", {"url": "https://"}, "the URL has no host"),
+    ("nats", {"url": []}, "give a server's URL"),
+    ("nats", {"url": "nats://"}, "the URL has no host"),
+    ("sqs", {"queue_url": "http://[q/1/q"}, "not a URL"),
+])  # fmt: skip
+def test_a_url_that_cannot_be_parsed_is_refused_at_load(
+    kind: str, settings: dict[str, Any], says: str
+) -> None:
+    """Taken before, they were retried for ever as if the receiver were away (found by an
+    outside tryout)."""
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        CONNECTOR.validate_python({"name": "c", "type": kind, "stream": "events",
+                                   kind: settings})  # fmt: skip
