@@ -11,8 +11,8 @@ import re
 import stat
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Self, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,

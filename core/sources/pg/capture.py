@@ -38,7 +38,7 @@ from core.sources.pg.setup import (
     prepare,
     tables_wanted,
 )
-from core.sources.pg.slot import SlotGapError, check_slot, unreadable
+from core.sources.pg.slot import SlotGapError, check_slot, slot_lock, unreadable
 from core.sources.pg.stream import SlotPosition, Stream
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
@@ -170,19 +170,20 @@ class PostgresCapture:
         """Check the slot against the checkpoint; store where capture starts, with a backfill
         of every table when changes were lost with the slot. Returns the start position."""
         src = self.src
-        cp = writer.checkpoint()
-        start = check_slot(catalog, src, cp)
-        if start.gap is not None:
-            writer.collections.request_backfills(
-                capturable_tables(catalog, src, say=False), start.gap
-            )
-        if (
-            start.gap is not None
-            or not cp.tracked
-            or start.lsn != cp.end_lsn
-            or cp.slot != src.slot
-        ):
-            writer.advance(start.lsn, src.slot)
+        with slot_lock(catalog, src):  # a backfill making the slot notes it first
+            cp = writer.checkpoint()
+            start = check_slot(catalog, src, cp)
+            if start.gap is not None:
+                writer.collections.request_backfills(
+                    capturable_tables(catalog, src, say=False), start.gap
+                )
+            if (
+                start.gap is not None
+                or not cp.tracked
+                or start.lsn != cp.end_lsn
+                or cp.slot != src.slot
+            ):
+                writer.advance(start.lsn, src.slot)
         self.position.flushed_lsn = max(self.position.flushed_lsn, start.lsn)
         return start.lsn
 

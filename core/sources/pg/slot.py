@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,19 @@ class SlotStart:
 
     lsn: int  # the slot's position (or the checkpoint's, when it is further)
     gap: str | None = None  # the lost changes, when the slot was re-created to go on
+
+
+@contextmanager
+def slot_lock(conn: psycopg.Connection[Any], src: PostgresSource) -> Iterator[None]:
+    """Who makes a source's slot and notes it as the store's (or checks it is), one at a time,
+    by an advisory lock on the source: capture's first start and a backfill's raced, and one
+    took the other's new slot for another program's and stopped (found by an outside tryout)."""
+    key = f"weir:slot:{src.slot}"
+    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
 
 def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoint) -> SlotStart:

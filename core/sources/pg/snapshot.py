@@ -41,6 +41,7 @@ from core.sources.pg.relations import (
     row_values,
 )
 from core.sources.pg.setup import SlotBusyError, SourceSetupError, ensure_slot, prepare
+from core.sources.pg.slot import slot_lock
 from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
 
@@ -69,7 +70,7 @@ def ensure_capture(
     noted in the store as its own (core/sources/pg/slot.py ``check_slot``). ``say``: report
     the tables left out (capture's start does, so a backfill does not say it again)."""
     prepare(conn, src, say)
-    with contextlib.suppress(SlotBusyError):  # the slot exists and capture reads it: normal
+    with contextlib.suppress(SlotBusyError), slot_lock(conn, src):  # busy: capture reads it
         if ensure_slot(conn, src):
             store.slot_made(src.sync_id, src.slot)
 
