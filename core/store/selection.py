@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from core.config.connector import Action, Filter
+from core.ids import escaped
 
 # A record holds JSON nested up to 1000 deep (core/sources/pg/values.py); reading it with exact
 # numbers, comparing or writing it recurses about once a level, beyond the default limit (1000).
@@ -33,11 +34,20 @@ _JTYPES = (
 )
 
 
-def glob(patterns: Sequence[str]) -> Callable[[str], bool] | None:
-    """A matcher of ``*`` patterns (``*`` any text, everything else literal); None for all."""
+def glob(
+    patterns: Sequence[str], form: Callable[[str], str] | None = None
+) -> Callable[[str], bool] | None:
+    """A matcher of ``*`` patterns (``*`` any text, everything else literal); None for all.
+    ``form``: how the texts matched write what a pattern may give as written (record ids are
+    subject tokens: ``a.b`` is kept as ``a%2Eb``); a piece matches either way."""
     if "*" in patterns:
         return None
-    rx = re.compile("|".join(".*".join(map(re.escape, p.split("*"))) for p in patterns), re.S)
+
+    def piece(p: str) -> str:
+        alt = form(p) if form is not None else p
+        return re.escape(p) if alt == p else f"(?:{re.escape(p)}|{re.escape(alt)})"
+
+    rx = re.compile("|".join(".*".join(map(piece, p.split("*"))) for p in patterns), re.S)
     return lambda text: rx.fullmatch(text) is not None
 
 
@@ -167,7 +177,7 @@ class Selection:
         record_ids: Sequence[str] = ("*",),
     ) -> None:
         self._collection = glob(collections)
-        self._record = glob(record_ids)
+        self._record = glob(record_ids, escaped)  # a record id is kept in its token form
         self._actions = None if actions is None else frozenset(actions)
         self._tests = [_test(f) for f in filters]
         self._collections: dict[str, bool] = {}

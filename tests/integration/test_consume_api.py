@@ -540,3 +540,22 @@ def test_an_answer_does_not_wait_for_the_clients_delayed_ack(table: str) -> None
             took.append(time.perf_counter() - start)
         conn.close()
     assert statistics.median(took) < 0.03, took
+
+
+def test_a_consumers_record_id_pattern_matches_ids_as_they_were_pushed(table: str) -> None:
+    """Record ids are kept as subject tokens (``a.b`` as ``a%2Eb``): a pattern written with the
+    id as pushed matched nothing, silently (found by an outside tryout). Either form matches."""
+    picky = {"name": "picky", "stream": "events", "sources": ["stripe"],
+             "filters": {"resource_id": "a.b*"}}  # fmt: skip
+    encoded = {"name": "encoded", "stream": "events", "sources": ["stripe"],
+               "filters": {"resource_id": "a%2Eb*"}}  # fmt: skip
+    with api_serving(table, consumers=[picky, encoded]) as client:
+        ids = ["a.b", "a.bc", "é", "ab", "a%2Eb"]
+        r = client.post("/v1/sources/stripe/records", json={"records": [
+            {"collection_id": "c", "record_id": i, "data": {}} for i in ids]})  # fmt: skip
+        assert r.status_code == 200, r.text
+        got = receive_all(client, "picky", 2)
+        assert sorted(m["record"]["resource_id"] for m in got) == ["a%2Eb", "a%2Ebc"]
+        # the token form matches too, and read as pushed text, the id a%2Eb (kept as a%252Eb)
+        got = receive_all(client, "encoded", 3)
+        assert sorted(m["record"]["resource_id"] for m in got) == ["a%252Eb", "a%2Eb", "a%2Ebc"]
