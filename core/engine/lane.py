@@ -21,6 +21,7 @@ class Lane:
         self.fetched = 0  # every seq up to here has been read (and maybe filtered out)
         self.head = 0  # the stream's last seq, as last seen
         self.hungry = True
+        self.ask = True  # its head is asked of the store, not taken from the commits heard
         self.outstanding: deque[int] = deque()  # seqs read and not yet settled, ascending
         self.settled: set[int] = set()  # settled seqs still behind an outstanding one
         self.marks: deque[tuple[BrokerMark, int]] = deque()  # (mark at dispatch, max seq)

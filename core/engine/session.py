@@ -131,10 +131,10 @@ class Session:
             fw.kick.clear()
             await self._settle()
             now = time.monotonic()
-            if now >= next_poll:
+            if now >= next_poll:  # asks the store: a notification lost is made up for here
                 next_poll = now + POLL
                 for lane in self.lanes:
-                    lane.hungry = True
+                    lane.hungry = lane.ask = True
                     await self._replay(lane)
             if fw.notified:  # a source committed: its lane may have more
                 fw.notified = False
@@ -222,8 +222,9 @@ class Session:
             heard = self.fw.notifier.heads.get(lane.reader.sync_id)
             if heard is not None:  # a commit said so: no need to ask
                 lane.head = max(lane.head, heard[self.stream])
-            if lane.fetched >= lane.head:
-                lane.head = await lane.reader.head()
+            if lane.fetched >= lane.head and (lane.ask or heard is None):
+                lane.head = await lane.reader.head()  # a query a poll, not a notification
+            lane.ask = False
             if lane.fetched >= lane.head:
                 lane.hungry = False
                 return
