@@ -173,7 +173,7 @@ def enrich_cost(msgs: list[Message]) -> float:
         url = new_db(pg, "enrich", "CREATE TABLE customers (id int PRIMARY KEY, name text)")
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO customers SELECT g, 'c' || g FROM generate_series(0, 999) g")
-        spec = {"sql": "SELECT id, name FROM customers WHERE id = ANY(%(ids)s)",
+        spec = {"sql": "SELECT id, name FROM customers WHERE id = ANY(%(ids)s::int[])",
                 "key": "record.items", "into": "customer"}  # fmt: skip
         joined = steps([{"enrich": spec}], {"0b6c5e2a": url})
         batches = [msgs[i : i + 500] for i in range(0, len(msgs), 500)]

@@ -60,6 +60,12 @@ def check_path(value: str) -> None:
                          "\\, .. or white space")  # fmt: skip
 
 
+def _segment(value: str) -> str:
+    """A field's value as one path segment: percent-encoded, its dots too (``.`` and ``..``
+    would climb out of the path: found by an outside tryout)."""
+    return quote(value, safe="").replace(".", "%2E")
+
+
 class WebhookConnector(ConnectorBase):
     """POSTs batches of one stream's messages as ``{"data": [message, ...]}``: a 2xx answer
     acknowledges them; anything else, or no answer within ``timeout``, is retried with the
@@ -77,4 +83,4 @@ class WebhookConnector(ConnectorBase):
     webhook: WebhookSettings = Field(description="where to POST")
 
     # route: {path: …} is put after the URL (a path of the receiver's per message)
-    ROUTES = {"path": RouteField(lambda v: quote(v, safe=""), check_path)}
+    ROUTES = {"path": RouteField(_segment, check_path)}

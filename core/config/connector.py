@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from core.config.base import Duration, Model
-from core.config.steps import RouteField, Step, check_routes
+from core.config.steps import RouteField, Step, check_routes, check_steps
 
 
 class BatchPolicy(Model):
@@ -228,5 +228,6 @@ class ConnectorBase(Model):
     def _actions_on_events(self) -> ConnectorBase:
         if self.actions is not None and self.stream != "events":
             raise ValueError("actions: filters the events stream only")
+        check_steps(self.steps)
         check_routes(self.steps, self.ROUTES, self.type)
         return self

@@ -118,7 +118,8 @@ class EnrichSpec(Model):
     messages by a key, each message's row put in a field of its record."""
 
     sql: str = Field(
-        description="a SELECT taking the batch's keys as `%(ids)s` (`… WHERE id = ANY(%(ids)s)`)"
+        description="a SELECT taking the batch's keys, a text[], as `%(ids)s` "
+        "(`… WHERE id = ANY(%(ids)s::int[])`)"
     )
     key: str = Field(description="the message's field whose value joins it to a row: a path")
     on: str = Field("id", description="the row's column that holds the key")
@@ -129,7 +130,7 @@ class EnrichSpec(Model):
     def _ids(cls, v: str) -> str:
         if "%(ids)s" not in v:
             raise ValueError("the query takes the batch's keys as %(ids)s "
-                             "(… WHERE id = ANY(%(ids)s))")  # fmt: skip
+                             "(… WHERE id = ANY(%(ids)s::int[]))")  # fmt: skip
         return v
 
     @field_validator("key")
@@ -190,6 +191,24 @@ class RouteField:
 
     escape: Callable[[str], str]
     check: Callable[[str], None]
+
+
+def check_steps(steps: list[Step]) -> None:
+    """Refuse a declarative transform after a flatten: the message is its record then, with no
+    ``record`` of its own to keep, drop or rename fields of (it did nothing, silently)."""
+    flat = False
+    for i, step in enumerate(steps):
+        if not isinstance(step, TransformStep):
+            continue
+        if step.transform.function is not None:  # it may give the message any shape
+            flat = False
+        elif flat:
+            raise ValueError(
+                f"steps[{i}]: after a flatten the message is the record: put this transform "
+                "before the flatten (filters read message.x)"
+            )
+        else:
+            flat = step.transform.flatten
 
 
 def check_routes(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:

@@ -357,7 +357,7 @@ class Session:
                 self.fw.set_state("retrying", f"{type(retried).__name__}: {retried}")
             elif retried is None and self.failing:
                 self.failing = False
-                self.fw.set_state("streaming", "the broker takes messages again")
+                self.fw.set_state("streaming", "messages go out again")
 
     async def _failed(self, lane: Lane, msg: Message, err: BaseException) -> bool:
         """A message the broker did not take: retried later (True), or, at its last attempt

@@ -19,11 +19,16 @@ from core.config.steps import (
     TransformSpec,
     TransformStep,
 )
+from core.engine.sink import FatalError
 from core.steps import expr, functions
 
 Msg = dict[str, Any]
 Route = dict[str, str]
 Run = Callable[[Msg, Route], Msg | None]
+
+
+class StepFailed(FatalError):
+    """A message its steps could not make: it goes to the failed list at once."""
 
 
 class StepError(Exception):
@@ -122,8 +127,10 @@ def _transform(spec: TransformSpec, records: bool) -> Run:
                     d = {k: d[k] for k in keep if k in d}
                 if drop:
                     d = {k: v for k, v in d.items() if k not in drop}
-                if rename:
-                    d = {rename.get(k, k): v for k, v in d.items()}
+                if rename:  # a field renamed onto another's name replaces it
+                    moved = {rename[k]: v for k, v in d.items() if k in rename}
+                    d = {k: v for k, v in d.items() if k not in rename and k not in moved}
+                    d.update(moved)
                 msg[part] = d
         record = msg.get("record")
         if adds and type(record) is dict:

@@ -2,8 +2,9 @@
 database, whose rows join the messages by a key, each message's row put in a field of its
 record (null when it has none). A join without another service, as Sequin's enrichment.
 
-- The keys are the values of ``key`` in the batch's messages, distinct, sent as ``%(ids)s``
-  (numbers as numbers, text as text: cast in the query where the column is of another type).
+- The keys are the values of ``key`` in the batch's messages, distinct, sent as ``%(ids)s``, a
+  ``text[]`` (``WHERE id = ANY(%(ids)s::int[])``, or ``id::text = ANY(%(ids)s)``): one type
+  whatever the messages hold.
 - The row is what ``to_jsonb`` makes of it, read with every number exact.
 - A query that fails (the database away, the query wrong) fails the batch's messages
   retryably: the connector retries them with its backoff and says why (after
@@ -14,6 +15,7 @@ record (null when it has none). A join without another service, as Sequin's enri
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +27,7 @@ from core.engine.sink import RetryableError
 from core.envelope import Message
 from core.redact import first_line
 from core.steps import expr
-from core.steps.compile import parts
+from core.steps.compile import StepFailed, parts
 from core.steps.payload import load
 
 QUERY_TIMEOUT_MS = 10_000
@@ -39,6 +41,7 @@ class Enrich:
         self.key = expr.path(spec.key)
         self.sources = sources
         self.conns: dict[str, psycopg.AsyncConnection[Any]] = {}
+        self.lock = asyncio.Lock()
         # the user's query, each row as its JSON text
         self.query = f"SELECT to_jsonb(q)::text FROM ({spec.sql}) q"
 
@@ -50,10 +53,16 @@ class Enrich:
             if isinstance(state, tuple):
                 by_source[batch[i].sync_id].append(i)
         for sync_id, places in by_source.items():
-            keys = {i: self.key(*parts(states[i][0]), states[i][0]) for i in places}
+            keys: dict[int, str | None] = {}
+            for i in places:
+                try:
+                    k = self.key(*parts(states[i][0]), states[i][0])
+                    keys[i] = None if k is None else expr.text_of(k)
+                except Exception as e:  # a value no text is made of: this message alone
+                    states[i] = StepFailed(f"{self.name}: {type(e).__name__}: {first_line(e)}")
+            places = [i for i in places if i in keys]
             try:
-                rows = await self._rows(sync_id, [k for k in set(map(_hashable, keys.values()))
-                                                  if k is not None])  # fmt: skip
+                rows = await self._rows(sync_id, sorted({k for k in keys.values() if k}))
             except (psycopg.Error, OSError, ValueError) as e:
                 why = RetryableError(f"{self.name}: the query failed: {first_line(e)}")
                 for i in places:
@@ -64,18 +73,21 @@ class Enrich:
                 row = load(text.encode())
                 found[expr.text_of(row.get(self.spec.on))] = row
             for i in places:
-                msg = states[i][0]
-                record = msg.get("record")
+                record = states[i][0].get("record")
                 if type(record) is dict:
                     k = keys[i]
-                    record[self.spec.into] = None if k is None else found.get(expr.text_of(k))
+                    record[self.spec.into] = None if k is None else found.get(k)
 
-    async def _rows(self, sync_id: str, ids: list[Any]) -> list[str]:
+    async def _rows(self, sync_id: str, ids: list[str]) -> list[str]:
         if not ids:
             return []
         url = self.sources.get(sync_id)
         if url is None:
             raise ValueError(f"source {sync_id} is no Postgres database to query")
+        async with self.lock:  # one query at a time: batches in flight share the connection
+            return await self._query(sync_id, url, ids)
+
+    async def _query(self, sync_id: str, url: str, ids: list[str]) -> list[str]:
         conn = self.conns.get(sync_id)
         if conn is None or conn.closed:
             conn = self.conns[sync_id] = await psycopg.AsyncConnection.connect(
@@ -94,9 +106,3 @@ class Enrich:
         for conn in self.conns.values():
             await conn.close()
         self.conns.clear()
-
-
-def _hashable(v: Any) -> Any:
-    """A key value as the query takes it: text and numbers as they are; anything else (a list,
-    an object) as its JSON text."""
-    return v if v is None or type(v) in (str, int, float, bool) else expr.text_of(v)

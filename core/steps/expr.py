@@ -29,7 +29,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import orjson
+from core.steps.payload import dump
 
 NAMES = ("action", "record", "changes", "metadata", "message")
 MAX_LENGTH = 4096  # characters of an expression or template
@@ -49,13 +49,42 @@ def _get(v: Any, k: Any) -> Any:
     return None
 
 
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float, Decimal)) and not isinstance(v, bool)
+
+
 def _num(v: Any, op: str) -> Any:
-    if type(v) in (int, float) or isinstance(v, Decimal):
+    if _is_num(v):
         return v
     raise TypeError(f"{op} takes numbers, not {_kind(v)}")
 
 
+def _eq(a: Any, b: Any) -> bool:
+    """JSON equality: never across kinds (true is not 1), numbers by value however read."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _in(a: Any, b: Any) -> bool:
+    """``a in b``: an item of a list (by ``_eq``), a key of an object, a piece of text; in
+    null (a missing field), false."""
+    if b is None:
+        return False
+    if isinstance(b, str):
+        if not isinstance(a, str):
+            raise TypeError(f"in text takes text, not {_kind(a)}")
+        return a in b
+    if isinstance(b, dict):
+        return isinstance(a, str) and a in b
+    if isinstance(b, (list, tuple)):
+        return any(_eq(a, x) for x in b)
+    raise TypeError(f"in takes a list, an object or text, not {_kind(b)}")
+
+
 def _kind(v: Any) -> str:
+    if _is_num(v):
+        return "a number"
     return {type(None): "null", bool: "true/false", str: "text", list: "a list",
             dict: "an object"}.get(type(v), type(v).__name__)  # fmt: skip
 
@@ -70,7 +99,9 @@ def _mixed(a: Any, b: Any) -> tuple[Any, Any]:
 
 
 def _add(a: Any, b: Any) -> Any:
-    if type(a) is type(b) and type(a) in (str, list):
+    if isinstance(a, str) and isinstance(b, str):
+        return a + b
+    if isinstance(a, list) and isinstance(b, list):
         return a + b
     x, y = _mixed(_num(a, "+"), _num(b, "+"))
     return x + y
@@ -88,6 +119,8 @@ def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     def run(a: Any, b: Any) -> bool:
         if a is None or b is None:
             return False
+        if isinstance(a, bool) != isinstance(b, bool):  # never across kinds (true is not 1)
+            raise TypeError(f"{_kind(a)} and {_kind(b)} do not compare")
         return fn(*_mixed(a, b))
 
     return run
@@ -110,11 +143,9 @@ def _int(v: Any) -> int:
 
 def text_of(v: Any) -> str:
     """A value as text: text as it is, anything else as its JSON (``true``, ``1.5``)."""
-    if type(v) is str:
-        return v
-    if isinstance(v, Decimal):
+    if isinstance(v, str):
         return str(v)
-    return orjson.dumps(v).decode()
+    return dump(v).decode()  # numbers as read (an exact one's digits), Decimals as theirs
 
 
 _CALLS: dict[str, Callable[..., Any]] = {
@@ -129,7 +160,7 @@ _BINOPS: dict[type[ast.operator], str] = {
 _ORDERS: dict[type[ast.cmpop], str] = {ast.Lt: "_lt", ast.LtE: "_le", ast.Gt: "_gt",
                                        ast.GtE: "_ge"}  # fmt: skip
 _HELPERS: dict[str, Any] = {
-    "_get": _get, "_add": _add, "_neg": lambda v: -_num(v, "-"),
+    "_get": _get, "_add": _add, "_eq": _eq, "_in": _in, "_neg": lambda v: -_num(v, "-"),
     "_sub": _arith("-", lambda a, b: a - b), "_mul": _arith("*", lambda a, b: a * b),
     "_div": _arith("/", lambda a, b: a / b), "_floordiv": _arith("//", lambda a, b: a // b),
     "_mod": _arith("%", lambda a, b: a % b),
@@ -210,6 +241,11 @@ class _Check(ast.NodeTransformer):
                 raise self.refuse(node, "`is` compares with None only")
             if (name := _ORDERS.get(type(op))) is not None:
                 parts.append(ast.Call(ast.Name(name, ast.Load()), [a, b], []))
+            elif isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):  # JSON's rules
+                helper = "_eq" if isinstance(op, (ast.Eq, ast.NotEq)) else "_in"
+                call = ast.Call(ast.Name(helper, ast.Load()), [a, b], [])
+                yes = isinstance(op, (ast.Eq, ast.In))
+                parts.append(call if yes else ast.UnaryOp(ast.Not(), call))
             else:
                 parts.append(ast.Compare(a, [op], [b]))
         return parts[0] if len(parts) == 1 else ast.BoolOp(ast.And(), parts)

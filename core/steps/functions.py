@@ -8,6 +8,7 @@ connectors made over the API find the same functions); its modules import each o
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -85,8 +86,23 @@ class Loaded:
         return self.fn
 
 
+def _in_dir(spec: str, name: str) -> None:
+    """Refuse a module that is not in the functions' directory, before anything of it runs: an
+    installed one's import-time code ran (``this:s`` printed the Zen of Python) before the
+    check refused it, also over the API (found by an outside tryout)."""
+    assert _dir is not None
+    top = name.split(".")[0]
+    found = importlib.util.find_spec(top)
+    origin = None if found is None else (found.origin or next(iter(
+        found.submodule_search_locations or []), None))  # fmt: skip
+    if origin is None or not Path(origin).resolve().is_relative_to(_dir.resolve()):
+        raise ValueError(f"function {spec!r}: no module {top} in {_dir} (functions come from "
+                         "functions.dir only)")  # fmt: skip
+
+
 def _module(spec: str, name: str) -> ModuleType:
     assert _dir is not None
+    _in_dir(spec, name)
     module = sys.modules.get(name)
     try:
         if module is None:

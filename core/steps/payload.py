@@ -1,5 +1,11 @@
 """Payloads as JSON with every number exact (docs/transforms.md “What steps keep”): what steps
-read and write, and what an enrich step reads of its rows."""
+read and write, and what an enrich step reads of its rows.
+
+A number orjson would change (``1.10``, ``0.1000000000000000055511``, ``1e400``, an integer
+beyond 64 bits) is read as a subclass of float or int that keeps its text: it compares and
+computes as the float or int it is (``9.99 == 9.99`` whichever way it was read), and is written
+back as its own digits when no step changed it.
+"""
 
 from __future__ import annotations
 
@@ -10,32 +16,53 @@ from typing import Any
 import orjson
 
 
-class _Big(int):
+class Exact(float):
+    """A JSON number read as a float, with the text it was written as."""
+
+    text: str
+
+    def __new__(cls, text: str) -> Exact:
+        made = super().__new__(cls, text)
+        made.text = text
+        return made
+
+
+class Big(int):
     """An integer beyond 64 bits: written back as its own digits."""
 
 
 def _exact_int(text: str) -> int:
     n = int(text)
-    return n if -(2**63) <= n < 2**64 else _Big(n)
+    return n if -(2**63) <= n < 2**64 else Big(n)
 
 
 def _fragment(v: Any) -> Any:
-    if isinstance(v, (Decimal, _Big)):
-        return orjson.Fragment(str(int(v)) if isinstance(v, _Big) else str(v))
+    if isinstance(v, Exact):
+        return orjson.Fragment(v.text)
+    if isinstance(v, Big):
+        return orjson.Fragment(str(int(v)))
+    if isinstance(v, Decimal):  # a function's
+        if not v.is_finite():
+            raise TypeError(f"{v} is no JSON number")
+        return orjson.Fragment(str(v))
+    bases: tuple[type[Any], ...] = (bool, int, float, str, dict, list)
+    for base in bases:  # another subclass: as its base type
+        if isinstance(v, base):
+            return base(v)
     raise TypeError(f"{type(v).__name__} is not a JSON value")
 
 
 def load(payload: bytes, exact: bool = True) -> Any:
     """A payload as JSON, every number exact: orjson's reading when writing it back gives the
-    same bytes (Weir's own payloads), else (a json column's ``1.10``, a 30-digit number) the
-    exact one. ``exact=False``: orjson's reading, when it can (read, not written back)."""
+    same bytes (Weir's own payloads), else the exact one. ``exact=False``: orjson's reading,
+    when it can (read, not written back)."""
     try:
         fast = orjson.loads(payload)
         if not exact or orjson.dumps(fast) == payload:
             return fast
     except orjson.JSONDecodeError:
         pass
-    return json.loads(payload, parse_float=Decimal, parse_int=_exact_int)
+    return json.loads(payload, parse_float=Exact, parse_int=_exact_int)
 
 
 def dump(msg: Any) -> bytes:

@@ -26,20 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config.steps import RouteField, Step
-from core.engine.sink import BatchError, FatalError
+from core.engine.sink import BatchError
 from core.envelope import Message
 from core.redact import first_line
-from core.steps.compile import Compiled, EnrichAt, compile_steps
+from core.steps.compile import Compiled, EnrichAt, StepFailed, compile_steps
 from core.steps.enrich import Enrich
 from core.steps.payload import dump, load
 
 log = logging.getLogger("weir.steps")
 
+MAX_STUCK = 4  # calls past their time still running, beyond which function steps fail at once
+
 Outcome = Message | None | Exception  # the message to send, dropped, or why it failed
-
-
-class StepFailed(FatalError):
-    """A message its steps could not make: it goes to the failed list at once."""
 
 
 @dataclass(slots=True)
@@ -72,6 +70,7 @@ class Steps:
                 self.stages[-1][0].append(c)
         self.rewrites = any(c.changes_payload for c in self.compiled) or len(self.stages) > 1
         self.timeout = timeout
+        self.stuck: list[threading.Thread] = []  # calls left running past their time
 
     def one(self, m: Message) -> Outcome:
         """What the steps make of one message (steps without an enrich step)."""
@@ -153,11 +152,19 @@ class Steps:
         out = list(states)
         start = 0
         loop = asyncio.get_running_loop()
+        names = ", ".join(c.name for c in segment if c.calls_user)
         while start < len(out):
+            self.stuck = [t for t in self.stuck if t.is_alive()]
+            if len(self.stuck) >= MAX_STUCK:  # each holds a thread (and maybe a core) for ever
+                why = StepFailed(f"{names}: {len(self.stuck)} calls still run past "
+                                 "functions.timeout: fix the function, then restart weir to end "
+                                 "them")  # fmt: skip
+                return out[:start] + [why if isinstance(s, tuple) else s for s in out[start:]]
             done = loop.create_future()
             progress = _Progress(start, time.monotonic())
-            threading.Thread(target=self._thread, args=(segment, out, progress, loop, done),
-                             name="weir-steps", daemon=True).start()  # fmt: skip
+            thread = threading.Thread(target=self._thread, name="weir-steps", daemon=True,
+                                      args=(segment, out, progress, loop, done))  # fmt: skip
+            thread.start()
             while True:
                 left = progress.began + self.timeout - time.monotonic()
                 try:
@@ -168,7 +175,8 @@ class Steps:
                     if time.monotonic() - progress.began < self.timeout:
                         continue
                     progress.abandoned = True
-                    out[at] = StepFailed(f"steps: a function ran past functions.timeout "
+                    self.stuck.append(thread)
+                    out[at] = StepFailed(f"{names}: ran past functions.timeout "
                                          f"({self.timeout:g}s)")  # fmt: skip
                     log.warning("steps: seq %d (%s): a function ran past functions.timeout "
                                 "(%gs); its thread is left to finish, the batch goes on",
