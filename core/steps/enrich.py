@@ -61,8 +61,9 @@ class Enrich:
                 except Exception as e:  # a value no text is made of: this message alone
                     states[i] = StepFailed(f"{self.name}: {type(e).__name__}: {first_line(e)}")
             places = [i for i in places if i in keys]
+            ids = sorted({k for k in keys.values() if k is not None})
             try:
-                rows = await self._rows(sync_id, sorted({k for k in keys.values() if k}))
+                rows = await self._rows(sync_id, ids)
             except (psycopg.Error, OSError, ValueError) as e:
                 why = RetryableError(f"{self.name}: the query failed: {first_line(e)}")
                 for i in places:
