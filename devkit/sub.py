@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import sys
 from typing import TextIO
 
@@ -46,6 +48,9 @@ async def subscribe(url: str, subject: str, out: TextIO = sys.stdout) -> None:
     async def on_msg(msg: Msg) -> None:
         print(line(msg), file=out, flush=True)
 
+    stop = asyncio.Event()  # Ctrl-C or SIGTERM: a KeyboardInterrupt that arrived while the
+    for sig in (signal.SIGINT, signal.SIGTERM):  # loop closed the connection left it hanging
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=-1,
                             disconnected_cb=disconnected, reconnected_cb=reconnected,
                             error_cb=error)  # fmt: skip
@@ -53,10 +58,11 @@ async def subscribe(url: str, subject: str, out: TextIO = sys.stdout) -> None:
         await nc.subscribe(subject, cb=on_msg)
         await nc.flush()  # the server has the subscription: what is published now arrives
         await said(f"subscribed to {subject} on {url} (Ctrl-C ends)")
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         ending.append(True)
-        await nc.close()
+        with contextlib.suppress(Exception):  # a server gone: nothing to close cleanly
+            await asyncio.wait_for(nc.close(), 5)
 
 
 def main(argv: list[str] | None = None) -> int:
