@@ -16,11 +16,11 @@ from pydantic import SecretStr
 from core.config.model import WeirConfig
 from core.logs import RedactingFormatter
 from core.redact import (
-    MAX_CUTS,
     SECRET_MASK,
     Secrets,
     forms_of,
     masked,
+    masks_in,
     raw_secrets,
     redact,
     redact_urls,
@@ -29,6 +29,7 @@ from core.redact import (
     secrets_of,
     shown,
 )
+from core.spellings import MAX_CUTS
 
 
 def test_url_passwords_are_masked_also_in_malformed_urls() -> None:
@@ -269,3 +270,70 @@ def test_an_http_credentials_token_is_masked_alone_too() -> None:
     s.remember(["Bearer BearerTok8765", "basic dXNlcjpwdw==", "X1"])
     said = s.redact('HTTP 401: {"token": "BearerTok8765", "basic": "dXNlcjpwdw=="} Bearer ok')
     assert said == 'HTTP 401: {"token": "***", "basic": "***"} Bearer ok'
+
+
+def test_basic_auth_is_masked_decoded_too() -> None:
+    """A receiver that decodes ``Authorization: Basic <b64>`` and answers with what it read
+    (found by an outside tester): ``user:password`` and the password alone are masked."""
+    s = Secrets()
+    s.remember([f"Basic {base64.b64encode(b'apiuser:apiPass77').decode()}"])
+    assert s.redact("bad credentials apiuser:apiPass77") == "bad credentials ***"
+    assert s.redact("password apiPass77 refused") == "password *** refused"
+    s.remember([f"Basic {base64.b64encode(b'u:pw').decode()}"])  # too short a piece alone
+    assert s.redact("the pw of u") == "the pw of u"
+
+
+def test_percent_encodings_that_keep_slashes_or_write_plus_for_spaces_are_masked() -> None:
+    """``urllib.parse.quote``'s default keeps ``/``; ``quote_plus`` writes ``+`` for spaces."""
+    s = Secrets()
+    s.remember(["Bearer a/b+c=d e&f"])
+    for echo in (
+        "Bearer%20a/b%2Bc%3Dd%20e%26f",
+        "Bearer+a%2Fb%2Bc%3Dd+e%26f",
+        "a/b%2Bc%3Dd%20e%26f",
+    ):
+        assert s.redact(f"got {echo} !") == "got *** !", echo
+
+
+def test_json_with_escaped_slashes_is_masked() -> None:
+    """PHP's json_encode writes ``/`` as ``\\/``."""
+    s = Secrets()
+    s.remember(["Bearer Sl/ashTok/en99"])
+    assert s.redact('{"auth": "Bearer Sl\\/ashTok\\/en99"}') == '{"auth": "***"}'
+
+
+def test_a_secret_no_word_could_be_is_masked_in_any_case() -> None:
+    """An echo lower- or upper-cased; a short or letters-only secret keeps its case: the
+    password ``Weir`` leaves the word ``weir`` alone."""
+    s = Secrets()
+    s.remember(["Bearer MiXeDCaseTok99", "Weir", "Passwords"])
+    assert s.redact("bearer mixedcasetok99 | MIXEDCASETOK99") == "*** | ***"
+    assert s.redact("weir WEIR Weir passwords") == "weir WEIR *** passwords"
+    assert masked("x mixedcasetok99", forms_of(["MiXeDCaseTok99"])) == "x ***"
+
+
+def test_a_nats_urls_lone_user_info_is_a_token() -> None:
+    """nats-py takes ``nats://TOKEN@host`` as a token: masked by shape, remembered as a
+    secret; other schemes' lone user names are no secret."""
+    url = "nats://UrlTok3nZZ9@127.0.0.1:54223"
+    assert redact_urls(f"cannot reach {url}") == "cannot reach nats://***@127.0.0.1:54223"
+    for scheme in ("tls", "ws", "wss"):
+        assert redact_urls(f"{scheme}://tok@h:1") == f"{scheme}://***@h:1"
+    assert redact_urls("postgresql://weir@h/app") == "postgresql://weir@h/app"
+    assert shown({"url": [url]}) == {"url": ["nats://***@127.0.0.1:54223"]}
+    assert "UrlTok3nZZ9" in " ".join(secrets_of({"nats": {"url": url}}))
+    raw = {"connectors": [{"nats": {"url": url}}]}
+    s = Secrets()
+    s.remember(raw_secrets(raw, WeirConfig))
+    assert s.redact("token UrlTok3nZZ9 refused") == "token *** refused"
+
+
+def test_a_mask_left_inside_a_changed_value_is_found() -> None:
+    """A URL whose masked query token is kept but whose path changed would store ``***``."""
+    assert masks_in({"webhook": {"url": "http://h/y?token=***&api_key=***"}}) == (
+        "webhook",
+        "url",
+    )
+    assert masks_in({"nats": {"url": ["nats://***@h:1"]}}) == ("nats", "url", "0")
+    assert masks_in({"u": "http://u:***@h/z"}) == ("u",)
+    assert masks_in({"body": "*** stars", "url": "http://h/y?token=real"}) is None
