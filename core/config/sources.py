@@ -57,16 +57,20 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
         conninfo_to_dict(v.get_secret_value())
     except psycopg.Error as e:
         # A quoted piece that may hold the password is left out: any of a conninfo string
-        # (key=value words), else one that overlaps what stands before a URL's last '@'.
-        # Not core/redact.py's rule: libpq quotes fragments of a password that match neither
-        # its shapes nor a whole secret, and the config is not remembered yet.
+        # (key=value words) but its keys (``invalid connection option "hots"``), else one that
+        # overlaps what stands before a URL's last '@'. Not core/redact.py's rule: libpq
+        # quotes fragments of a password that match neither its shapes nor a whole secret,
+        # and the config is not remembered yet.
         text = v.get_secret_value()
         conninfo = "=" in text and "://" not in text
         secret = text.rpartition("@")[0].partition("://")[2] or text.rpartition("@")[0]
+        keys = set(re.findall(r"(?:^|\s)([A-Za-z_]\w*)\s*=", text)) if conninfo else set()
+        values = re.sub(r"(?:^|\s)[A-Za-z_]\w*\s*=", " ", text)  # what is no key
 
         def shown(m: re.Match[str]) -> str:
             quoted = m.group(1)
-            hides = conninfo or (secret and (quoted in secret or secret in quoted))
+            key = quoted in keys and quoted not in values
+            hides = (conninfo and not key) or (secret and (quoted in secret or secret in quoted))
             return '"***"' if hides else m.group(0)
 
         reason = re.sub(r'"([^"]*)"', shown, str(e).strip().splitlines()[0])

@@ -439,6 +439,24 @@ def test_bad_urls_are_named_without_their_password(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("key", ["hots", "passwd"])
+def test_a_conninfo_strings_unknown_key_is_named_its_values_are_not(
+    tmp_path: Path, key: str
+) -> None:
+    """libpq names the key it does not know: a key is no secret (found by an outside tester:
+    ``invalid connection option "***"``); a value it quotes is left out."""
+    url = f"{key}=127.0.0.1 port=5432 user=weir_cdc password=xx dbname=app"
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, f"store: {{url: '{url}'}}\n"))
+    assert e.value.problems == [
+        f'1: store.url: not a valid PostgreSQL URL: invalid connection option "{key}"'
+    ]
+    url = "host=127.0.0.1 password='s3cr3t"
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, f'store: {{url: "{url}"}}\n'))
+    assert "s3cr3t" not in str(e.value.problems), e.value.problems
+
+
 @pytest.mark.parametrize("password", ["pa/ss0rd", "pa?ss0rd", "pa#ss0rd"])
 def test_a_password_cut_short_by_a_url_delimiter_is_named(tmp_path: Path, password: str) -> None:
     """libpq ends the user info at an unencoded '/', '?' or '#' and reads the password's start
