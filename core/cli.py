@@ -23,7 +23,7 @@ from core.commands import (
 from core.config.settings import settings_or_exit
 from core.failures import bound_postgres_connects, for_good, reach_postgres
 from core.logs import setup_logging
-from core.redact import first_line, redact
+from core.redact import first_line, redact_traceback
 from core.registry import connector_specs, setup_of, spec_of
 
 log = logging.getLogger("weir")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as e:  # one line, without secrets; the traceback with -v only
         if args.verbose:
-            print(redact(traceback.format_exc()), file=sys.stderr, end="")
+            print(redact_traceback(traceback.format_exc()), file=sys.stderr, end="")
         print(f"weir {args.command}: {first_line(e)}", file=sys.stderr)
         return 1
 

@@ -12,6 +12,7 @@ from core.config.load import ConfigError, load_config
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
 from core.failures import postgres_address, reach_postgres
+from core.redact import said
 from core.store import Store, StoreError
 from core.tables import parse_table, table_name
 
@@ -36,8 +37,8 @@ def reach_store(cfg: WeirConfig) -> Store:
         row = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()
     if row is None or row[0] is None:
         where = postgres_address(cfg.store_url)
-        raise StoreError(f"the store at {where} has no schema {store.schema} yet: `weir run` "
-                         "makes it when it first starts")  # fmt: skip
+        raise StoreError(said("the store at %s has no schema %s yet: `weir run` makes it when "
+                              "it first starts", where, store.schema))  # fmt: skip
     return store
 
 

@@ -7,40 +7,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import numbers
 import sys
 import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from core.redact import known_name, redact, redact_urls
-
-
-def _shown(value: Any) -> Any:
-    """A log record's argument as the line may print it: a number or None as it is (``%d``
-    takes it), anything else as :class:`_Shown`."""
-    return value if value is None or isinstance(value, numbers.Number) else _Shown(value)
-
-
-class _Shown:
-    """An argument whose str() and repr() are its own without secrets: masked whole, as the
-    argument prints them, whatever it is (text, bytes, a tuple, a dict, an error, an object),
-    so a secret inside it is masked in its own spelling and the rest is left as printed. One of
-    the config's names (a source, a connector, a table) prints as it is."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return self._printed(str(self.value))
-
-    def __repr__(self) -> str:
-        return self._printed(repr(self.value))
-
-    def _printed(self, text: str) -> str:
-        return text if isinstance(self.value, str) and known_name(self.value) else redact(text)
+from core.redact import Printed, printed, redact_traceback, redact_urls
 
 
 class _ShownArgs(dict[str, Any]):
@@ -48,8 +20,8 @@ class _ShownArgs(dict[str, Any]):
     printed masked, keys too (``log.info("%s", {...})`` makes the dict the record's args)."""
 
     def __init__(self, args: Mapping[Any, Any]) -> None:
-        super().__init__({k: _shown(v) for k, v in args.items()})
-        self.whole = _Shown(args)
+        super().__init__({k: printed(v) for k, v in args.items()})
+        self.whole = Printed(args)
 
     def __str__(self) -> str:
         return str(self.whole)
@@ -62,11 +34,11 @@ def _message(record: logging.LogRecord) -> str:
     """The record's message: its format as written (a format that is no text, an error logged
     as the message, is shown), its arguments shown. A format its arguments do not fit shows
     them after it: logging's own report of that would print them as they are."""
-    msg = record.msg if isinstance(record.msg, str) else str(_Shown(record.msg))
+    msg = record.msg if isinstance(record.msg, str) else str(Printed(record.msg))
     if not record.args:
         return msg
     args: Any = (_ShownArgs(record.args) if isinstance(record.args, Mapping)
-                 else tuple(map(_shown, record.args)))  # fmt: skip
+                 else tuple(map(printed, record.args)))  # fmt: skip
     try:
         return str(msg % args)
     except (TypeError, ValueError, KeyError):
@@ -84,11 +56,11 @@ class RedactingFormatter(logging.Formatter):
         self.tracebacks = tracebacks
 
     def formatException(self, ei: Any) -> str:
-        text = redact(super().formatException(ei))
+        text = redact_traceback(super().formatException(ei))
         return text if self.tracebacks else text.rstrip().rsplit("\n", 1)[-1]
 
     def formatStack(self, stack_info: str) -> str:
-        return redact(stack_info) if self.tracebacks else ""
+        return redact_traceback(stack_info) if self.tracebacks else ""
 
     def format(self, record: logging.LogRecord) -> str:
         record = copy.copy(record)  # other handlers see the record as it was logged

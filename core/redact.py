@@ -29,6 +29,7 @@ secret.
 from __future__ import annotations
 
 import functools
+import numbers
 import re
 import threading
 from collections.abc import Iterable
@@ -132,8 +133,13 @@ def remember_names(names: Iterable[str]) -> None:
 
 def known_name(value: str) -> bool:
     """Whether ``value`` is one of the names this process knows (:func:`remember_config`,
-    :func:`remember_names`): a log line prints it as it is."""
-    return value in _SECRETS.names
+    :func:`remember_names`), or an id made of one (a failed entry's ``SOURCE:SEQ``, a
+    consumer's list ``consumer:NAME``): a log line prints it as it is."""
+    names = _SECRETS.names
+    head, colon, tail = value.rpartition(":")
+    return value in names or bool(
+        colon and ((head in names and tail.isdigit()) or (head == "consumer" and tail in names))
+    )
 
 
 def remember_config(cfg: BaseModel) -> None:
@@ -146,8 +152,94 @@ def remember_config(cfg: BaseModel) -> None:
 
 def redact(text: str) -> str:
     """``text``, written by someone other than Weir, without a URL password or any secret this
-    process was given."""
-    return _SECRETS.redact(text)
+    process was given; a text Weir wrote (:class:`Said`) by shape only."""
+    return redact_urls(text) if isinstance(text, Said) else _SECRETS.redact(text)
+
+
+class Said(str):
+    """A text Weir wrote (:func:`said`): its own words as written, each value of others in it
+    masked as it was made. :func:`redact` leaves it to the rules by shape; an error with one
+    as its message prints it so (:func:`first_line`, a log line's argument): a password that is
+    a word (``weir``) garbles none of Weir's sentences nor the config's names in them."""
+
+    __slots__ = ()
+
+
+def said(template: str, *values: Any) -> Said:
+    """``template % values`` as Weir's own text: each value as :class:`Printed` prints it."""
+    return Said(template % tuple(printed(v) for v in values))
+
+
+def printed(value: Any) -> Any:
+    """A value a line of Weir's carries, as it may print: a number or None as it is (``%d``
+    takes it), anything else as :class:`Printed`."""
+    return value if value is None or isinstance(value, numbers.Number) else Printed(value)
+
+
+class Printed:
+    """A value whose str() and repr() are its own without secrets: masked whole, as it prints
+    them, whatever it is (text, bytes, a tuple, a dict, an error, an object), so a secret
+    inside it is masked in its own spelling and the rest is left as printed. One of the
+    config's names (:func:`known_name`) prints as it is; Weir's own text (:func:`own`) by
+    shape only."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        if (text := own(self.value)) is not None:
+            return redact_urls(text)
+        return self._printed(str(self.value))
+
+    def __repr__(self) -> str:
+        return self._printed(repr(self.value))
+
+    def _printed(self, text: str) -> str:
+        return text if isinstance(self.value, str) and known_name(self.value) else redact(text)
+
+
+def own(value: Any) -> str | None:
+    """The text of a value Weir wrote: a :class:`Said`, or an error whose message is one."""
+    if isinstance(value, Said):
+        return value
+    if isinstance(value, BaseException) and len(value.args) == 1:
+        text = value.args[0]
+        if isinstance(text, Said) and str(value) == text:
+            return text
+    return None
+
+
+# A traceback's lines that are Python's or code, not messages: its heads, where a frame is
+# (its file's path, line and function); the lines of code after one, and the marks under them.
+_FRAME = re.compile(
+    r'^(?:\s*File "[^"\n]*", line \d+(?:, in .*)?|Traceback \(most recent call last\):|'
+    r"During handling of the above exception, another exception occurred:|"
+    r"The above exception was the direct cause of the following exception:)$"
+)
+
+
+def redact_traceback(text: str) -> str:
+    """A traceback (``-v``) without secrets: its messages redacted (each error's, a chained
+    one's), each whole (it may span lines); its frames as they are (the lines of code after a
+    frame's line too): file paths, function names and code are never secrets
+    (``self.***.list_topics``, ``site-packages/confluent_kafka/***/…``, found by an outside
+    tester)."""
+    out: list[str] = []
+    message: list[str] = []
+    code = False  # in the lines of code that follow a frame's line
+    for line in text.splitlines(keepends=True):
+        bare = line.rstrip("\n")
+        code = bool(_FRAME.match(bare) and "File" in bare) or (code and bare.startswith("    "))
+        if code or _FRAME.match(bare):
+            out.append(redact("".join(message)))
+            message = []
+            out.append(line)
+        else:
+            message.append(line)
+    out.append(redact("".join(message)))
+    return "".join(out)
 
 
 def credential(key: str) -> bool:
@@ -229,8 +321,10 @@ def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
 
 def first_line(e: BaseException) -> str:
     """An exception as one redacted line: the first line of its message, else its type
-    (redacted whole first: a secret may span lines)."""
-    lines = [line.strip() for line in redact(str(e)).splitlines() if line.strip()]
+    (redacted whole first: a secret may span lines); Weir's own (:func:`own`) by shape."""
+    text = own(e)
+    whole = redact(str(e)) if text is None else redact_urls(text)
+    lines = [line.strip() for line in whole.splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
 
 

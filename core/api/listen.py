@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 
+from core.redact import said
+
 
 def listen(host: str, port: int) -> socket.socket:
     """The API's listening socket, or an error that says who may hold the port."""
@@ -33,6 +35,11 @@ def listen(host: str, port: int) -> socket.socket:
 def _cannot(host: str, port: int, e: OSError) -> OSError:
     why = os.strerror(e.errno) if e.errno else str(e)
     return OSError(
-        f"cannot listen on {host}:{port}: {why}; another weir run or another program may "
-        "hold the port: stop it, or set api.listen to a free one"
+        said(
+            "cannot listen on %s:%s: %s; another weir run or another program may hold the "
+            "port: stop it, or set api.listen to a free one",
+            host,
+            port,
+            why,
+        )
     )

@@ -18,6 +18,7 @@ from core.api.manage import Operations
 from core.api.models import Deleted, Name, Out
 from core.config.model import Connector
 from core.errors import NotFound
+from core.redact import said
 from core.store.consumers import consumer_key
 from core.store.operate import PAGE_MAX
 
@@ -229,5 +230,5 @@ def _failed_routes(api: APIRouter, ops: Operations, prefix: str, key: Any) -> No
 
 async def _one(count: int, entry: str) -> int:
     if count == 0:
-        raise NotFound(f"no failed message {entry} (retried or discarded already?)")
+        raise NotFound(said("no failed message %s (retried or discarded already?)", entry))
     return count

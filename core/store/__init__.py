@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from core.redact import first_line
+from core.redact import Said, first_line, said
 from core.store.migrations import foreign_tables, migrate
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
@@ -143,14 +143,15 @@ class Store:
                 conn.execute(register, (src.sync_id, src.name, src.kind, src.provider))
 
 
-def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error) -> str:
+def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error) -> Said:
     """Why the store role cannot make or change the store's schema, and the GRANT that lets it."""
     user, db = conn.execute("SELECT quote_ident(current_user), quote_ident(current_database())"
                             ).fetchone() or ("ROLE", "DATABASE")  # fmt: skip
-    return (
-        f"role {user} may not make the store's schema {schema} in database {db} "
-        f"({first_line(e)}): as the database's owner run GRANT CREATE ON DATABASE {db} TO "
-        f"{user}; or give store.url a database the role owns (createdb -O {user} weir_store)"
+    return said(
+        "role %s may not make the store's schema %s in database %s (%s): as the database's "
+        "owner run GRANT CREATE ON DATABASE %s TO %s; or give store.url a database the role "
+        "owns (createdb -O %s weir_store)",
+        *(user, schema, db, first_line(e), db, user, user),
     )
 
 

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from core.config.model import WeirConfig
+from core.redact import remember_config
 from core.store import AConn, Store
 from core.store.cursors import fence_key
 
@@ -44,8 +45,11 @@ def _load(store: Store) -> Stored:
 
 
 def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
-    """``cfg`` with the connectors made over the API after the file's (the commands' view)."""
-    return cfg.with_stored(_load(store))
+    """``cfg`` with the connectors made over the API after the file's (the commands' view),
+    their secrets hidden and their names known as the file's are (core/redact.py)."""
+    merged = cfg.with_stored(_load(store))
+    remember_config(merged)
+    return merged
 
 
 def clashes(cfg: WeirConfig, store: Store) -> list[str]:

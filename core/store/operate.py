@@ -21,6 +21,7 @@ from psycopg import sql
 
 from core.config.model import ConsumerConfig
 from core.errors import Invalid, NotFound
+from core.redact import said
 from core.store import AConn, Store
 from core.store.consumers import CONSUMER_PREFIX, queue_group
 from core.store.selection import parse
@@ -99,7 +100,7 @@ class Operations:
         )
         row = await (await conn.execute(q, (name, source, seq))).fetchone()
         if row is None:
-            raise NotFound(f"{name}: no failed message {entry}")
+            raise NotFound(said("%s: no failed message %s", name, entry))
         return _entry(row)
 
     async def has_consumer(self, conn: AConn, name: str) -> bool:

@@ -13,19 +13,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from core.api.listen import _cannot
 from core.config.model import WeirConfig
 from core.logs import RedactingFormatter
 from core.redact import (
     SECRET_MASK,
     Secrets,
+    first_line,
     forms_of,
     masked,
     masks_in,
     raw_secrets,
     redact,
+    redact_traceback,
     redact_urls,
     remember,
     remember_config,
+    said,
     secrets_of,
     shown,
 )
@@ -235,11 +239,11 @@ def test_a_works_lease_line_keeps_its_name_when_a_password_is_the_same_word() ->
         {"name": "orders", "kind": "postgres", "url": "postgresql://orders:orders@db/app",
          "tables": ["public.orders"]}]}))  # fmt: skip
     formatter = RedactingFormatter("%(message)s", tracebacks=False)
-    for work, said in (("source:orders", "source:orders"),
+    for work, want in (("source:orders", "source:orders"),
                        ("connector:orders#1/3", "connector:orders#1/3")):  # fmt: skip
         record = logging.LogRecord("weir", logging.INFO, __file__, 1, "leases: %s%s%s is %s's now",
                                    (*_parts(work), "vm:1"), None)  # fmt: skip
-        assert formatter.format(record) == f"leases: {said} is vm:1's now"
+        assert formatter.format(record) == f"leases: {want} is vm:1's now"
 
 
 @pytest.mark.usefixtures("own_secrets")
@@ -337,3 +341,52 @@ def test_a_mask_left_inside_a_changed_value_is_found() -> None:
     assert masks_in({"nats": {"url": ["nats://***@h:1"]}}) == ("nats", "url", "0")
     assert masks_in({"u": "http://u:***@h/z"}) == ("u",)
     assert masks_in({"body": "*** stars", "url": "http://h/y?token=real"}) is None
+
+
+def _words_config() -> None:
+    """Passwords that are ordinary words and names (found by an outside tester): the NATS
+    password ``weir``, the store's ``secret``; a connector named ``secret``, a source ``weir``."""
+    remember_config(WeirConfig.model_validate({
+        "store": {"url": "postgresql://u:secret@db/app"},
+        "sources": [{"name": "weir", "kind": "postgres", "url": "postgresql://db/app",
+                     "tables": ["public.t"]}],
+        "connectors": [{"name": "secret", "type": "nats", "stream": "events",
+                        "nats": {"url": "nats://n:weir@h:4222"}}],
+    }))  # fmt: skip
+
+
+@pytest.mark.usefixtures("own_secrets")
+def test_weirs_own_errors_keep_their_words_and_the_names_they_carry() -> None:
+    """An error Weir writes (:func:`said`) is its own words, the config's names in it (entry ids
+    of them too) as they are, any other value masked by value; the CLI's and a log line's."""
+    _words_config()
+    e = LookupError(said("%s: no failed message %s", "secret", "weir:1"))
+    assert first_line(e) == "secret: no failed message weir:1"
+    e = RuntimeError(said("source %r: table %s does not exist", "weir", "public.nosuch"))
+    assert first_line(e) == "source 'weir': table public.nosuch does not exist"
+    e = RuntimeError(said("role %s may not make the store's schema %s (%s)", "nc", "weir",
+                          "permission denied: password weir"))  # fmt: skip
+    assert (
+        first_line(e) == "role nc may not make the store's schema weir (permission denied: "
+        "password ***)"
+    )
+    assert redact(said("%s", "weir")) == "weir" and redact("weir") == "***"
+    record = logging.LogRecord("weir", logging.ERROR, __file__, 1, "api: cannot start: %s",
+                               (_cannot("127.0.0.1", 1, OSError(98, "x")),), None)  # fmt: skip
+    got = RedactingFormatter("%(message)s", tracebacks=False).format(record)
+    assert "another weir run or another program may hold the port" in got, got
+
+
+@pytest.mark.usefixtures("own_secrets")
+def test_a_traceback_is_searched_in_its_messages_not_its_paths_or_code() -> None:
+    """``-v``'s tracebacks: file paths and code lines are never secrets (``self.***.list_topics``,
+    ``site-packages/confluent_kafka/***/__init__.py``); the messages in them are."""
+    remember(["admin", "weir"])
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/confluent_kafka/admin/__init__.py", line 5, in weir\n'
+        "    self.admin.list_topics(weir)\n"
+        "    ^^^^^^^^^^^^^^^^^^^^^^\n"
+        "KafkaException: admin refused weir\n"
+    )
+    assert redact_traceback(text) == text.replace("admin refused weir", "*** refused ***")

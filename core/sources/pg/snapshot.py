@@ -30,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from core.envelope import dumps
+from core.redact import said
 from core.sources.pg import encoding
 from core.sources.pg.copy_out import copy_lines, copy_rows, unescape
 from core.sources.pg.grants import cannot_read
@@ -229,7 +230,7 @@ def table_plan(
     name = table_name(schema, table)  # as key_columns are written
     rows = conn.execute(COLUMNS_SQL, (schema, table)).fetchall()
     if not rows:
-        raise SourceSetupError(f"source {src.name!r}: table {name} does not exist")
+        raise SourceSetupError(said("source %r: table %s does not exist", src.name, name))
     relid, replident = rows[0][0], rows[0][1]
     if why := cannot_read(conn, src, [(schema, table)]):
         raise SourceSetupError(why)
