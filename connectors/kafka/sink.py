@@ -23,6 +23,7 @@ from connectors.kafka.config import KafkaConnector, KafkaSettings
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, key_prefixes
 from core.failures import Unreachable
+from core.redact import Said
 from core.templates import Template
 
 log = logging.getLogger("weir.kafka")
@@ -64,8 +65,19 @@ class _Once(logging.Filter):
 librdkafka_log.addFilter(_Once())
 
 
-class _ClientLog:
-    """The ``logger`` of a sink's clients: passes librdkafka's lines on to ``librdkafka_log``
+class _Lines:
+    """The ``logger`` of a client: passes librdkafka's lines on to ``librdkafka_log``, the
+    client's name as Weir's own: its client.id (``weir-NAME``, from the config) and the
+    instance librdkafka adds (``#producer-2``). A password ``weir`` read ``[***-NAME#…]``
+    (found by an outside tester); what librdkafka says is masked as a log line's values are.
+    """
+
+    def log(self, level: int, fmt: str, facility: str, client: str, line: str) -> None:
+        librdkafka_log.log(level, fmt, facility, Said(client), line)
+
+
+class _ClientLog(_Lines):
+    """The ``logger`` of a sink's clients: passes librdkafka's lines on (:class:`_Lines`)
     and keeps the last connection failure, often the only place librdkafka says why it cannot
     reach a broker (a refused SASL login, a TLS handshake, a closed connection).
     """
@@ -77,7 +89,7 @@ class _ClientLog:
     def log(self, level: int, fmt: str, facility: str, client: str, line: str) -> None:
         if facility == "FAIL":
             self.failure = line.split("]: ", 1)[-1]  # without librdkafka's thread name
-        librdkafka_log.log(level, fmt, facility, client, line)
+        super().log(level, fmt, facility, client, line)
 
     def check(self) -> tuple[str, bool]:
         """What the user should check after the last failure, and whether it is for good:
@@ -95,11 +107,11 @@ class _ClientLog:
 
 def client_config(s: KafkaSettings, name: str) -> dict[str, Any]:
     """Connection properties shared by the producer, the read-back consumer and the admin."""
-    return s.client_properties(name) | {"logger": librdkafka_log}
+    return s.client_properties(name) | {"logger": _Lines()}
 
 
 def producer_config(s: KafkaSettings, name: str) -> dict[str, Any]:
-    return s.producer_properties(name) | {"logger": librdkafka_log}
+    return s.producer_properties(name) | {"logger": _Lines()}
 
 
 @dataclass(eq=False)

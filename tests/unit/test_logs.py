@@ -117,3 +117,23 @@ def test_mapping_args_are_each_shown() -> None:
         _record("source %(source)s: %(why)s", (args,))
     )
     assert got == f"source orders: {MASK} refused"
+
+
+def test_a_kafka_clients_name_is_weirs_own(caplog: pytest.LogCaptureFixture) -> None:
+    """librdkafka names the client by its client.id, ``weir-NAME#producer-2``: with the
+    password ``weir`` it read ``FAIL [***-kafka-sasl#producer-2]`` (found by an outside
+    tester); what librdkafka says is still masked."""
+    from connectors.kafka.config import KafkaSettings
+    from connectors.kafka.sink import _ClientLog, client_config
+
+    remember(["weir"])
+    settings = KafkaSettings.model_validate({"bootstrap_servers": "127.0.0.1:9092"})
+    formatter = RedactingFormatter("%(message)s", tracebacks=False)
+    for which, logger in (("a", _ClientLog(settings)),
+                          ("b", client_config(settings, "kafka-sasl")["logger"])):  # fmt: skip
+        with caplog.at_level(logging.INFO, "weir.kafka.client"):
+            caplog.clear()
+            logger.log(logging.ERROR, "%s [%s] %s", "FAIL", "weir-kafka-sasl#producer-2",
+                       f"{which}: refused weir")  # fmt: skip
+        got = formatter.format(caplog.records[-1])
+        assert got == f"FAIL [weir-kafka-sasl#producer-2] {which}: refused ***", got
