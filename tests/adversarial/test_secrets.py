@@ -376,3 +376,63 @@ def test_nothing_that_is_no_secret_is_masked(
     messages = "\n".join(line[h.end() :] for line, h in zip(lines, heads, strict=True) if h)
     assert MASK not in messages.replace(f":{MASK}@", ""), messages  # only URL passwords,
     assert ":secret@" not in log and ":weir@" not in log, log  # and they are
+
+
+def test_echoes_decoded_encoded_escaped_or_recased_and_a_nats_token(
+    tmp_path: Path, pg_server: EmbeddedPostgres, nats_server: EmbeddedNats
+) -> None:
+    """A receiver that answers with the credentials it got, as it read them: Basic's decoded
+    ``user:password``, a header percent-encoded as ``quote()`` writes it (keeping ``/``), JSON
+    with ``\\/``, lower-cased; a NATS URL whose user info is a token; and a config sent back
+    with a masked query token kept in a changed URL (found by an outside tester)."""
+    token = "a-token-of-24-characters"
+    headers = {"basic": f"Basic {basic('apiuser', 'apiPass77')}",
+               "quoted": "Bearer a/b+c=d e&f", "slashed": "Bearer Sl/ashTok/en99",
+               "cased": "Bearer MiXeDCaseTok99"}  # fmt: skip
+    said = (f"bad credentials apiuser:apiPass77 | {quote(headers['quoted'])} | "
+            f"{json.dumps(headers['slashed']).replace('/', chr(92) + '/')} | "
+            f"{headers['cased'].lower()}")  # fmt: skip
+    with fresh_database(pg_server) as db, Echo(body=said) as echo:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id serial PRIMARY KEY, body text)")
+        spec = {
+            "api": {"listen": f"127.0.0.1:{free_port()}", "tokens": [token]},
+            "store": {"url": db},
+            "sources": [{"name": "app", "kind": "postgres", "tables": ["public.t"], "url": db,
+                         "slot": "echoes"}],
+            "connectors": [{"name": f"hook-{k}", "type": "webhook", "stream": "events",
+                            "retry": {"initial": "10ms", "max_attempts": 1},
+                            "webhook": {"url": f"{echo.url}/x", "headers": {"Authorization": v}}}
+                           for k, v in headers.items()],
+        }  # fmt: skip
+        nats_url = f"nats://UrlTok3nZZ9@127.0.0.1:{nats_server.port}"
+        hook = {
+            "name": "made",
+            "type": "webhook",
+            "stream": "events",
+            "webhook": {"url": f"{echo.url}/json?token=T0kSecret99&api_key=K3ySecret99"},
+        }
+        seen = []
+        with running(tmp_path, spec, token) as (client, config):
+            for made in (hook, {"name": "natstok", "type": "nats", "stream": "events",
+                                "nats": {"url": nats_url}}):  # fmt: skip
+                r = client.post("/v1/connectors", json=made)
+                assert r.status_code == 201, r.text
+                seen.append(r.text)
+            shown = client.get("/v1/connectors/made/config").json()["config"]
+            assert shown["webhook"]["url"].endswith("/json?token=***&api_key=***"), shown
+            shown["webhook"]["url"] = shown["webhook"]["url"].replace("/json", "/other")
+            r = client.put("/v1/connectors/made", json=shown)
+            assert r.status_code == 422 and "webhook" in r.text and "url" in r.text, r.text
+            seen += [r.text, client.get("/v1/connectors/natstok/config").text]
+            with psycopg.connect(db, autocommit=True) as conn:
+                conn.execute("INSERT INTO t (body) VALUES ('x')")
+            for name in (f"hook-{k}" for k in headers):
+                wait_for(lambda n=name: failed_entries(client, n), timeout=30, what=name)
+                seen += [client.get(f"/v1/connectors/{name}/failed").text,
+                         weir("failed", "list", name, "--config", str(config))]  # fmt: skip
+        seen.append((tmp_path / "run.log").read_text())
+    text = "\n".join(seen)
+    assert "bad credentials" in text and "nats://***@127.0.0.1" in text, text
+    for secret in ("apiPass77", "a/b", "ashTok", "mixedcasetok99", "UrlTok3nZZ9", "T0kSecret99"):
+        assert secret.lower() not in text.lower(), (secret, text)
