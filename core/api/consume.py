@@ -35,7 +35,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig, UnknownSourceError, WeirConfig
+from core.config.steps import flat_before
+from core.envelope import Message
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound
+from core.steps import functions
+from core.steps.payload import dump, load
+from core.steps.run import Steps, enrich_sources
 from core.store import Store
 from core.store.consumers import Delivery, Filler, Queues, consumer_key
 from core.store.notifier import Notifier
@@ -87,6 +92,7 @@ class _Live:
     waiting: int = 0
     filler: asyncio.Task[None] | None = None
     info: tuple[float, dict[str, int]] = (0.0, {})
+    steps: Steps | None = None
 
 
 class Consumers:
@@ -141,6 +147,10 @@ class Consumers:
             await reader.cursor("beginning" if cfg.deliver_policy == "all" else "end")
             readers[sid] = reader
         live = _Live(cfg, readers)
+        if cfg.steps:
+            live.steps = Steps(cfg.steps, {}, cfg.stream == "records",
+                               self.cfg.functions.timeout.total_seconds(),
+                               enrich_sources(self.cfg.sources_of(cfg)))  # fmt: skip
         self.live[cfg.name] = live
         filler = Filler(self.store, cfg)
         live.filler = asyncio.create_task(self._fill(live, filler), name=f"fill-{cfg.name}")
@@ -157,6 +167,8 @@ class Consumers:
                 await live.filler
         for reader in live.readers.values():
             await reader.close()
+        if live.steps is not None:
+            await live.steps.close()
 
     # -- management -----------------------------------------------------------------------
 
@@ -255,9 +267,42 @@ class Consumers:
     async def _receive_once(self, live: _Live, batch_size: int) -> list[Delivery]:
         got, dead = await self.queues.receive(live.cfg, live.readers, batch_size)
         _failed(live, dead)
+        if live.steps is not None and got:
+            got = await self._stepped(live, live.steps, got)
         for d in got:
             d.token = encode_token(d.row_id, d.deliveries)
         return got
+
+    async def _stepped(self, live: _Live, steps: Steps, got: list[Delivery]) -> list[Delivery]:
+        """The deliveries as the consumer's steps make them; those they drop are done with (as
+        if acked) and those they fail go to the failed list, so the next of each group is
+        deliverable. An enrich query that fails makes them visible again, and says why."""
+        try:
+            outcomes = await steps.apply([d.message for d in got])
+        except Exception as e:  # an enrich step's query: the next receive tries again
+            await self.queues.settle(live.cfg.name, [d.row_id for d in got],
+                                     [d.deliveries for d in got], ack=False)  # fmt: skip
+            log.warning("consumer %s: %s; its messages wait for the next receive",
+                        live.cfg.name, e)  # fmt: skip
+            return []
+        kept: list[Delivery] = []
+        dropped: list[Delivery] = []
+        failed: list[tuple[Delivery, str]] = []
+        flat = flat_before(live.cfg.steps)[-1]
+        for d, o in zip(got, outcomes, strict=True):
+            if o is None:
+                dropped.append(d)
+            elif isinstance(o, Exception):
+                failed.append((d, f"{type(o).__name__}: {o}"))
+                log.warning("consumer %s: message %s moved to the failed list: %s",
+                            live.cfg.name, d.message.key, o)  # fmt: skip
+            else:
+                _shape(d, o, flat)
+                kept.append(d)
+        if dropped or failed:
+            await self.queues.finish(live.cfg, dropped, failed)
+            live.wake.set()  # the next of their groups may be deliverable now
+        return kept
 
     async def sweep(self) -> int:
         """Move messages delivered ``max_deliver`` times whose visibility ran out to the failed
@@ -283,6 +328,12 @@ class Consumers:
         live.wake.set()
         return count
 
+    async def retried(self, name: str) -> None:
+        """Messages of the consumer's failed list are back in its queue: waiting receivers may
+        take them, and its steps run the functions as their files are now."""
+        (await self.get(name)).wake.set()
+        functions.relook()
+
     async def info(self, name: str) -> dict[str, int]:
         """``num_pending`` (waiting) and ``num_ack_pending`` (outstanding), counted at most
         once a second.
@@ -303,3 +354,16 @@ def _failed(live: _Live, dead: list[Delivery]) -> None:
             "consumer %s: message %s moved to the failed list after %d deliveries",
             live.cfg.name, d.message.key, d.deliveries,
         )  # fmt: skip
+
+
+def _shape(d: Delivery, m: Message, flat: bool) -> None:
+    """``d`` carrying what steps made of its message: its payload as is (sequin_streams), and
+    the record and changes the families that show them apart take from it; when the steps
+    flatten the message, it is the record (no changes)."""
+    d.message = m
+    shaped = load(m.payload, exact=True)
+    if flat or not isinstance(shaped, dict) or "record" not in shaped:
+        d.record, d.changes = m.payload.decode(), None
+        return
+    d.record = dump(shaped["record"]).decode()
+    d.changes = None if shaped.get("changes") is None else dump(shaped["changes"]).decode()

@@ -301,8 +301,8 @@ class Operations:
         list_name = await self._list_named(name)
         async with self.pool.connection() as conn:
             count = await self.ops.retry(conn, list_name, ids)
-        if name.startswith(CONSUMER_PREFIX):  # back in its queue: waiting receivers may take it
-            (await self.engine.get(name.removeprefix(CONSUMER_PREFIX))).wake.set()
+        if name.startswith(CONSUMER_PREFIX):
+            await self.engine.retried(name.removeprefix(CONSUMER_PREFIX))
         log.info("%s: %d failed messages to be retried, asked by an operator", name, count)
         return count
 

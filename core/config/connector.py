@@ -229,5 +229,5 @@ class ConnectorBase(Model):
         if self.actions is not None and self.stream != "events":
             raise ValueError("actions: filters the events stream only")
         check_steps(self.steps)
-        check_routes(self.steps, self.ROUTES, self.type)
+        check_routes(self.steps, self.ROUTES, f"a {self.type} connector")
         return self

@@ -19,7 +19,7 @@ from pydantic import (
 from core.config.base import Duration, Model, Text
 from core.config.connector import ConnectorBase
 from core.config.sources import IDENT, HttpSource, PostgresSource, Source, check_postgres_url
-from core.config.steps import FunctionsConfig
+from core.config.steps import FunctionsConfig, Step, check_routes, check_steps
 from core.registry import connector_specs
 from core.shards import Shard, split
 
@@ -139,6 +139,11 @@ class ConsumerConfig(Model):
     group_columns: list[Text] | None = Field(
         None, description="record fields that group messages; default: the record id"
     )
+    steps: list[Step] = Field(
+        [],
+        description="filter, transform and enrich, in order, on each message when it is "
+        "received (docs/transforms.md); no route: a consumer's messages have one place",
+    )
 
     @field_validator("max_deliver")
     @classmethod
@@ -146,6 +151,12 @@ class ConsumerConfig(Model):
         if v == 0:
             raise ValueError("must be -1 (no limit) or at least 1")
         return v
+
+    @model_validator(mode="after")
+    def _steps(self) -> ConsumerConfig:
+        check_steps(self.steps)
+        check_routes(self.steps, {}, "an HTTP pull consumer")
+        return self
 
 
 if TYPE_CHECKING:

@@ -75,8 +75,10 @@ class TransformSpec(Model):
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
         given = self.model_fields_set - {"function"}
-        if self.function is not None and given:
-            raise ValueError(f"a function transforms alone: move {', '.join(sorted(given))} "
+        # beside a function, what does something (a config dumped and read again gives all)
+        beside = {f for f in given if getattr(self, f) != type(self).model_fields[f].default}
+        if self.function is not None and beside:
+            raise ValueError(f"a function transforms alone: move {', '.join(sorted(beside))} "
                              "to a transform step of its own")  # fmt: skip
         if not given and self.function is None:
             raise ValueError("a transform needs keep, drop, rename, add, flatten or function")
@@ -193,32 +195,39 @@ class RouteField:
     check: Callable[[str], None]
 
 
+def flat_before(steps: list[Step]) -> list[bool]:
+    """Whether the message is its record alone (after a ``flatten``) before each step, and
+    after the last. A function's transform is taken to give back a whole message."""
+    flat, out = False, []
+    for step in steps:
+        out.append(flat)
+        if isinstance(step, TransformStep):
+            flat = step.transform.function is None and step.transform.flatten
+    return [*out, flat]
+
+
 def check_steps(steps: list[Step]) -> None:
     """Refuse a declarative transform after a flatten: the message is its record then, with no
     ``record`` of its own to keep, drop or rename fields of (it did nothing, silently)."""
-    flat = False
-    for i, step in enumerate(steps):
-        if not isinstance(step, TransformStep):
-            continue
-        if step.transform.function is not None:  # it may give the message any shape
-            flat = False
-        elif flat:
+    for i, (step, flat) in enumerate(zip(steps, flat_before(steps), strict=False)):
+        if isinstance(step, TransformStep) and step.transform.function is None and flat:
             raise ValueError(
                 f"steps[{i}]: after a flatten the message is the record: put this transform "
                 "before the flatten (filters read message.x)"
             )
-        else:
-            flat = step.transform.flatten
 
 
 def check_routes(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
-    """Refuse route fields the connector's type does not take."""
+    """Refuse route fields the ``connector`` (``a nats connector``) does not take (``fields``
+    empty: any route)."""
     for step in steps:
+        if isinstance(step, RouteStep) and not fields:
+            raise ValueError(f"steps: {connector} takes no route step: its messages have one "
+                             "place (filter, transform and enrich only)")  # fmt: skip
         if isinstance(step, RouteStep):
             wrong = sorted(set(step.route) - {*fields, "function"})
             if wrong:
-                takes = ", ".join(fields) or "no route fields"
-                raise ValueError(f"steps: a {connector} connector takes {takes} in a route, "
+                raise ValueError(f"steps: {connector} takes {', '.join(fields)} in a route, "
                                  f"not {', '.join(wrong)}")  # fmt: skip
             for name, text in step.route.items():
                 if name in fields:  # a sample of what it makes: its literal text must fit

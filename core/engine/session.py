@@ -26,7 +26,7 @@ from core.engine.rules import Groups, Suspects
 from core.engine.sink import BatchError, FatalError, ReadBack, Sink
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.metrics import Metrics
-from core.steps.run import Steps
+from core.steps.run import Steps, enrich_sources
 from core.store.cursors import FenceLost, Resplitting
 
 log = logging.getLogger("weir.engine")
@@ -77,10 +77,8 @@ class Session:
         self.write = self.sink.write_batch
         self.steps: Steps | None = None
         if fw.cfg.steps:  # made anew each session: a changed function is imported again
-            urls = {str(s.sync_id): s.url.get_secret_value() for s in fw.sources
-                    if isinstance(s, PostgresSource)}  # fmt: skip
             self.steps = Steps(fw.cfg.steps, type(fw.cfg).ROUTES, fw.cfg.stream == "records",
-                               fw.step_timeout, urls)  # fmt: skip
+                               fw.step_timeout, enrich_sources(fw.sources))  # fmt: skip
             self.write = functools.partial(self.steps.write, self.sink.write_batch)
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")

@@ -70,19 +70,32 @@ def load(spec: str) -> Callable[..., Any]:
     return fn
 
 
+_looks = 0  # bumped by relook(): every Loaded looks at its file at its next call
+
+
+def relook() -> None:
+    """Make every function look at its file at its next call: a message retried from a failed
+    list runs the function as its file is now, also when fixed within the second."""
+    global _looks
+    _looks += 1
+
+
 class Loaded:
     """A function as ``load`` gives it, looked at again (its file's time) once a second at
-    most: a step holds one, so that a fixed function is called from the next second on."""
+    most, or after :func:`relook`: a step holds one, so that a fixed function is called from
+    the next second on."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.fn = load(spec)
         self.next = time.monotonic() + RELOOK
+        self.looks = _looks
 
     def __call__(self) -> Callable[..., Any]:
-        if time.monotonic() >= self.next:
+        if time.monotonic() >= self.next or self.looks != _looks:
             self.fn = load(self.spec)
             self.next = time.monotonic() + RELOOK
+            self.looks = _looks
         return self.fn
 
 

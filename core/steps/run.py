@@ -21,14 +21,16 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.config.sources import PostgresSource
 from core.config.steps import RouteField, Step
 from core.engine.sink import BatchError
 from core.envelope import Message
 from core.redact import first_line
+from core.steps import functions
 from core.steps.compile import Compiled, EnrichAt, StepFailed, compile_steps
 from core.steps.enrich import Enrich
 from core.steps.payload import dump, load
@@ -51,6 +53,12 @@ class _Progress:
 
 
 State = tuple[dict[str, Any], dict[str, str]] | None | Exception  # (message, route) so far
+
+
+def enrich_sources(sources: Iterable[object]) -> dict[str, str]:
+    """The URL of each Postgres source by sync id, where enrich steps send their queries."""
+    return {str(s.sync_id): s.url.get_secret_value() for s in sources
+            if isinstance(s, PostgresSource)}  # fmt: skip
 
 
 class Steps:
@@ -79,6 +87,8 @@ class Steps:
 
     async def apply(self, batch: Sequence[Message]) -> list[Outcome]:
         """What the steps make of each message of ``batch``."""
+        if any(m.replay for m in batch):  # retried by an operator: the function as fixed
+            functions.relook()
         states: list[State] = [self._begin(m) for m in batch]
         for segment, enrich in self.stages:
             if any(c.calls_user for c in segment):

@@ -320,16 +320,33 @@ class Queues:
         if not dead and not gone:
             return []
         async with conn.transaction():
-            if dead:
-                entries = [(d.message, d.deliveries,
-                            f"not acknowledged after {d.deliveries} deliveries (max_deliver)")
-                           for d in dead]  # fmt: skip
-                await failed_list.put(self.store, conn, consumer_key(cfg.name), cfg.stream, entries)
-                ids = [d.row_id for d in dead]
-                await conn.execute(self._delete, (ids, [None] * len(ids), cfg.name))
+            await self._fail(conn, cfg, [
+                (d, f"not acknowledged after {d.deliveries} deliveries (max_deliver)")
+                for d in dead])  # fmt: skip
             if gone:
                 await conn.execute(self._gone[cfg.stream], (gone, cfg.name, cfg.name))
         return dead
+
+    async def _fail(
+        self, conn: AConn, cfg: ConsumerConfig, why: list[tuple[Delivery, str]]
+    ) -> None:
+        """Move deliveries to the consumer's failed list, each with why, out of its queue."""
+        if why:
+            entries = [(d.message, d.deliveries, reason) for d, reason in why]
+            await failed_list.put(self.store, conn, consumer_key(cfg.name), cfg.stream, entries)
+            ids = [d.row_id for d, _ in why]
+            await conn.execute(self._delete, (ids, [None] * len(ids), cfg.name))
+
+    async def finish(
+        self, cfg: ConsumerConfig, dropped: list[Delivery], failed: list[tuple[Delivery, str]]
+    ) -> None:
+        """Take received deliveries out of the queue that no worker gets: those its steps
+        dropped (done with, as if acked) and those they failed (to the failed list, with why)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._fail(conn, cfg, failed)
+            if dropped:
+                ids, counts = [d.row_id for d in dropped], [d.deliveries for d in dropped]
+                await conn.execute(self._delete, (ids, counts, cfg.name))
 
     async def settle(self, name: str, ids: list[int], deliveries: list[int], ack: bool) -> int:
         """Ack (delete) or nack (make visible now, no longer outstanding) the rows of these

@@ -26,7 +26,7 @@ from core.config.model import WeirConfig
 from core.steps import functions
 from devkit.embedded import EmbeddedNats
 from tests.connectors.nats.harness import NatsHarness
-from tests.helpers.api import api_serving
+from tests.helpers.api import api_serving, receive, receive_all
 from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.load import (
@@ -304,3 +304,97 @@ def test_enrich_joins_a_row_of_the_source_to_each_message_one_query_a_batch(
         conn.execute("ALTER TABLE clients RENAME TO customers")
         got = wait_delivered(nats, c, 4)
         assert got[-1].payload["record"]["customer"]["name"] == "Ada"
+
+
+def test_a_consumers_steps_shape_filter_and_fail_what_workers_receive(
+    table: str, functions_dir: Path
+) -> None:
+    """An HTTP pull consumer's steps run when a worker receives: a filter's dropped message is
+    done with, a function that raises puts its message on the consumer's failed list with why
+    (the next of its record is delivered), the fixed function delivers it on retry; each route
+    family shows the shaped message, a flattened one as the record."""
+    shaping = functions_dir / "shaping.py"
+    _write(shaping, "def shape(action, record, changes, metadata):\n"
+                    "    if record['id'] == 2 and action == 'insert':\n"
+                    "        raise ValueError('no twos here')\n"
+                    "    return {'record': {'id': record['id'], 'loud': record['body'].upper()},\n"
+                    "            'changes': changes, 'action': action}\n")  # fmt: skip
+    shaped = {
+        "name": "shaped",
+        "stream": "events",
+        "steps": [{"filter": "action != 'delete'"}, {"transform": {"function": "shaping:shape"}}],
+    }
+    flat = {"name": "flat", "stream": "events", "steps": [
+        {"transform": {"drop": ["body"]}}, {"transform": {"flatten": True}}]}  # fmt: skip
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")  # an update's changes
+    with api_serving(table, consumers=[shaped, flat]) as client:
+        insert_t(table, range(1, 5))
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE t SET body = 'y' WHERE id = 2")
+            conn.execute("DELETE FROM t WHERE id = 4")
+        got = receive_all(client, "shaped", 4)
+        seen = {(m["record"]["data"]["id"], m["record"]["action"]): m["record"]["data"]
+                for m in got}  # fmt: skip
+        assert seen == {
+            (1, "insert"): {"id": 1, "loud": "X"}, (3, "insert"): {"id": 3, "loud": "X"},
+            (4, "insert"): {"id": 4, "loud": "X"}, (2, "update"): {"id": 2, "loud": "Y"},
+        }  # fmt: skip
+        assert next(m for m in got if m["record"]["action"] == "update")["record"]["changes"] == {
+            "body": "x"}  # fmt: skip
+        entries = client.get("/v1/http-consumers/shaped/failed").json()["data"]
+        assert [e["error"] for e in entries] == [
+            "StepFailed: steps[1] transform: ValueError: no twos here"
+        ]
+        assert receive(client, "shaped") == []  # the delete was dropped, and is done with
+        _write(
+            shaping,
+            "def shape(action, record, changes, metadata):\n"
+            "    return {'record': {'id': record['id'], 'fixed': True}}\n",
+        )
+        r = client.post("/v1/http-consumers/shaped/failed/retry", json={"all": True})
+        assert r.json() == {"count": 1}
+        again = receive_all(client, "shaped", 1)
+        assert again[0]["record"]["data"] == {"id": 2, "fixed": True}
+        assert client.get("/v1/http-consumers/shaped/failed").json()["data"] == []
+        # The flattened message is the record in every family, with no changes.
+        pulled = client.get("/api/http_pull_consumers/flat/receive?batch_size=1").json()["data"]
+        assert set(pulled[0]["record"]) == {"id", "_action"} and pulled[0]["changes"] is None
+        streamed = client.post("/api/sequin_streams/flat/receive", json={"batch_size": 1}).json()
+        assert set(streamed["data"][0]["data"]) == {"id", "_action"}
+        # Over the API: the same checks as the file's (422 naming the step).
+        for steps, why in (
+            ([{"route": {"subject": "x"}}], "an HTTP pull consumer takes no route step"),
+            ([{"transform": {"function": "shaping:nope"}}], "no function nope"),
+        ):
+            r = client.post("/v1/http-consumers", json={"name": "bad", "steps": steps})
+            assert r.status_code == 422 and why in r.text, r.text
+
+
+def test_a_consumers_enrich_query_that_fails_holds_its_messages_back(
+    table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never received unenriched: the batch is made visible again, the log says why, and the
+    next receive once the query works delivers it enriched."""
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO notes VALUES (1, 'first')")
+    enrich = {"sql": "SELECT id, note FROM notes WHERE id = ANY(%(ids)s::int[])",
+              "key": "record.id", "into": "note"}  # fmt: skip
+    joined = {"name": "joined", "stream": "records", "steps": [{"enrich": enrich}]}
+    with api_serving(table, consumers=[joined]) as client, \
+            psycopg.connect(table, autocommit=True) as conn:  # fmt: skip
+        insert_t(table, range(1, 3))
+        got = receive_all(client, "joined", 2)
+        assert sorted((m["record"]["data"]["id"], m["record"]["data"]["note"]) for m in got
+                      ) == [(1, {"id": 1, "note": "first"}), (2, None)]  # fmt: skip
+        conn.execute("ALTER TABLE notes RENAME TO memos")  # the query fails from now on
+        insert_t(table, range(3, 4))
+        with caplog.at_level(logging.WARNING, logger="weir.consume"):
+            wait_for(lambda: receive(client, "joined") == []
+                     and 'relation "notes" does not exist' in caplog.text,
+                     what="a receive saying why")  # fmt: skip
+        conn.execute("ALTER TABLE memos RENAME TO notes")
+        conn.execute("INSERT INTO notes VALUES (3, 'third')")
+        got = receive_all(client, "joined", 1)
+        assert got[0]["record"]["data"]["note"] == {"id": 3, "note": "third"}

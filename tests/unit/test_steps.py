@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from connectors.nats.config import NatsConnector
 from connectors.webhook.config import WebhookConnector
+from core.config.model import ConsumerConfig
 from core.engine.sink import BatchError
 from core.envelope import Message
 from core.ids import encode_token
@@ -457,5 +458,29 @@ def test_a_function_comes_from_functions_dir_only(tmp_path: Path) -> None:
             with pytest.raises(ValueError, match=r"functions come from functions\.dir only"):
                 functions.load(spec)
         assert "this" not in sys.modules  # nothing of it ran
+    finally:
+        functions.use_dir(None)
+
+
+def test_steps_with_a_function_read_back_as_dumped(tmp_path: Path) -> None:
+    """A config read over the API (every default written out) and sent back: a function's
+    transform beside ``drop: []`` was refused as not alone, and a consumer with one could not be
+    served from the store (found by a test of consumers' steps)."""
+    (tmp_path / "mine.py").write_text("def f(action, record, changes, metadata):\n    return 1\n")
+    functions.use_dir(tmp_path)
+    try:
+        steps = [{"filter": "action != 'delete'"}, {"transform": {"function": "mine:f"}}]
+        c = NatsConnector.model_validate(
+            {"name": "n", "type": "nats", "stream": "events", "steps": steps}
+        )
+        assert NatsConnector.model_validate(c.model_dump(mode="json")) == c
+        w = ConsumerConfig.model_validate({"name": "w", "steps": steps})
+        assert ConsumerConfig.model_validate_json(w.model_dump_json()) == w
+        with pytest.raises(ValidationError, match="a function transforms alone: move drop"):
+            NatsConnector.model_validate({"name": "n", "type": "nats", "stream": "events",
+                                          "steps": [{"transform": {"function": "mine:f",
+                                                                   "drop": ["x"]}}]})  # fmt: skip
+        with pytest.raises(ValidationError, match="an HTTP pull consumer takes no route step"):
+            ConsumerConfig.model_validate({"name": "w", "steps": [{"route": {"subject": "x"}}]})
     finally:
         functions.use_dir(None)
