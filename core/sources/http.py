@@ -36,6 +36,7 @@ from core.envelope import record_token, utc_iso
 from core.errors import Conflict, NotFound
 from core.ids import encode_token
 from core.metrics import Metrics
+from core.sources.pg.values import MAX_DEPTH
 from core.store import Conn, Store, index
 from core.store.change import Change
 from core.store.ingest import current_records, lock_batch
@@ -74,11 +75,14 @@ class IngestRecord(BaseModel):
     def _storable(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
+        wrapped: Any = v
+        for _ in range(_PAD):
+            wrapped = [wrapped]
         try:
-            orjson.dumps(v)
-        except TypeError as e:  # nested beyond orjson's 254 levels (the API refuses the rest)
-            raise ValueError(f"cannot be stored: {e}; nest it at most 254 levels deep, "
-                             "counting data itself") from None  # fmt: skip
+            orjson.dumps(wrapped)
+        except TypeError as e:  # nested too deep (the API refuses the rest)
+            raise ValueError(f"cannot be stored: {e}; nest it at most {MAX_DEPTH + 1} levels "
+                             "deep, counting data itself") from None  # fmt: skip
         return v
 
     @model_validator(mode="after")
@@ -192,3 +196,6 @@ def _micros(ts: datetime) -> int:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# data nests at most MAX_DEPTH + 1 levels, its values MAX_DEPTH as capture keeps JSON: it is
+# written by orjson (which writes 254) inside the levels that leaves
+_PAD = 254 - (MAX_DEPTH + 1)

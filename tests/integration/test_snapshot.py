@@ -26,6 +26,7 @@ from core.sources.backfill import Backfill
 from core.sources.pg import snapshot
 from core.sources.pg.copy_out import copy_rows
 from core.sources.pg.snapshot import records_of
+from core.sources.pg.values import MAX_DEPTH
 from core.store import index, open_store
 from core.store.change import Change
 from core.store.snapshot_writer import SNAPSHOT_IDX, SnapshotWriter
@@ -146,11 +147,13 @@ def _dumps(value: object) -> str:
 
 
 # JSON that parsers take as it is, or not: numbers past 64 bits and past a double's range (and
-# both sides of where a double turns infinite), and nesting on both sides of 1024 levels.
+# both sides of where a double turns infinite), and nesting on both sides of MAX_DEPTH and 1024.
 _HOSTILE_JSON = st.integers(-(10**400), 10**400).map(str) | st.sampled_from(
     ["1e400", "-1e400", "1e-400", "1.7976931348623158e308", "-1.7976931348623159e308",
      "123456789012345678901234567890", "0.1000000000000000000000001", "[1e308, 1e309]",
-     "[" * 1024 + "]" * 1024, "[" * 1025 + "]" * 1025, '{"a": ' + "[" * 1024 + "]" * 1024 + "}"]
+     "[" * 1024 + "]" * 1024, "[" * 1025 + "]" * 1025, '{"a": ' + "[" * 1024 + "]" * 1024 + "}",
+     "[" * MAX_DEPTH + "]" * MAX_DEPTH, "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+     '{"a": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}"]
 )  # fmt: skip
 
 

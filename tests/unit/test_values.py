@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from datetime import datetime
 
+import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from core.envelope import RawJson, dumps
+from core.sources.http import IngestRecord
 from core.sources.pg import values as v
 from core.sources.pg.encoding import SourceText
 from core.sources.pg.values import TypeCatalog, parse_array
+from core.steps.payload import dump
 
 
 def test_scalars() -> None:
@@ -95,15 +101,31 @@ def test_json_passes_through_digit_for_digit_or_as_its_text() -> None:
     assert dumps({"j": v.to_json(b'{"n": 123456789012345678901234567890}')}) == (
         b'{"j":{"n": 123456789012345678901234567890}}'
     )
-    for refused in (b'{"a": 1e400}', b"[" * 1001 + b"]" * 1001, b'["\\ud800"]'):
+    for refused in (b'{"a": 1e400}', b"[" * 251 + b"]" * 251, b'["\\ud800"]'):
         assert v.to_json(refused) == refused.decode()
     for kept in (
         b'{"a": "\\u0000"}',
         b'{"tiny": 1e-16384}',
         b'"a\\\\u0000"',
-        b"[" * 1000 + b"]" * 1000,
+        b"[" * 250 + b"]" * 250,
     ):
         assert v.to_json(kept) == RawJson(kept)
+
+
+def test_json_kept_as_json_is_read_by_every_parser_in_every_envelope() -> None:
+    """A value nested as deep as capture keeps it, in a webhook's body (the deepest envelope),
+    is read by Python's json from a subscriber 300 frames deep at the default recursion limit,
+    and written again by orjson as steps do (json kept 1000 deep reached subscribers whose
+    parser stopped at 1000: Python's and Jackson's)."""
+    deepest = b"[" * v.MAX_DEPTH + b"]" * v.MAX_DEPTH
+    assert v.to_json(deepest) == RawJson(deepest)
+    body = b'{"data":[' + dumps({"record": {"c": v.to_json(deepest)}}) + b"]}"
+
+    def parse(frames: int) -> object:
+        return parse(frames - 1) if frames else json.loads(body)
+
+    parsed = parse(300)
+    assert orjson.loads(orjson.dumps(parsed["data"][0])) == parsed["data"][0]  # type: ignore[index]
 
 
 def test_text_in_other_encodings_reads_as_the_server_converts_it() -> None:
@@ -133,3 +155,16 @@ def test_text_in_other_encodings_reads_as_the_server_converts_it() -> None:
     assert win1252(b"\x80 \xe9") == "€ é" and win1252(b"\xe9\x81") == "\xe9\x81"
     sql_ascii = SourceText("SQL_ASCII")  # no repertoire: UTF-8, else the bytes
     assert sql_ascii("é".encode()) == "é" and sql_ascii(b"\xe9x") == "\xe9x"
+
+
+def test_ingest_takes_data_nested_as_deep_as_capture_keeps_json() -> None:
+    """A pushed record's values nest as deep as a captured one's (MAX_DEPTH), no deeper: one
+    nested deeper reached steps, which could not write it again."""
+    deep = [[]]
+    for _ in range(v.MAX_DEPTH - 2):
+        deep = [deep]
+    IngestRecord(collection_id="c", record_id="1", data={"x": deep})
+    with pytest.raises(ValidationError, match=f"at most {v.MAX_DEPTH + 1} levels deep"):
+        IngestRecord(collection_id="c", record_id="1", data={"x": [deep]})
+    assert dump({"record": {"x": deep}, "metadata": {}}) == dumps({"record": {"x": deep},
+                                                                  "metadata": {}})  # fmt: skip

@@ -65,9 +65,8 @@ def to_json(b: bytes) -> RawJson | str:
     """json/jsonb: its own text when JSON parsers read it as it is, else the text as a string.
 
     orjson is the judge: it refuses numbers beyond a double's range, lone surrogates and
-    nesting deeper than 1024, of which a value may take ``MAX_DEPTH``: the rest is for the
-    envelopes around it (a message, a webhook's or the Consume API's body). (The store keeps
-    the text as it is, so ``\\u0000`` and numbers of any scale pass.)
+    nesting deeper than 1024, of which a value may take ``MAX_DEPTH``. (The store keeps the
+    text as it is, so ``\\u0000`` and numbers of any scale pass.)
     """
     try:
         orjson.loads(_ENVELOPED % b if b.count(b"[") + b.count(b"{") > MAX_DEPTH else b)
@@ -76,7 +75,11 @@ def to_json(b: bytes) -> RawJson | str:
     return RawJson(b)
 
 
-MAX_DEPTH = 1000  # levels of nesting a json value keeps as JSON
+# Levels of nesting a json value keeps as JSON: every parser takes a message then, in any of
+# Weir's envelopes (a message, a webhook's or the Consume API's body): Python's json (whose
+# limit is the interpreter's recursion limit, 1000, less its caller's frames), Jackson's default
+# (1000), and orjson both ways (1024 read, 254 written: steps write a message again).
+MAX_DEPTH = 250
 _ENVELOPED = b"[" * (1024 - MAX_DEPTH) + b"%b" + b"]" * (1024 - MAX_DEPTH)
 
 
