@@ -492,6 +492,21 @@ def test_a_record_pushed_twice_in_a_batch_ends_as_the_batch_lists_it(table: str)
         old = push({**r10, "data": {"a": 3}, "upstream_updated_at": "1969-12-31T23:59:59Z"})
         assert old.status_code == 422 and "before 1970" in old.text, old.text
         assert push({**r10, "data": {"a": 2}}).json() == {"accepted": 0, "skipped": 1}
+        # A delete of a record never pushed is a tombstone at its version: an older push of
+        # the record after it is skipped. A key given twice keeps its last value.
+        ghost = {"collection_id": "c", "record_id": "ghost"}
+        assert push({**ghost, "deleted": True, "version": 5}).json() == {"accepted": 1,
+                                                                         "skipped": 0}  # fmt: skip
+        assert push({**ghost, "data": {"a": 1}, "version": 3}).json() == {"accepted": 0,
+                                                                          "skipped": 1}  # fmt: skip
+        twice = client.post("/v1/sources/stripe/records",
+                            headers={"content-type": "application/json"},
+                            content=b'{"records": [{"collection_id": "c", "record_id": "dup",'
+                                    b' "data": {"a": 1, "a": 2}}]}')  # fmt: skip
+        assert twice.json() == {"accepted": 1, "skipped": 0}, twice.text
+        got = {m["record"]["resource_id"]: (m["record"]["action"], m["record"]["data"])
+               for m in receive_all(client, "w", 2)}  # fmt: skip
+        assert got == {"ghost": ("delete", {}), "dup": ("insert", {"a": 2})}
 
 
 def ids(batch: list[Any]) -> list[str]:
