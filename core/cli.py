@@ -239,6 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     p.set_defaults(func=cmd_seed)
 
+    from spark import stream
+
+    spark = sub.add_parser("spark", help="Spark queries over Weir's streams")
+    p = spark.add_subparsers(dest="spark_command", required=True).add_parser(
+        "stream", help="a source's stream into Parquet files partitioned by collection"
+    )
+    stream.add_arguments(p)
+    p.set_defaults(func=stream.stream_command)
+
     args = parser.parse_args(argv)
     settings = settings_or_exit()
     if "config" in args and args.config is None:  # every command that reads one

@@ -62,7 +62,7 @@ def _installed_spark() -> bool:
     return os.path.realpath(_find_spark_home()) == package
 
 
-def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
+def spark_session(master: str | None, jdbc_jar: str | None, app: str = "weir-seed") -> Any:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -78,9 +78,7 @@ def spark_session(master: str | None, jdbc_jar: str | None) -> Any:
     local = master.startswith("local") if master else not submitted
     if local:  # loopback only
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName("weir-seed").config(
-        "spark.ui.showConsoleProgress", "false"
-    )
+    builder = SparkSession.builder.appName(app).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     if local:

@@ -42,6 +42,12 @@ class StoreConfig(Model):
         description="how long the events stream keeps events; the records stream keeps every "
         "record's newest version for ever",
     )
+    readers_hold: Duration = Field(
+        timedelta(days=30),
+        description="how long events a Spark query (docs/spark.md) has not read yet are kept "
+        "past events_retention, also while it is stopped; older ones go, and the query then "
+        "fails naming them",
+    )
 
     _url = field_validator("url")(check_postgres_url)
 

@@ -36,15 +36,15 @@ SLOTS_EVERY = timedelta(minutes=1)
 def prune_events(cfg: WeirConfig, store: Store) -> int:
     """Delete events older than the retention, then compact the records batches; returns how
     many events went."""
-    cutoff = cfg.store.events_retention
+    cutoff, hold = cfg.store.events_retention, cfg.store.readers_hold
     with store.connect(autocommit=True) as conn:
-        for connector, source, n in retention.behind(conn, store, cutoff):
+        for connector, source, n in retention.behind(conn, store, cutoff, hold):
             log.warning(
                 "retention: %s had not delivered %d events of source %s older than %s; they are "
                 "deleted now (raise store.events_retention to keep them longer)",
                 connector, n, source, cutoff,
             )  # fmt: skip
-    total = retention.delete_older(store, cutoff)
+    total = retention.delete_older(store, cutoff, hold)
     if total:
         log.info("retention: deleted %d events older than %s", total, cutoff)
     compacted = retention.compact(store)

@@ -28,6 +28,8 @@ from core.store.shared import lock_key
 
 log = logging.getLogger("weir.engine")
 
+SPARK_PREFIX = "spark:"  # a Spark query's cursor is spark:NAME (spark/source.py)
+
 
 class Resplitting(Exception):
     """The connector's shards cannot be re-split now: a shard of its old split still runs."""
@@ -222,6 +224,18 @@ class Cursors:
 
     def _whose(self) -> dict[str, Any]:
         return {"n": self.connector, "i": self.incarnation}
+
+    async def put(self, conn: AConn, seq: int) -> None:
+        """Set an unsharded reader's cursor, made when missing (a Spark query's, which no
+        lease or fence guards: Spark runs one batch of a query at a time)."""
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (connector, sync_id, stream, seq) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (connector, sync_id) DO UPDATE SET seq = excluded.seq,"
+                " updated_at = now()"
+            ).format(self.table),
+            (self.key, self.sync_id, self.stream, seq),
+        )
 
     async def save(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:
         """Move the cursor; CursorGone when the connector was deleted (its making is gone,

@@ -96,6 +96,9 @@ class StreamReader:
             sql.Identifier(f"{self.stream}_seq"), store.table("sources")
         )
         self._events = streams.event_batches(store)
+        self._oldest = sql.SQL("SELECT min(first_seq) FROM {} WHERE sync_id = %s").format(
+            store.table("event_batches")
+        )
         self._page = streams.record_page(store)
 
     @property
@@ -136,6 +139,12 @@ class StreamReader:
             raise RuntimeError(f"source {self.sync_id} is not registered in the store")
         return int(row[0])
 
+    async def oldest(self) -> int | None:
+        """The first seq of the events the store still holds (retention deletes older ones),
+        or None when it holds none."""
+        row = await (await self.conn.execute(self._oldest, (self.sync_id,))).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def _takes(self, coll: str, rid: str | None, action: str, record: bytes | None,
                seq: int) -> bool:  # fmt: skip
         """Whether the connector takes this message: its selection, its shard's records only,
@@ -149,11 +158,12 @@ class StreamReader:
     async def cursor(self, start: Any, had: bool = False) -> Cursor:
         """The saved cursor; on the connector's first start, one made from ``start`` (see
         :meth:`Cursors.load` for ``had``)."""
-        cursor = await self.cursors.load(self.conn, lambda: self._start_seq(start), had)
+        cursor = await self.cursors.load(self.conn, lambda: self.start_seq(start), had)
         self.resplits = cursor.resplits
         return cursor
 
-    async def _start_seq(self, start: Any) -> int:
+    async def start_seq(self, start: Any) -> int:
+        """The last seq before where ``start`` (a start position) begins."""
         if start == "beginning":
             return 0
         if start == "end":
@@ -218,7 +228,7 @@ class StreamReader:
         """Messages with ``after < seq <= upto`` that the connector takes, in seq order: at most
         ``limit``, and when fewer, every message up to ``upto`` was looked at."""
         out: list[Message] = []
-        async for page in self._pages(after, upto, limit, self.event, self.record):
+        async for page in self.pages(after, upto, limit, self.event, self.record):
             out += page
             if len(out) >= limit:
                 return out[:limit]
@@ -234,13 +244,13 @@ class StreamReader:
         def record(v: Version) -> Entry:
             return v.seq, v.coll, v.rid, v.record
 
-        async for page in self._pages(after, upto, limit, event, record):
+        async for page in self.pages(after, upto, limit, event, record):
             out += page
             if len(out) >= limit:
                 return out[:limit]
         return out
 
-    async def _pages(self, after: int, upto: int, page: int,
+    async def pages(self, after: int, upto: int, page: int,
                      event: Callable[[Entries, int, int], T],
                      record: Callable[[Version], T]) -> AsyncIterator[list[T]]:  # fmt: skip
         """What the connector takes after ``after`` up to ``upto``, in seq order, a batch (or a

@@ -22,15 +22,19 @@ from psycopg import sql
 from core.envelope import record_token
 from core.store import Conn, Store, index
 from core.store.batches import Entries, Version
+from core.store.cursors import SPARK_PREFIX
 from core.store.record_writer import RecordWriter
 
 BATCHES = 100  # batches deleted or rewritten per transaction
 SPARSE = 0.5  # a records batch with fewer live versions than this share is rewritten
 
 
-def behind(conn: Conn, store: Store, cutoff: timedelta) -> list[tuple[str, str, int]]:
+def behind(
+    conn: Conn, store: Store, cutoff: timedelta, hold: timedelta
+) -> list[tuple[str, str, int]]:
     """(connector, source, events) of the events older than ``cutoff`` that a connector's
-    cursor has not passed yet: what deleting them now takes from it."""
+    cursor has not passed yet: what deleting them now takes from it. A Spark query's events
+    are kept for ``hold`` (:func:`delete_older`)."""
     t = store.table
     rows: list[Any] = conn.execute(
         sql.SQL(
@@ -38,21 +42,23 @@ def behind(conn: Conn, store: Store, cutoff: timedelta) -> list[tuple[str, str, 
             " FROM {c} c JOIN {s} s USING (sync_id)"
             " JOIN {e} b ON b.sync_id = c.sync_id AND b.last_seq > c.seq"
             " WHERE c.stream = 'events' AND b.inserted_at < now() - %s"
+            " AND (NOT starts_with(c.connector, %s) OR b.inserted_at < now() - %s)"
             " GROUP BY c.connector, s.name"
         ).format(c=t("cursors"), s=t("sources"), e=t("event_batches")),
-        (cutoff,),
+        (cutoff, SPARK_PREFIX, hold),
     ).fetchall()
     return [(str(c), str(s), int(n)) for c, s, n in rows]
 
 
-def delete_older(store: Store, cutoff: timedelta) -> int:
+def delete_older(store: Store, cutoff: timedelta, hold: timedelta) -> int:
     """Delete the events older than ``cutoff``, keeping the records-stream versions their
-    batches hold; returns how many events."""
+    batches hold, and those a Spark query has not read yet (running or stopped) unless older
+    than ``hold``; returns how many events."""
     total = 0
     with store.connect() as conn:
         index.ensure(conn, store)  # what it moves, it finds there
         for sid in _sources(conn, store):
-            while (n := _prune(conn, store, sid, cutoff)) is not None:
+            while (n := _prune(conn, store, sid, cutoff, hold)) is not None:
                 total += n
     return total
 
@@ -64,17 +70,21 @@ def _sources(conn: Conn, store: Store) -> list[Any]:
     return [r[0] for r in rows]
 
 
-def _prune(conn: Conn, store: Store, sid: uuid.UUID, cutoff: timedelta) -> int | None:
+def _prune(
+    conn: Conn, store: Store, sid: uuid.UUID, cutoff: timedelta, hold: timedelta
+) -> int | None:
     """One transaction of :func:`delete_older` for a source: events deleted, None when none."""
     writer = _writer(conn, store, sid)
     table = store.table("event_batches")
     rows: list[Any] = conn.execute(
         sql.SQL(
-            "SELECT first_seq, data, version_pos, version_seq FROM {}"
+            "SELECT first_seq, data, version_pos, version_seq FROM {e}"
             " WHERE sync_id = %s AND inserted_at < now() - %s"
+            " AND (inserted_at < now() - %s OR last_seq <= (SELECT coalesce(min(seq), last_seq)"
+            "  FROM {c} WHERE sync_id = %s AND stream = 'events' AND starts_with(connector, %s)))"
             " ORDER BY first_seq LIMIT %s"
-        ).format(table),
-        (sid, cutoff, BATCHES),
+        ).format(e=table, c=store.table("cursors")),
+        (sid, cutoff, hold, sid, SPARK_PREFIX, BATCHES),
     ).fetchall()
     if not rows:
         conn.rollback()

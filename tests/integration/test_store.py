@@ -160,7 +160,9 @@ def test_the_records_index_is_rebuilt_as_it_was(db_url: str) -> None:
         conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '9 days'"
                      " WHERE first_seq = 1")  # fmt: skip
         conn.commit()
-        assert retention.delete_older(store, timedelta(days=7)) == 6  # 0, 4 and 5 kept
+        assert (
+            retention.delete_older(store, timedelta(days=7), timedelta(days=30)) == 6
+        )  # 0, 4, 5 kept
         snap = SnapshotWriter(conn, store, sid, 15, datetime.now(UTC))
         assert snap.write("public:t", [("7", b'{"id":7}'), ("1", b'{"id":1}')]) == (2, 1)
         conn.commit()

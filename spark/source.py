@@ -1,0 +1,325 @@
+"""Weir's streams as a Spark data source, format ``weir`` (docs/spark.md): batch reads and
+Structured Streaming, with offsets that are a source's gap-free ``seq``.
+
+    spark.dataSource.register(WeirSource)
+    spark.readStream.format("weir").option("config", "weir.yaml").option("source", "app")
+         .option("stream", "events").load()
+
+The driver reads the config once (:func:`spec_of`) into a :class:`Spec` that executors get
+pickled: no connection is opened before ``read``, which connects from the executor and reads its
+partition with the connectors' reader (core/store/reader.py), so a row is what a connector of
+the same selection would send. A micro-batch's seq range is split into ``partitions`` buckets by
+the hash that splits connectors into shards: a record's messages are all in one bucket, in seq
+order, so per-record order holds within a partition.
+
+Offsets: ``{"seq": N}``, every message up to N read. The first is the ``start`` option's (as a
+connector's ``start_position``: beginning, end, ``{seq: N}`` as ``seq:N``, or an ISO time);
+``maxMessagesPerTrigger`` caps a micro-batch at that many seqs. A query that names itself
+(``name``) records each committed offset in the store as the cursor ``spark:NAME``, shown by
+``weir status`` beside connectors. An events-stream range retention already deleted fails the
+query with one error naming the seqs (as Kafka's failOnDataLoss does): it never skips silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from core.shards import UNSPLIT, Shard
+from core.store import Store
+from core.store.batches import Entries, Version
+from core.store.cursors import SPARK_PREFIX
+from core.store.reader import StreamReader
+from core.store.selection import selection
+
+SCHEMA = (
+    "sync_id string, provider string, collection_id string, record_id string, action string, "
+    "seq long, committed_at timestamp, record string, changes string, deleted boolean"
+)
+PAGE = 5_000  # messages a read takes from the store at a time
+
+
+class SourceError(RuntimeError):
+    """The data source cannot read as asked; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What executors need to read a source's stream: plain data, pickled by Spark."""
+
+    store: Store
+    sync_id: str
+    provider: str
+    stream: str
+    collections: tuple[str, ...]
+    actions: tuple[str, ...] | None
+    partitions: int
+    start: Any  # beginning | end | SeqStart | TimeStart
+    name: str | None
+    max_per_trigger: int | None
+
+
+def spec_of(options: dict[str, str]) -> Spec:
+    """The spec of a reader's options, reading the config file (on the driver)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from core.config.connector import StartPosition
+    from core.config.load import load_config
+
+    path = options.get("config")
+    if not path:
+        raise SourceError('option "config" is required: the path of the weir YAML file')
+    cfg = load_config(path, api=False)
+    name = options.get("source")
+    pg = [s for s in cfg.sources if name is None or s.name == name]
+    if len(pg) != 1:
+        names = ", ".join(s.name for s in cfg.sources)
+        what = "name one of" if name is None else f"no source {name!r} among"
+        raise SourceError(f'option "source": {what} the config\'s sources ({names})')
+    src = pg[0]
+    stream = options.get("stream", "events")
+    if stream not in ("events", "records"):
+        raise SourceError(f'option "stream": events or records, not {stream!r}')
+    start_text = options.get("start", "beginning")
+    start: Any = start_text
+    if start_text.startswith("seq:"):
+        start = {"seq": start_text[4:]}
+    elif start_text not in ("beginning", "end"):
+        start = {"time": start_text}
+    try:
+        start = TypeAdapter(StartPosition).validate_python(start)
+    except ValidationError:
+        raise SourceError(f'option "start": beginning, end, seq:N or an ISO time, not '
+                          f"{start_text!r}") from None  # fmt: skip
+    actions = options.get("actions")
+    wrong = set(_listed(actions)) - {"insert", "update", "delete", "truncate"}
+    if wrong or (actions and stream != "events"):
+        raise SourceError('option "actions": insert, update, delete or truncate, of the events '
+                          f"stream ({', '.join(sorted(wrong)) or stream} given)")  # fmt: skip
+    return Spec(
+        store=Store(cfg.store_url, cfg.store.schema_),
+        sync_id=str(src.sync_id),
+        provider=src.provider,
+        stream=stream,
+        collections=tuple(_listed(options.get("collections")) or ("*",)),
+        actions=tuple(_listed(actions)) if actions else None,
+        partitions=_positive(options, "partitions") or 2,
+        start=start,
+        name=options.get("name"),
+        max_per_trigger=_positive(options, "maxMessagesPerTrigger"),
+    )
+
+
+def _listed(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _positive(options: dict[str, str], key: str) -> int | None:
+    text = options.get(key)
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise SourceError(f'option "{key}": a whole number of at least 1, not {text!r}')
+    return int(text)
+
+
+class WeirSource(DataSource):
+    """Format ``weir``: a source's events or records stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "weir"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.spec = spec_of(dict(options))
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(self.spec)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _StreamReader(self.spec)
+
+
+@dataclass
+class Bucket(InputPartition):
+    """One task's read: the messages in seqs (after, upto] of hash bucket ``index`` of ``of``."""
+
+    after: int
+    upto: int
+    index: int
+    of: int
+
+
+def _buckets(spec: Spec, after: int, upto: int) -> list[InputPartition]:
+    if upto <= after:
+        return []
+    return [Bucket(after, upto, i, spec.partitions) for i in range(spec.partitions)]
+
+
+class _BatchReader(DataSourceReader):
+    """Everything the stream holds now, from the start option's position."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+
+    def partitions(self) -> list[InputPartition]:
+        after, head = _run(_bounds(self.spec))
+        return _buckets(self.spec, after, head)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, Bucket)
+        return _rows(self.spec, partition)
+
+
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.target: int | None = None  # Trigger.AvailableNow: the head when the query began
+        self.noted = -1  # the position last kept in the store
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, self.target = _run(_bounds(self.spec, False))
+
+    def initialOffset(self) -> dict[str, int]:
+        after, _ = _run(_bounds(self.spec))
+        return {"seq": after}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.spec.max_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        self._note(start["seq"])
+        head = self.target if self.target is not None else _run(_bounds(self.spec, False))[1]
+        if isinstance(limit, ReadMaxRows):
+            head = min(head, start["seq"] + limit.max_rows)
+        return {"seq": max(head, start["seq"])}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return _buckets(self.spec, start["seq"], end["seq"])
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, Bucket)
+        return _rows(self.spec, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        self._note(end["seq"])
+
+    def _note(self, seq: int) -> None:
+        """Keep the query's position in the store: what it has read and written. Spark calls
+        ``commit`` late and seldom (never at the end of an AvailableNow query); the start of a
+        micro-batch being planned is the end of one that completed, so it is noted too."""
+        if self.spec.name is not None and seq > self.noted:
+            _run(_record(self.spec, seq))
+            self.noted = seq
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _reader(spec: Spec, shard: Shard = UNSPLIT) -> StreamReader:
+    where = selection(list(spec.collections), spec.actions, [])  # type: ignore[arg-type]
+    name = SPARK_PREFIX + (spec.name or "reader")
+    return StreamReader(spec.store, name, spec.stream, where, spec.sync_id, spec.provider, shard)
+
+
+async def _bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
+    """(where the start option begins: the last seq before it, the stream's head)."""
+    reader = _reader(spec)
+    await reader.open()
+    try:
+        head = await reader.head()
+        return (await reader.start_seq(spec.start) if start else head), head
+    finally:
+        await reader.close()
+
+
+async def _record(spec: Spec, seq: int) -> None:
+    reader = _reader(spec)
+    await reader.open()
+    try:
+        await reader.cursors.put(reader.conn, seq)
+    finally:
+        await reader.close()
+
+
+def _rows(spec: Spec, part: Bucket) -> Iterator[tuple[Any, ...]]:
+    """The bucket's rows, read a page at a time on an event loop of this task's own."""
+    loop = asyncio.new_event_loop()
+    reader = _reader(spec, Shard(part.index, part.of))
+    sid, provider = spec.sync_id, spec.provider
+
+    def event(e: Entries, i: int, seq: int) -> tuple[Any, ...]:
+        action, changes = e.action[i], e.changes[i]
+        record = e.record[i]
+        return (sid, provider, e.coll[i], e.rid[i], action, seq, _time(e.ts[i]),
+                None if record is None else record.decode(),
+                None if changes is None else changes.decode(), action == "delete")  # fmt: skip
+
+    def version(v: Version) -> tuple[Any, ...]:
+        return (sid, provider, v.coll, v.rid, "delete" if v.deleted else "upsert", v.seq,
+                _time(v.ts), v.record.decode(), None, v.deleted)  # fmt: skip
+
+    try:
+        loop.run_until_complete(reader.open())
+        if spec.stream == "events":
+            loop.run_until_complete(_present(reader, part))
+        after = part.after
+        while after < part.upto:  # events: PAGE taken a pass; records: all in one
+            pages = reader.pages(after, part.upto, PAGE, event, version)
+            taken = 0
+            while True:
+                try:
+                    page = loop.run_until_complete(anext(pages))
+                except StopAsyncIteration:
+                    break
+                if page:
+                    taken += len(page)
+                    after = page[-1][5]
+                yield from page
+            if spec.stream == "records" or taken < PAGE:
+                return
+    finally:
+        loop.run_until_complete(reader.close())
+        loop.close()
+
+
+async def _present(reader: StreamReader, part: Bucket) -> None:
+    """Fail when retention deleted events of the range (a query asked for them too late)."""
+    oldest = await reader.oldest()
+    gone = part.upto if oldest is None else min(part.upto, oldest - 1)  # the last one deleted
+    if part.after < gone:
+        raise SourceError(
+            f"events {part.after + 1} to {gone} of source {reader.sync_id} were deleted by "
+            "retention (store.events_retention) before this query read them; start the query "
+            "anew (a new checkpoint) with option start, or keep events longer"
+        )
+
+
+def _time(ts: str) -> datetime | None:
+    return datetime.fromisoformat(ts) if ts else None

@@ -1,0 +1,217 @@
+"""Weir's streams as a Spark data source on local[2] (docs/spark.md): a query of the events
+stream reads every change once, in order within each record, while ``weir run`` captures, and
+again once after its driver is killed and restarted from its checkpoint; a batch read of the
+records stream equals the table; a query whose events retention deleted fails, naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from core.config.load import load_config
+from core.store import Store, retention
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import cursor_of, serving
+
+WEIR = str(Path(sys.executable).parent / "weir")
+
+
+def _config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "weir.yaml"
+    source = {"name": "app", "kind": "postgres", "url": url, "schemas": ["public"]}
+    path.write_text(json.dumps({"sources": [source], "connectors": []}))
+    return path
+
+
+def _stream(config: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [WEIR, "spark", "stream", "--config", str(config), "--source", "app", "--master",
+         "local[2]", "--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp"),
+         "--name", "q", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def _finish(p: subprocess.Popen[bytes], timeout: float = 300) -> str:
+    out, _ = p.communicate(timeout=timeout)
+    text = out.decode(errors="replace")
+    assert p.returncode == 0, text[-3000:]
+    return text
+
+
+def _read(tmp_path: Path) -> list[dict[str, Any]]:
+    """The rows of the files the query's sink committed, as Spark reads them: those its log
+    (``_spark_metadata``) lists; a killed batch's files are not (it is written again)."""
+    log = tmp_path / "out" / "_spark_metadata"
+    files: set[str] = set()
+    for entry in sorted(log.glob("*")) if log.exists() else []:
+        if entry.name.startswith("."):
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # after the version line
+            f = json.loads(line)
+            (files.add if f["action"] == "add" else files.discard)(f["path"])
+    rows: list[dict[str, Any]] = []
+    for path in sorted(files):
+        local = unquote(path.removeprefix("file://"))  # a URI
+        collection = unquote(Path(local).parent.name.removeprefix("collection_id="))
+        got = pq.read_table(local).to_pylist()
+        last: dict[str, int] = {}
+        for r in got:  # a record's messages in seq order within each file (a partition's)
+            assert r["seq"] > last.get(r["record_id"], 0), (local, r)
+            last[r["record_id"]] = r["seq"]
+        rows += [{**r, "collection_id": collection} for r in got]
+    return rows
+
+
+def _store_seqs(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT events_seq FROM weir.sources WHERE name = 'app'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _changes(url: str, ids: range, rounds: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in ids:
+            conn.execute("INSERT INTO t VALUES (%s, 'v0')", (i,))
+        for r in range(1, rounds):
+            for i in ids:
+                conn.execute("UPDATE t SET body = %s WHERE id = %s", (f"v{r}", i))
+        for i in ids[::3]:
+            conn.execute("DELETE FROM t WHERE id = %s", (i,))
+
+
+def _check(rows: list[dict[str, Any]], head: int, ids: range, rounds: int) -> None:
+    """Every seq up to ``head`` once; each record's changes in the order made."""
+    seqs = sorted(r["seq"] for r in rows)
+    assert seqs == list(range(1, head + 1)), (len(seqs), head)
+    by_record: dict[str, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: r["seq"]):
+        body = json.loads(r["record"])["body"]
+        by_record.setdefault(r["record_id"], []).append((r["action"], body))
+    for i in ids:
+        want = [("insert", "v0")] + [("update", f"v{n}") for n in range(1, rounds)]
+        if i % 3 == ids[0] % 3:
+            want.append(("delete", f"v{rounds - 1}"))
+        assert by_record[str(i)] == want, (i, by_record[str(i)])
+
+
+@pytest.mark.slow
+def test_a_query_reads_every_change_once_in_order_across_a_sigkill(
+    tmp_path: Path, table: str
+) -> None:
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")  # a delete's record: the whole row
+    config = _config(tmp_path, table)
+    with serving(load_config(config)):
+        _changes(table, range(0, 60), 3)
+        wait_for(lambda: _store_seqs(table) >= 60 * 3 + 20, what="the first changes stored")
+        _finish(_stream(config, tmp_path, "--available-now", "--max-per-trigger", "50"))
+        first = _store_seqs(table)
+        _check(_read(tmp_path), first, range(0, 60), 3)
+        assert cursor_of(table, "spark:q")[0] == first  # the query's position, in the store
+        # A query running while changes come, killed mid-stream, then run again from its
+        # checkpoint: every change still once.
+        running = _stream(config, tmp_path, "--every", "0.5", "--max-per-trigger", "40")
+        _changes(table, range(100, 160), 4)
+        wait_for(lambda: len(_read(tmp_path)) > first + 40, timeout=180, what="a batch written")
+        os.kill(running.pid, signal.SIGKILL)
+        running.wait(30)
+        wait_for(lambda: _store_seqs(table) >= first + 60 * 4 + 20, what="all changes stored")
+        _finish(_stream(config, tmp_path, "--available-now"))
+        _check(_read(tmp_path), _store_seqs(table), range(100, 160), 4)
+        _check(_read(tmp_path), _store_seqs(table), range(0, 60), 3)
+        assert cursor_of(table, "spark:q")[0] == _store_seqs(table)
+
+
+BATCH_READ = """
+import sys
+from spark.session import spark_session
+from spark.source import WeirSource
+spark = spark_session("local[2]", None, app="weir-test")
+spark.dataSource.register(WeirSource)
+df = spark.read.format("weir").option("config", sys.argv[1]).option("stream", "records").load()
+for r in df.where("NOT deleted").select("record_id", "record").collect():
+    print(r.record_id, r.record)
+"""
+
+
+@pytest.mark.slow
+def test_a_batch_read_of_the_records_stream_equals_the_table_and_a_pruned_query_fails(
+    tmp_path: Path, table: str
+) -> None:
+    config = _config(tmp_path, table)
+    with serving(load_config(config)):
+        _changes(table, range(0, 30), 3)
+        wait_for(lambda: _store_seqs(table) >= 30 * 3 + 10, what="the changes stored")
+    done = subprocess.run([sys.executable, "-c", BATCH_READ, str(config)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+           for line in done.stdout.splitlines()}  # fmt: skip
+    with psycopg.connect(table) as conn:
+        rows = conn.execute("SELECT id, body FROM t").fetchall()
+    assert got == {str(i): {"id": i, "body": body} for i, body in rows}
+    # Retention deleted the first events (as core/store/retention.py does): a new query from
+    # the beginning fails, naming them, and writes nothing.
+    with psycopg.connect(table, autocommit=True) as conn:
+        first = conn.execute("SELECT min(first_seq), min(last_seq) FROM weir.event_batches"
+                             ).fetchone()  # fmt: skip
+        assert first is not None
+        conn.execute("DELETE FROM weir.event_batches WHERE first_seq = %s", (first[0],))
+    p = _stream(config, tmp_path, "--available-now")
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert f"events 1 to {first[1]} of source" in out.decode(), out.decode()[-3000:]
+    assert "deleted by retention" in out.decode()
+    assert _read(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_stopped_query_holds_retention_back_up_to_readers_hold(
+    tmp_path: Path, table: str
+) -> None:
+    """Events past retention that a stopped query has not read stay, and it reads them when it
+    starts again; beyond ``store.readers_hold`` they go, and the query fails naming them."""
+    config = _config(tmp_path, table)
+    cfg = load_config(config)
+    store = Store(cfg.store_url)
+    with serving(cfg):
+        _changes(table, range(0, 20), 2)
+        wait_for(lambda: _store_seqs(table) >= 20 * 2 + 6, what="the first changes stored")
+        _finish(_stream(config, tmp_path, "--available-now"))
+        read = cursor_of(table, "spark:q")[0]
+        assert read == _store_seqs(table)
+        _changes(table, range(50, 70), 2)
+        wait_for(lambda: _store_seqs(table) >= read + 46, what="more changes stored")
+    head = _store_seqs(table)
+    status = subprocess.run([WEIR, "status", "--config", str(config), "--interval", "0.2"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    row = next(line.split() for line in status.stdout.splitlines() if "spark:q" in line)
+    assert row[0] == "spark:q" and row[2:5] == ["app", "events", str(head - read)], status.stdout
+    with psycopg.connect(table) as conn:
+        kept = conn.execute("SELECT count(*) FROM weir.event_batches WHERE last_seq > %s",
+                            (read,)).fetchone()  # fmt: skip
+    assert retention.delete_older(store, timedelta(0), timedelta(days=1)) == read
+    with psycopg.connect(table) as conn:
+        assert conn.execute("SELECT count(*) FROM weir.event_batches").fetchone() == kept
+    _finish(_stream(config, tmp_path, "--available-now"))
+    assert sorted(r["seq"] for r in _read(tmp_path)) == list(range(1, head + 1))
+    # a second query that has read nothing, stopped for longer than readers_hold
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("UPDATE weir.cursors SET seq = %s WHERE connector = 'spark:q'", (read,))
+    assert retention.delete_older(store, timedelta(0), timedelta(0)) == head - read
+    p = _stream(config, tmp_path / "again", "--start", f"seq:{read + 1}")
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0 and f"events {read + 1} to {head} of source" in out.decode()
