@@ -32,6 +32,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -48,6 +50,7 @@ from core.store.batches import Entries, Version
 from core.store.cursors import SPARK_PREFIX
 from core.store.reader import StreamReader
 from core.store.selection import selection
+from spark import sink
 
 SCHEMA = (
     "sync_id string, provider string, collection_id string, record_id string, action string, "
@@ -141,24 +144,27 @@ def _positive(options: dict[str, str], key: str) -> int | None:
 
 
 class WeirSource(DataSource):
-    """Format ``weir``: a source's events or records stream."""
+    """Format ``weir``: a source's events or records stream; writing, an http source's records
+    (spark/sink.py)."""
 
     @classmethod
     def name(cls) -> str:
         return "weir"
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.spec = spec_of(dict(options))
-
     def schema(self) -> str:
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _BatchReader(self.spec)
+        return _BatchReader(spec_of(dict(self.options)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _StreamReader(self.spec)
+        return _StreamReader(spec_of(dict(self.options)))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return sink.BatchWriter(sink.target_of(dict(self.options), schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return sink.StreamWriter(sink.target_of(dict(self.options), schema))
 
 
 @dataclass

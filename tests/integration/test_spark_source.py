@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ import pytest
 
 from core.config.load import load_config
 from core.store import Store, retention
+from devkit.embedded import EmbeddedNats
+from devkit.server import free_port
+from tests.connectors.nats.harness import NatsHarness
+from tests.helpers.api import TOKEN, api_serving
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import wait_for
 from tests.helpers.weir import cursor_of, serving
 
@@ -137,6 +143,7 @@ def test_a_query_reads_every_change_once_in_order_across_a_sigkill(
 
 BATCH_READ = """
 import sys
+import time
 from spark.session import spark_session
 from spark.source import WeirSource
 spark = spark_session("local[2]", None, app="weir-test")
@@ -215,3 +222,58 @@ def test_a_stopped_query_holds_retention_back_up_to_readers_hold(
     p = _stream(config, tmp_path / "again", "--start", f"seq:{read + 1}")
     out, _ = p.communicate(timeout=300)
     assert p.returncode != 0 and f"events {read + 1} to {head} of source" in out.decode()
+
+
+@pytest.mark.slow
+def test_the_example_aggregate_reaches_a_nats_subscriber_once_after_a_replay(
+    tmp_path: Path, table: str, nats_server: EmbeddedNats
+) -> None:
+    """Per-customer totals computed from the events stream, written through the writer into
+    the http source ``stripe`` and forwarded by its NATS connector; a micro-batch Spark runs
+    again (its commit removed from the checkpoint, as after a crash) reaches no one twice."""
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer_id int, total numeric)")
+    nats = NatsHarness(nats_server)
+    c = nats.connector("totals", "events", sources=["stripe"])
+    nats.prepare(c)
+    port = free_port()
+    config = tmp_path / "weir.yaml"  # what api_serving runs
+    config.write_text(json.dumps({
+        "api": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]}, "connectors": [c],
+        "sources": [{"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]},
+                    {"name": "stripe", "kind": "http", "provider": "stripe"}]}))  # fmt: skip
+    checkpoint = tmp_path / "cp"
+
+    def run() -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "spark.examples.customer_totals", "--config", str(config),
+             "--source", "app", "--into", "stripe", "--checkpoint", str(checkpoint),
+             "--master", "local[2]", "--available-now"],
+            capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    with api_serving(table, port=port, connectors=[c]), \
+            psycopg.connect(table, autocommit=True) as conn:  # fmt: skip
+        for i, (customer, total) in enumerate([(1, "10.5"), (2, "3"), (1, "4.5"), (3, "1")]):
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s)", (i, customer, total))
+        wait_for(lambda: _store_seqs(table) >= 4, what="the orders stored")
+        run()
+        got = wait_delivered(nats, c, 3, settle=1.0)
+        totals = {d.payload["record"]["customer_id"]: (d.payload["record"]["orders"],
+                                                       d.payload["record"]["amount"])
+                  for d in got}  # fmt: skip
+        assert totals == {1: (2, 15.0), 2: (1, 3.0), 3: (1, 1.0)} and len(got) == 3
+        conn.execute("INSERT INTO orders VALUES (10, 2, 7)")
+        wait_for(lambda: _store_seqs(table) >= 5, what="the new order stored")
+        run()
+        got = wait_delivered(nats, c, 4, settle=1.0)
+        assert got[-1].payload["record"] == {"customer_id": 2, "orders": 2, "amount": 10.0}
+        # Spark runs the last micro-batch again when its commit is missing (a crash after
+        # the sink wrote): the same totals, with the same versions, are skipped.
+        commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+        commits[-1].unlink()
+        (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+        run()
+        assert commits[-1].exists()  # the micro-batch ran again, and its totals were written
+        time.sleep(2)
+        assert len(nats.read(c)) == 4

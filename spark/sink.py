@@ -1,0 +1,150 @@
+"""Writing from Spark into an ``http`` source of Weir (docs/spark.md “Writing”): what a Spark job
+computes goes out through Weir's connectors like records an API sync pushes.
+
+    df.writeStream.format("weir").option("config", "weir.yaml").option("source", "computed")
+
+Each task posts its rows to ``weir run``'s ingest route (``POST /v1/sources/NAME/records``) in
+batches, so they pass the same checks and the same version guard as any push: a record is
+stored only when its version is newer than the stored one and its data differs. A micro-batch
+Spark writes again after a failure therefore stores nothing twice when its rows carry a
+``version`` (a seq, a window's end: anything that grows with the data); without one, a record's
+version is the time of ingest and a replay stores only what changed.
+
+Columns: ``collection_id`` and ``record_id`` (text), ``data`` (a JSON text or a struct),
+optional ``deleted`` (boolean) and ``version`` (a whole number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+BATCH = 1_000  # records a request
+NEEDED = ("collection_id", "record_id", "data")
+
+
+class SinkError(RuntimeError):
+    """The rows cannot be written as asked; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the tasks post: plain data, pickled by Spark."""
+
+    url: str  # .../v1/sources/NAME/records
+    token: str
+    source: str
+
+
+def target_of(options: dict[str, str], schema: StructType) -> Target:
+    """The ingest route of the http source the options name (read from the config, on the
+    driver), after checking the rows' columns."""
+    from core.config.load import load_config
+    from core.config.sources import HttpSource
+
+    missing = [c for c in NEEDED if c not in schema.fieldNames()]
+    if missing:
+        raise SinkError(f"the rows need the columns {', '.join(NEEDED)}: {', '.join(missing)} "
+                        "missing (deleted and version are optional)")  # fmt: skip
+    path = options.get("config")
+    if not path:
+        raise SinkError('option "config" is required: the path of the weir YAML file')
+    cfg = load_config(path)
+    http = [s.name for s in cfg.sources if isinstance(s, HttpSource)]
+    name = options.get("source") or (http[0] if len(http) == 1 else None)
+    if name not in http:
+        raise SinkError(f'option "source": one of the config\'s http sources '
+                        f"({', '.join(http) or 'none'})")  # fmt: skip
+    if cfg.api is None:
+        raise SinkError("the config has no api: the rows are posted to weir run's API")
+    base = options.get("url") or "http://" + cfg.api.listen.replace("0.0.0.0", "127.0.0.1")
+    token = cfg.api.tokens[0].get_secret_value()
+    return Target(f"{base.rstrip('/')}/v1/sources/{name}/records", token, name)
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    accepted: int
+    skipped: int
+
+
+def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
+    import httpx
+
+    for attempt in range(5):
+        try:
+            r = httpx.post(target.url, content=orjson.dumps({"records": records}),
+                           headers={"Authorization": f"Bearer {target.token}",
+                                    "Content-Type": "application/json"}, timeout=60)  # fmt: skip
+        except httpx.TransportError as e:  # weir run restarting: a few tries, then the task fails
+            if attempt == 4:
+                raise SinkError(f"source {target.source}: {target.url} cannot be reached: {e}") \
+                    from None  # fmt: skip
+            import time
+
+            time.sleep(2**attempt)
+            continue
+        if r.status_code != 200:
+            raise SinkError(f"source {target.source}: ingest answered {r.status_code}: "
+                            f"{r.text[:500]}")  # fmt: skip
+        body = r.json()
+        return int(body["accepted"]), int(body["skipped"])
+    raise AssertionError("unreachable")
+
+
+def _record(row: Any) -> dict[str, Any]:
+    data = row["data"]
+    if isinstance(data, str):
+        data = orjson.loads(data)
+    elif data is not None and not isinstance(data, dict):
+        data = data.asDict(recursive=True)
+    out = {"collection_id": row["collection_id"], "record_id": str(row["record_id"]),
+           "data": data}  # fmt: skip
+    fields = row.__fields__
+    if "deleted" in fields and row["deleted"] is not None:
+        out["deleted"] = bool(row["deleted"])
+    if "version" in fields and row["version"] is not None:
+        out["version"] = int(row["version"])
+    return out
+
+
+def write_rows(target: Target, rows: Iterator[Any]) -> Written:
+    """Post the rows a batch at a time; how many were stored and skipped."""
+    accepted = skipped = 0
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(_record(row))
+        if len(batch) >= BATCH:
+            a, s = _post(target, batch)
+            accepted, skipped, batch = accepted + a, skipped + s, []
+    if batch:
+        a, s = _post(target, batch)
+        accepted, skipped = accepted + a, skipped + s
+    return Written(accepted, skipped)
+
+
+class BatchWriter(DataSourceWriter):
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return write_rows(self.target, iterator)
+
+
+class StreamWriter(DataSourceStreamWriter):
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return write_rows(self.target, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # each task's rows are stored as it posts them
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # what was stored stays: the batch written again stores nothing twice
