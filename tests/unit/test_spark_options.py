@@ -40,6 +40,7 @@ def test_a_spec_is_what_the_options_say(config: str) -> None:
     ({"start": "seq:x"}, "beginning, end, seq:N or an ISO time, not 'seq:x'"),
     ({"start": "yesterday"}, "not 'yesterday'"),
     ({"partitions": "0"}, 'option "partitions": a whole number of at least 1'),
+    ({"split": "range"}, "hash or seq, not 'range'"),
     ({"maxMessagesPerTrigger": "1e3"}, "not '1e3'"),
     ({"actions": "inserts"}, "insert, update, delete or truncate, of the events stream (inserts"),
     ({"actions": "insert", "stream": "records"}, "of the events stream (records given)"),
