@@ -32,6 +32,7 @@ from core.store import Store
 from core.store import connectors as api_connectors
 from core.store import status as stored
 from core.store.consumers import CONSUMER_PREFIX, consumer_key
+from core.store.cursors import SPARK_PREFIX
 from core.store.operate import Operations as StoreOperations
 
 log = logging.getLogger("weir.manage")
@@ -184,6 +185,14 @@ class Operations:
                  "pending": queues.get(c.name, (0, 0))[0],
                  "ack_pending": queues.get(c.name, (0, 0))[1], "failed": failed[c.name]}
                 for c, origin in listing]  # fmt: skip
+
+    async def spark_queries(self) -> list[dict[str, Any]]:
+        """Every named Spark query's position in each stream it read (docs/spark.md)."""
+        cursors = await asyncio.to_thread(stored.cursors, self.store)
+        return [{"name": c.name.removeprefix(SPARK_PREFIX), "source": c.source,
+                 "stream": c.stream, "seq": c.seq, "lag_messages": c.lag_messages,
+                 "lag_seconds": c.lag_seconds}
+                for c in cursors if c.name.startswith(SPARK_PREFIX)]  # fmt: skip
 
     def history(self, name: str) -> list[dict[str, Any]]:
         """The connector's samples of the last hour ([] for a name without any)."""

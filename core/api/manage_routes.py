@@ -64,6 +64,15 @@ class ConsumerStateOut(Out):
     failed: int
 
 
+class SparkQueryOut(Out):
+    name: str = Field(description="the query's name option")
+    source: str
+    stream: str
+    seq: int = Field(description="the end of the last micro-batch it completed")
+    lag_messages: int = Field(description="messages stored after it")
+    lag_seconds: float = Field(description="how long ago the oldest of them was stored")
+
+
 class ConnectorConfigOut(Out):
     origin: str = Field(description="config: the YAML file's (read-only here); api")
     config: dict[str, Any] = Field(description="as the YAML file gives it; secrets masked")
@@ -183,6 +192,12 @@ def add_routes(api: APIRouter, ops: Operations) -> None:
     async def consumers() -> Any:
         """Every HTTP pull consumer: its queue and failed list."""
         return await ops.consumers()
+
+    @api.get("/v1/spark-queries", response_model=list[SparkQueryOut], tags=["manage"])
+    async def spark_queries() -> Any:
+        """Every named Spark query of the ``weir`` data source: where it is, and how far
+        behind (docs/spark.md)."""
+        return await ops.spark_queries()
 
     for prefix, key in (("/v1/connectors", str), ("/v1/http-consumers", consumer_key)):
         _failed_routes(api, ops, prefix, key)

@@ -252,7 +252,7 @@ def test_the_example_aggregate_reaches_a_nats_subscriber_once_after_a_replay(
             capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
 
-    with api_serving(table, port=port, connectors=[c]), \
+    with api_serving(table, port=port, connectors=[c]) as client, \
             psycopg.connect(table, autocommit=True) as conn:  # fmt: skip
         for i, (customer, total) in enumerate([(1, "10.5"), (2, "3"), (1, "4.5"), (3, "1")]):
             conn.execute("INSERT INTO orders VALUES (%s, %s, %s)", (i, customer, total))
@@ -277,3 +277,10 @@ def test_the_example_aggregate_reaches_a_nats_subscriber_once_after_a_replay(
         assert commits[-1].exists()  # the micro-batch ran again, and its totals were written
         time.sleep(2)
         assert len(nats.read(c)) == 4
+        # The named query is listed with where it is, over the API and in the console.
+        queries = client.get("/v1/spark-queries").json()
+        assert queries == [{"name": "customer-totals", "source": "app", "stream": "events",
+                            "seq": 5, "lag_messages": 0, "lag_seconds": 0.0}]  # fmt: skip
+        client.post("/console/login", data={"token": TOKEN})
+        page = client.get("/console").text
+        assert '<tr data-spark="customer-totals">' in page and "<td>app</td>" in page

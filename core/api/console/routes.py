@@ -115,11 +115,11 @@ def add_routes(app: FastAPI, tokens: list[bytes]) -> None:
 
     @app.get("/console", include_in_schema=False)
     async def overview(s: Live, o: Ops) -> Response:
-        sources, connectors, consumers = await asyncio.gather(
-            o.sources(), o.connectors(), o.consumers()
+        sources, connectors, consumers, spark = await asyncio.gather(
+            o.sources(), o.connectors(), o.consumers(), o.spark_queries()
         )
         return page("overview.html", s, sources=sources, connectors=connectors,
-                    consumers=consumers)  # fmt: skip
+                    consumers=consumers, spark=spark)  # fmt: skip
 
     @app.get("/console/connectors/{name}", include_in_schema=False)
     async def connector(name: str, s: Live, o: Ops) -> Response:
