@@ -66,7 +66,10 @@ def spark_session(master: str | None, jdbc_jar: str | None, app: str = "weir-see
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise SeedError("the seed job needs pyspark: pip install 'weir[spark]'") from None
+        raise SeedError(
+            "Spark needs pyspark: install Weir's wheel with its spark extra "
+            "('dist/weir-VERSION-py3-none-any.whl[spark]', README “Install”)"
+        ) from None
     home = java_home()
     if home:
         os.environ["JAVA_HOME"] = home
