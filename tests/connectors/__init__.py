@@ -34,6 +34,10 @@ class Kit:
     harness: Callable[[Any], Harness]
 
 
+# What a harness has, as tests/helpers/brokers.py ``Harness`` declares it.
+_MEMBERS = sorted({*Harness.__annotations__, *(n for n in vars(Harness) if not n.startswith("_"))})
+
+
 @cache
 def kits() -> dict[str, Kit]:
     """Every registered connector type's kit; a type without one is an error that says what to
@@ -54,5 +58,9 @@ def kits() -> dict[str, Kit]:
             raise LookupError(
                 f"tests/connectors/{spec.type}/__init__.py declares no KIT = Kit(...)"
             )
+        missing = [m for m in _MEMBERS if not hasattr(kit.harness, m)]
+        if missing:  # mypy says only that the class is not a Harness
+            raise LookupError(f"the {spec.type} kit's harness lacks {', '.join(missing)} "
+                              "(tests/helpers/brokers.py Harness)")  # fmt: skip
         found[spec.type] = kit
     return found
