@@ -30,8 +30,10 @@ log = logging.getLogger("weir")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cfg = load_or_exit(args.file)
-    print(f"{args.file}: ok ({len(cfg.sources)} sources, {len(cfg.connectors)} connectors, "
+    """The file given as an argument, else as every command takes it (--config, $WEIR_CONFIG)."""
+    path = args.file or args.config
+    cfg = load_or_exit(path)
+    print(f"{path}: ok ({len(cfg.sources)} sources, {len(cfg.connectors)} connectors, "
           f"{len(cfg.consumers)} consumers)")  # fmt: skip
     return 0
 
@@ -197,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("config", help="config file tools")
     csub = p.add_subparsers(dest="config_command", required=True)
     v = csub.add_parser("validate", help="check a config file")
-    v.add_argument("file")
+    v.add_argument("file", nargs="?", help="the config file (or --config FILE)")
+    v.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
     v.set_defaults(func=cmd_validate)
 
     for spec in connector_specs():
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     settings = settings_or_exit()
-    if "config" in args and args.config is None:  # every command that reads one
+    if "config" in args and args.config is None and not getattr(args, "file", None):  # reads one
         if settings.config is None:
             parser.error(f"{args.command}: give --config FILE (or set WEIR_CONFIG)")
         args.config = str(settings.config)

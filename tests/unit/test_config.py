@@ -581,3 +581,24 @@ def test_a_url_that_cannot_be_parsed_is_refused_at_load(
     with pytest.raises(ValidationError, match=re.escape(says)):
         CONNECTOR.validate_python({"name": "c", "type": kind, "stream": "events",
                                    kind: settings})  # fmt: skip
+
+
+def test_config_validate_takes_the_file_as_every_command_does(tmp_path: Path) -> None:
+    """``weir config validate`` took only a positional file, ignoring ``--config`` and
+    ``$WEIR_CONFIG``, which every other command takes (found by an outside walk-through)."""
+    path = tmp_path / "weir.yaml"
+    path.write_text(
+        "sources: [{name: app, kind: postgres, url: 'postgresql://u@127.0.0.1/d',"
+        " schemas: [public]}]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WEIR_CONFIG"}
+    for argv, extra in (([str(path)], {}), (["--config", str(path)], {}),
+                        ([], {"WEIR_CONFIG": str(path)})):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "core.cli", "config", "validate", *argv],
+                              capture_output=True, text=True, env={**env, **extra},
+                              timeout=60)  # fmt: skip
+        assert (done.returncode, done.stdout) == (0, f"{path}: ok (1 sources, 0 connectors, "
+                                                     "0 consumers)\n"), done.stderr  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "core.cli", "config", "validate"],
+                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "give --config FILE (or set WEIR_CONFIG)" in done.stderr
