@@ -88,6 +88,8 @@ def spec_of(options: dict[str, str]) -> Spec:
     from core.config.connector import StartPosition
     from core.config.load import load_config
 
+    # Spark's options are case-insensitive: dict() of them has the keys in lower case.
+    options = {key.lower(): value for key, value in options.items()}
     path = options.get("config")
     if not path:
         raise SourceError('option "config" is required: the path of the weir YAML file')
@@ -141,7 +143,7 @@ def _listed(text: str | None) -> list[str]:
 
 
 def _positive(options: dict[str, str], key: str) -> int | None:
-    text = options.get(key)
+    text = options.get(key.lower())
     if text is None:
         return None
     if not text.isdigit() or int(text) < 1:
@@ -206,7 +208,8 @@ class _BatchReader(DataSourceReader):
         return _buckets(self.spec, after, head)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Bucket)
+        if not isinstance(partition, Bucket):  # nothing to read: Spark asks for one partition
+            return iter(())
         return _batches(self.spec, partition)
 
 
@@ -238,7 +241,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _buckets(self.spec, start["seq"], end["seq"])
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Bucket)
+        if not isinstance(partition, Bucket):  # nothing to read: Spark asks for one partition
+            return iter(())
         return _batches(self.spec, partition)
 
     def commit(self, end: dict[str, int]) -> None:
