@@ -53,10 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def stream_command(args: argparse.Namespace) -> int:
     """Run the query until it stops (``--available-now``) or is stopped."""
     from spark.session import spark_session
-    from spark.source import WeirSource
+    from spark.source import WeirSource, spec_of
 
-    spark = spark_session(args.master, None, app="weir-stream")
-    spark.dataSource.register(WeirSource)
     options = {
         "config": args.config,
         "source": args.source,
@@ -65,12 +63,17 @@ def stream_command(args: argparse.Namespace) -> int:
         "start": args.start,
         "name": args.name,
         "partitions": str(args.partitions),
-        "maxMessagesPerTrigger": args.max_per_trigger and str(args.max_per_trigger),
+        "maxMessagesPerTrigger": None
+        if args.max_per_trigger is None
+        else str(args.max_per_trigger),
     }
+    options = {key: value for key, value in options.items() if value is not None}
+    spec_of(options)  # a wrong option fails here, in one line, before Spark starts
+    spark = spark_session(args.master, None, app="weir-stream")
+    spark.dataSource.register(WeirSource)
     reader = spark.readStream.format("weir")
     for key, value in options.items():
-        if value is not None:
-            reader = reader.option(key, value)
+        reader = reader.option(key, value)
     writer = (
         reader.load()
         .writeStream.format("parquet")
@@ -86,8 +89,24 @@ def stream_command(args: argparse.Namespace) -> int:
     log.info(
         "spark stream: %s stream of %s into %s", args.stream, args.source or "the source", args.out
     )
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    except Exception as e:
+        raise StreamError(_reason(e)) from e
     return 0
+
+
+class StreamError(RuntimeError):
+    """The query failed; the message is the data source's own when it gave one."""
+
+
+def _reason(e: Exception) -> str:
+    """The data source's message of a failed query (the last ``SourceError:`` line of the
+    Python traceback Spark wraps it in), else Spark's first line."""
+    lines = [line for line in str(e).splitlines() if "SourceError: " in line]
+    if lines:
+        return lines[-1].split("SourceError: ", 1)[1]
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
