@@ -18,14 +18,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BooleanType,
+    IntegralType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from core.steps.payload import dump
 
 BATCH = 1_000  # records a request
 NEEDED = ("collection_id", "record_id", "data")
+# What each column takes: Spark types, and how to say so.
+_TAKES: dict[str, tuple[tuple[type, ...], str]] = {
+    "collection_id": ((StringType,), "text"),
+    "record_id": ((StringType, IntegralType), "text or a whole number"),
+    "data": ((StringType, StructType, MapType), "a JSON text, a struct or a map"),
+    "deleted": ((BooleanType,), "true or false"),
+    "version": ((IntegralType, TimestampType), "a whole number or a timestamp "
+                "(its microseconds since 1970)"),
+}  # fmt: skip
 
 
 class SinkError(RuntimeError):
@@ -51,6 +70,11 @@ def target_of(options: dict[str, str], schema: StructType) -> Target:
     if missing:
         raise SinkError(f"the rows need the columns {', '.join(NEEDED)}: {', '.join(missing)} "
                         "missing (deleted and version are optional)")  # fmt: skip
+    for f in schema.fields:
+        takes = _TAKES.get(f.name)
+        if takes is not None and not isinstance(f.dataType, takes[0]):
+            raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: it takes '
+                            f"{takes[1]}")  # fmt: skip
     path = options.get("config")
     if not path:
         raise SinkError('option "config" is required: the path of the weir YAML file')
@@ -78,7 +102,7 @@ def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
 
     for attempt in range(5):
         try:
-            r = httpx.post(target.url, content=orjson.dumps({"records": records}),
+            r = httpx.post(target.url, content=dump({"records": records}),
                            headers={"Authorization": f"Bearer {target.token}",
                                     "Content-Type": "application/json"}, timeout=60)  # fmt: skip
         except httpx.TransportError as e:  # weir run restarting: a few tries, then the task fails
@@ -102,14 +126,17 @@ def _record(row: Any) -> dict[str, Any]:
     if isinstance(data, str):
         data = orjson.loads(data)
     elif data is not None and not isinstance(data, dict):
-        data = data.asDict(recursive=True)
+        data = data.asDict(recursive=True)  # decimals in it are written as their digits
     out = {"collection_id": row["collection_id"], "record_id": str(row["record_id"]),
            "data": data}  # fmt: skip
     fields = row.__fields__
     if "deleted" in fields and row["deleted"] is not None:
         out["deleted"] = bool(row["deleted"])
-    if "version" in fields and row["version"] is not None:
-        out["version"] = int(row["version"])
+    version = row["version"] if "version" in fields else None
+    if isinstance(version, datetime):  # microseconds since 1970, as upstream_updated_at's
+        out["version"] = round(version.timestamp() * 1_000_000)  # naive: Spark's local time
+    elif version is not None:
+        out["version"] = int(version)
     return out
 
 

@@ -124,6 +124,10 @@ check(
         )
     ),
 )
+check(
+    "write:version-text",
+    lambda: write(rows("SELECT 'c:w' collection_id, '6' record_id, '{}' data, 'x' version")),
+)
 check("write:missing", lambda: write(rows("SELECT 'c:w' collection_id, '{}' data")))
 check(
     "write:not-http",
