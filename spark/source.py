@@ -329,6 +329,9 @@ def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
 
     try:
         loop.run_until_complete(reader.open())
+        # One snapshot for the check and the read: retention deleting events meanwhile (which
+        # the reader would step past) cannot take any from under it.
+        loop.run_until_complete(reader.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ"))
         if spec.stream == "events":
             loop.run_until_complete(_present(reader, part))
         after = part.after
