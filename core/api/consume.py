@@ -36,6 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig, UnknownSourceError, WeirConfig
 from core.config.steps import flat_before
+from core.engine.sink import RetryableError
 from core.envelope import Message
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound
 from core.steps import functions
@@ -288,10 +289,13 @@ class Consumers:
         kept: list[Delivery] = []
         dropped: list[Delivery] = []
         failed: list[tuple[Delivery, str]] = []
+        held: list[tuple[Delivery, Exception]] = []
         flat = flat_before(live.cfg.steps)[-1]
         for d, o in zip(got, outcomes, strict=True):
             if o is None:
                 dropped.append(d)
+            elif isinstance(o, RetryableError):  # an enrich query failed: not the message's fault
+                held.append((d, o))
             elif isinstance(o, Exception):
                 failed.append((d, f"{type(o).__name__}: {o}"))
                 log.warning("consumer %s: message %s moved to the failed list: %s",
@@ -299,6 +303,11 @@ class Consumers:
             else:
                 _shape(d, o, flat)
                 kept.append(d)
+        if held:  # visible again at once, this delivery counted toward max_deliver
+            await self.queues.settle(live.cfg.name, [d.row_id for d, _ in held],
+                                     [d.deliveries for d, _ in held], ack=False)  # fmt: skip
+            log.warning("consumer %s: %s; its messages wait for the next receive",
+                        live.cfg.name, held[0][1])  # fmt: skip
         if dropped or failed:
             await self.queues.finish(live.cfg, dropped, failed)
             live.wake.set()  # the next of their groups may be deliverable now
