@@ -30,6 +30,7 @@ from core.api.models import (
     StreamResponse,
 )
 from core.config.model import ConsumerConfig
+from core.config.steps import STORED
 from core.errors import Invalid, NotFound
 from core.sources.pg.selected import selection_problems
 from core.store.consumers import Delivery
@@ -63,6 +64,12 @@ def _batch_query(
 
 
 BatchSize = Annotated[int, Depends(_batch_query)]
+
+
+def _out(cfg: ConsumerConfig, **more: Any) -> ConsumerOut:
+    """A consumer as the API shows it, without checking its steps' functions again: a stored
+    one's may be gone since (its messages then fail saying so)."""
+    return ConsumerOut.model_validate({**cfg.model_dump(), **more}, context=STORED)
 
 
 def _json(body: bytes) -> Response:
@@ -133,24 +140,24 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     # -- management -------------------------------------------------------------------
 
     @api.post("/v1/http-consumers", status_code=201, response_model=ConsumerOut)
-    async def create_consumer(cfg: ConsumerConfig) -> dict[str, Any]:
+    async def create_consumer(cfg: ConsumerConfig) -> ConsumerOut:
         await consumers.create(cfg)
         unmatched = await asyncio.to_thread(selection_problems, consumers.cfg, [cfg])
         for problem in unmatched:
             log.warning("%s", problem)
-        return {**cfg.model_dump(), "origin": "api", "warnings": unmatched}
+        return _out(cfg, origin="api", warnings=unmatched)
 
     @api.get("/v1/http-consumers", response_model=ConsumerList)
-    async def list_consumers() -> dict[str, Any]:
-        return {"data": [{**c.model_dump(), "origin": o} for c, o in await consumers.listing()]}
+    async def list_consumers() -> ConsumerList:
+        return ConsumerList(data=[_out(c, origin=o) for c, o in await consumers.listing()])
 
     @api.get("/v1/http-consumers/{name}", response_model=ConsumerOut)
-    async def get_consumer(name: Name) -> dict[str, Any]:
+    async def get_consumer(name: Name) -> ConsumerOut:
         found = await consumers.listing(name)
         if not found:
             raise NotFound(f"no consumer named {name!r}")
         c, origin = found[0]
-        return {**c.model_dump(), "origin": origin, "info": await consumers.info(name)}
+        return _out(c, origin=origin, info=await consumers.info(name))
 
     @api.delete("/v1/http-consumers/{name}", response_model=Deleted)
     async def delete_consumer(name: Name) -> dict[str, Any]:

@@ -87,12 +87,15 @@ class Loaded:
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
-        self.fn = load(spec)
-        self.next = time.monotonic() + RELOOK
+        self.fn: Callable[..., Any] | None = None  # loaded at the first call
+        self.next = 0.0
         self.looks = _looks
 
     def __call__(self) -> Callable[..., Any]:
-        if time.monotonic() >= self.next or self.looks != _looks:
+        """The function; a ValueError saying why when it cannot be loaded (now gone, say):
+        its message fails, and the next call looks again."""
+        if self.fn is None or time.monotonic() >= self.next or self.looks != _looks:
+            self.fn = None
             self.fn = load(self.spec)
             self.next = time.monotonic() + RELOOK
             self.looks = _looks
@@ -105,7 +108,11 @@ def _in_dir(spec: str, name: str) -> None:
     check refused it, also over the API (found by an outside tryout)."""
     assert _dir is not None
     top = name.split(".")[0]
-    found = importlib.util.find_spec(top)
+    try:
+        found = importlib.util.find_spec(top)
+    except ValueError:  # imported, its file gone since (__spec__ None): look for it anew
+        sys.modules.pop(top, None)
+        found = importlib.util.find_spec(top)
     origin = None if found is None else (found.origin or next(iter(
         found.submodule_search_locations or []), None))  # fmt: skip
     if origin is None or not Path(origin).resolve().is_relative_to(_dir.resolve()):

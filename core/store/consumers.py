@@ -20,6 +20,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from core.config.model import ConsumerConfig
+from core.config.steps import STORED
 from core.envelope import MAX_RECORD_TOKEN, Message
 from core.store import AConn, Store, array
 from core.store import failed as failed_list
@@ -204,7 +205,7 @@ class Queues:
                 )
             cur = await conn.execute(sql.SQL("SELECT name, config FROM {}").format(self._consumers))
             rows = await cur.fetchall()
-        return {r[0]: ConsumerConfig.model_validate(r[1]) for r in rows}
+        return {r[0]: ConsumerConfig.model_validate(r[1], context=STORED) for r in rows}
 
     async def create(self, cfg: ConsumerConfig) -> bool:
         """Store a consumer made over the API; False when one of that name exists."""
@@ -229,7 +230,7 @@ class Queues:
                 {"n": name},
             )
             rows = await cur.fetchall()
-        return [(ConsumerConfig.model_validate(r[0]), r[1]) for r in rows]
+        return [(ConsumerConfig.model_validate(r[0], context=STORED), r[1]) for r in rows]
 
     async def delete(self, name: str) -> None:
         """Delete a consumer with its queue, cursors and failed list, in one transaction."""

@@ -393,8 +393,6 @@ def test_a_records_changes_come_in_order_past_dropped_and_failed_ones(
 # -- a consumer made over the API whose function goes away ------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="every read of the stored consumers runs the steps' "
-                   "checks: a function gone makes GET /v1/http-consumers a 500")  # fmt: skip
 def test_a_function_file_renamed_leaves_the_consumer_list_readable(
     table: str, functions_dir: Path
 ) -> None:
@@ -413,11 +411,6 @@ def test_a_function_file_renamed_leaves_the_consumer_list_readable(
         assert [c["name"] for c in r.json()["data"]] == ["api"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="weir run exits 1 ('api: cannot start: 1 validation "
-    "error for ConsumerConfig') when a stored consumer's function is gone",
-)
 def test_weir_starts_when_a_consumer_made_over_the_api_names_a_function_now_gone(
     table: str, functions_dir: Path
 ) -> None:
@@ -450,8 +443,6 @@ def test_weir_starts_when_a_consumer_made_over_the_api_names_a_function_now_gone
     assert listening == 200
 
 
-@pytest.mark.xfail(strict=True, reason="a module whose file went away fails its messages with "
-                   "'ValueError: shaping.__spec__ is None'")  # fmt: skip
 def test_a_function_whose_file_went_away_fails_its_messages_saying_so(
     table: str, functions_dir: Path
 ) -> None:
