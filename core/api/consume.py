@@ -94,6 +94,7 @@ class _Live:
     filler: asyncio.Task[None] | None = None
     info: tuple[float, dict[str, int]] = (0.0, {})
     steps: Steps | None = None
+    held: bool = False  # the last receive's steps held its messages back (a query failed)
 
 
 class Consumers:
@@ -256,9 +257,12 @@ class Consumers:
             deadline = time.monotonic() + wait_for / 1000
             while True:
                 live.wake.clear()  # set again by anything that may make a message deliverable
+                live.held = False
                 got = await self._receive_once(live, batch_size)
                 left = deadline - time.monotonic()
-                if got or left <= 0 or self.closing or self.live.get(name) is not live:
+                if (
+                    got or left <= 0 or self.closing or self.live.get(name) is not live or live.held
+                ):  # a step's query failed: not tried again in this call
                     return got
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(live.wake.wait(), min(left, WAKE))
@@ -279,13 +283,9 @@ class Consumers:
         if acked) and those they fail go to the failed list, so the next of each group is
         deliverable. An enrich query that fails makes them visible again, and says why."""
         try:
-            outcomes = await steps.apply([d.message for d in got])
-        except Exception as e:  # an enrich step's query: the next receive tries again
-            await self.queues.settle(live.cfg.name, [d.row_id for d in got],
-                                     [d.deliveries for d in got], ack=False)  # fmt: skip
-            log.warning("consumer %s: %s; its messages wait for the next receive",
-                        live.cfg.name, e)  # fmt: skip
-            return []
+            outcomes: list[Any] = await steps.apply([d.message for d in got])
+        except Exception as e:  # a step's query, say: the next receive tries again
+            outcomes = [RetryableError(str(e))] * len(got)
         kept: list[Delivery] = []
         dropped: list[Delivery] = []
         failed: list[tuple[Delivery, str]] = []
@@ -303,11 +303,12 @@ class Consumers:
             else:
                 _shape(d, o, flat)
                 kept.append(d)
-        if held:  # visible again at once, this delivery counted toward max_deliver
-            await self.queues.settle(live.cfg.name, [d.row_id for d, _ in held],
-                                     [d.deliveries for d, _ in held], ack=False)  # fmt: skip
+        if held:  # visible again at once, as if never delivered
+            await self.queues.unreceive(live.cfg.name, [d.row_id for d, _ in held],
+                                        [d.deliveries for d, _ in held])  # fmt: skip
             log.warning("consumer %s: %s; its messages wait for the next receive",
                         live.cfg.name, held[0][1])  # fmt: skip
+            live.held = True
         if dropped or failed:
             await self.queues.finish(live.cfg, dropped, failed)
             live.wake.set()  # the next of their groups may be deliverable now

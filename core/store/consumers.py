@@ -170,6 +170,10 @@ class Queues:
             "UPDATE {m} SET not_visible_until = now(), outstanding = false WHERE " + _ROWS
             + " AND outstanding"
         ).format(m=self._m)  # fmt: skip
+        self._unreceive = sql.SQL(
+            "UPDATE {m} SET not_visible_until = now(), outstanding = false,"
+            " deliver_count = deliver_count - 1 WHERE " + _ROWS + " AND outstanding"
+        ).format(m=self._m)  # fmt: skip
         self._gone = {s: self._purge(s) for s in ("events", "records")}
         self._counts = sql.SQL(
             "SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s"
@@ -356,6 +360,12 @@ class Queues:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._delete if ack else self._nack, (ids, deliveries, name))
         return int(cur.rowcount)
+
+    async def unreceive(self, name: str, ids: list[int], deliveries: list[int]) -> None:
+        """Undo these deliveries: visible again at once, not counted toward ``max_deliver``
+        (no worker saw them: the consumer's steps could not make them yet)."""
+        async with self.pool.connection() as conn:
+            await conn.execute(self._unreceive, (ids, deliveries, name))
 
     async def counts(self, name: str) -> tuple[int, int]:
         """(rows waiting, rows outstanding) of a consumer's queue (``QUEUE_COUNTS``)."""

@@ -99,8 +99,6 @@ def test_a_failed_enrich_query_holds_the_batch_back_instead_of_failing_it(
         assert failed(client, "joined") == []
 
 
-@pytest.mark.xfail(strict=True, reason="a long poll re-runs a failing enrich query every 0.25 s, "
-                   "each a delivery: one receive call uses up max_deliver")  # fmt: skip
 def test_one_long_poll_during_an_enrich_outage_does_not_use_up_max_deliver(table: str) -> None:
     """A worker makes ONE long poll (3 s) while the enrich query fails (a table renamed, the
     source restarting). The receive retries the query every 0.25 s, each retry a delivery, so
