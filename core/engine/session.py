@@ -1,8 +1,7 @@
 """One session of a connector (core/engine/forwarder.py says the rules and restarts sessions):
 its sink's connection, a lane per source, and the loop that reads, dispatches in batches,
-settles acks and failures, sends again what an operator asked to retry, and saves cursors.
-Everything here is rebuilt from the store when a new session starts.
-"""
+settles acks and failures, sends again what an operator retried, and saves cursors; rebuilt
+from the store when a new session starts."""
 
 from __future__ import annotations
 
@@ -37,8 +36,6 @@ POLL = 1.0  # seconds between store polls when no notification arrives
 REPLAYS = 500  # failed messages asked to be retried, taken per source and poll
 SAVE_EVERY = 0.1  # seconds between cursor saves
 FENCE_SAID = 1.0  # seconds a session waits for its fence before its state says so
-
-
 Source = PostgresSource | HttpSource
 
 
