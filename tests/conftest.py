@@ -6,12 +6,14 @@ import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from playwright.sync_api import BrowserContext
 
+from core.steps import functions
 from devkit.browser import chromium
 from devkit.embedded import EmbeddedPostgres
 from tests.connectors import Kit, kits
@@ -91,3 +93,13 @@ def browser() -> Iterator[BrowserContext]:
     the test."""
     with chromium() as context:
         yield context
+
+
+@pytest.fixture
+def functions_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory of step functions, as ``functions.dir`` names it."""
+    where = tmp_path / "functions"
+    where.mkdir()
+    functions.use_dir(where)
+    yield where
+    functions.use_dir(None)

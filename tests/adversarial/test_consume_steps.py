@@ -8,10 +8,8 @@ management API and ``weir config validate``, restarts. Real servers throughout.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,31 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Json
 
-from core.steps import functions
 from devkit.server import free_port
 from tests.helpers.api import TOKEN, api_config, api_serving, receive, receive_all, settle
 from tests.helpers.capture import wait_for
+from tests.helpers.functions import write_module
 from tests.helpers.weir import Running, insert_t
 
 ONLY_T = {"collection_id": "public:t"}  # not the helper tables a test makes
-
-
-@pytest.fixture
-def functions_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory of step functions, as ``functions.dir`` names it."""
-    where = tmp_path / "functions"
-    where.mkdir()
-    functions.use_dir(where)
-    yield where
-    functions.use_dir(None)
-
-
-def _write(path: Path, text: str) -> None:
-    """A function's module, with a new mtime even within the filesystem's granularity."""
-    before = path.stat().st_mtime if path.exists() else 0.0
-    path.write_text(text)
-    if path.stat().st_mtime == before:
-        os.utime(path, (before + 1, before + 1))
 
 
 def failed(client: httpx.Client, name: str) -> list[dict[str, Any]]:
@@ -323,7 +303,7 @@ def test_what_a_function_returns_decides_delivery_in_every_family(
     text, Decimal NaN, a set or nesting beyond JSON's depth fails (the failed list says why,
     the API token masked); a float NaN is null and a Decimal its digits; the record's next
     change still comes."""
-    _write(functions_dir / "odd.py", ODD)
+    write_module(functions_dir / "odd.py", ODD)
     c = {"name": "odd", "steps": [{"transform": {"function": "odd:f"}}]}
     with api_serving(table, consumers=[c]) as client:
         insert_t(table, range(1, 11))
@@ -356,7 +336,7 @@ def test_a_records_changes_come_in_order_past_dropped_and_failed_ones(
     """Per record (and per ``group_columns`` group) one message is outstanding at a time and
     they come in order; a change the filter drops or the function fails does not block the
     record's next one, and is never delivered. max_ack_pending 2 still caps what is out."""
-    _write(functions_dir / "pick.py", "def f(action, record, changes, metadata):\n"
+    write_module(functions_dir / "pick.py", "def f(action, record, changes, metadata):\n"
            "    if record['body'] == 'v3':\n        raise ValueError('no v3')\n"
            "    return {'record': record, 'changes': changes, 'action': action}\n")  # fmt: skip
     steps = [{"filter": "record.body != 'v2'"}, {"transform": {"function": "pick:f"}}]
@@ -391,17 +371,22 @@ def test_a_records_changes_come_in_order_past_dropped_and_failed_ones(
 # -- a consumer made over the API whose function goes away ------------------------------------
 
 
+def _made_over_the_api(client: httpx.Client, functions_dir: Path) -> None:
+    """A consumer ``api`` made over the API, its step calling ``shaping:f``."""
+    write_module(functions_dir / "shaping.py", "def f(action, record, changes, metadata):\n"
+                 "    return None\n")  # fmt: skip
+    body = {"name": "api", "steps": [{"transform": {"function": "shaping:f"}}]}
+    assert client.post("/v1/http-consumers", json=body).status_code == 201
+
+
 def test_a_function_file_renamed_leaves_the_consumer_list_readable(
     table: str, functions_dir: Path
 ) -> None:
     """A consumer made over the API with a function step; the user renames the module. The
     consumer list (and the consumer, and a retry of its failed list) answered 500: reading
     the stored consumers validates their steps, importing each function anew."""
-    _write(functions_dir / "shaping.py", "def f(action, record, changes, metadata):\n"
-           "    return None\n")  # fmt: skip
     with api_serving(table) as client:
-        body = {"name": "api", "steps": [{"transform": {"function": "shaping:f"}}]}
-        assert client.post("/v1/http-consumers", json=body).status_code == 201
+        _made_over_the_api(client, functions_dir)
         (functions_dir / "shaping.py").rename(functions_dir / "renamed.py")
         time.sleep(1.1)  # functions look at their file once a second
         r = client.get("/v1/http-consumers")
@@ -415,11 +400,8 @@ def test_weir_starts_when_a_consumer_made_over_the_api_names_a_function_now_gone
     """The same, across a restart: Weir (its connectors too) does not start at all, because a
     consumer someone made over the API names a function whose file was renamed since. The
     consumer's messages could fail or wait; the rest of Weir should run."""
-    _write(functions_dir / "shaping.py", "def f(action, record, changes, metadata):\n"
-           "    return None\n")  # fmt: skip
     with api_serving(table) as client:
-        body = {"name": "api", "steps": [{"transform": {"function": "shaping:f"}}]}
-        assert client.post("/v1/http-consumers", json=body).status_code == 201
+        _made_over_the_api(client, functions_dir)
     (functions_dir / "shaping.py").rename(functions_dir / "renamed.py")
     port = free_port()
     run = Running(api_config(table, port))
@@ -447,7 +429,7 @@ def test_a_function_whose_file_went_away_fails_its_messages_saying_so(
     """The failed list's reason for a function whose module file was removed while Weir ran:
     it read 'StepFailed: steps[0] transform: ValueError: shaping.__spec__ is None', where the
     check at load says 'no module shaping in DIR'."""
-    _write(functions_dir / "shaping.py", "def f(action, record, changes, metadata):\n"
+    write_module(functions_dir / "shaping.py", "def f(action, record, changes, metadata):\n"
            "    return {'record': record}\n")  # fmt: skip
     c = {"name": "shaped", "steps": [{"transform": {"function": "shaping:f"}}]}
     with api_serving(table, consumers=[c]) as client:
@@ -471,8 +453,9 @@ def test_a_slow_step_does_not_hand_one_message_to_two_workers(
     """A function taking 0.8 s (within functions.timeout 3 s) and ack_wait_ms 200: the message
     is hidden from when the store hands it to the steps, so a second worker's receive meanwhile
     takes it again; both workers get it, and the first one's ack counts 0."""
-    _write(functions_dir / "slow.py", "import time\ndef f(action, record, changes, metadata):\n"
-           "    time.sleep(0.8)\n    return {'record': record}\n")  # fmt: skip
+    write_module(functions_dir / "slow.py", "import time\n"
+                 "def f(action, record, changes, metadata):\n"
+                 "    time.sleep(0.8)\n    return {'record': record}\n")  # fmt: skip
     c = {"name": "slow", "ack_wait_ms": 200, "steps": [{"transform": {"function": "slow:f"}}]}
     with api_serving(table, consumers=[c], functions={"timeout": "3s"}) as client:
         insert_t(table, range(1, 2))

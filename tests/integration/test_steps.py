@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,12 @@ import pytest
 
 from core.config.load import load_config
 from core.config.model import WeirConfig
-from core.steps import functions
 from devkit.embedded import EmbeddedNats
 from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.api import api_serving, receive, receive_all
 from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import wait_for
+from tests.helpers.functions import write_module
 from tests.helpers.load import (
     WeirProcess,
     check_delivered,
@@ -38,16 +36,6 @@ from tests.helpers.load import (
     wait_all_delivered,
 )
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
-
-
-@pytest.fixture
-def functions_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory of step functions, as ``functions.dir`` names it."""
-    where = tmp_path / "functions"
-    where.mkdir()
-    functions.use_dir(where)
-    yield where
-    functions.use_dir(None)
 
 
 def orders(url: str) -> None:
@@ -100,13 +88,6 @@ def test_filter_transform_and_route_shape_what_a_subscriber_gets(
     assert update["metadata"]["record_id"] == "1"  # the envelope's metadata as it was
 
 
-def _write(path: Path, text: str) -> None:
-    """A module file, with a modification time a changed one is told apart by."""
-    before = path.stat().st_mtime if path.exists() else 0.0
-    path.write_text(text)
-    os.utime(path, (before + 2, before + 2))
-
-
 def failed(client: httpx.Client, name: str) -> list[dict[str, Any]]:
     r = client.get(f"/v1/connectors/{name}/failed", params={"limit": 100})
     assert r.status_code == 200, r.text
@@ -117,7 +98,7 @@ def test_a_function_that_raises_fails_its_message_alone_and_fixed_it_delivers_on
     table: str, nats_server: EmbeddedNats, functions_dir: Path
 ) -> None:
     shaping = functions_dir / "shaping.py"
-    _write(shaping, "def shape(action, record, changes, metadata):\n"
+    write_module(shaping, "def shape(action, record, changes, metadata):\n"
                     "    if record['id'] == 2:\n"
                     "        raise ValueError('no twos here\\nsecond line')\n"
                     "    return {'id': record['id'], 'op': action}\n")  # fmt: skip
@@ -140,7 +121,7 @@ def test_a_function_that_raises_fails_its_message_alone_and_fixed_it_delivers_on
         entry = failed(client, "fn")[0]
         assert entry["id"] == "app:2"
         assert entry["error"] == "StepFailed: steps[0] transform: ValueError: no twos here"
-        _write(shaping, "def shape(action, record, changes, metadata):\n"
+        write_module(shaping, "def shape(action, record, changes, metadata):\n"
                         "    return {'id': record['id'], 'op': action,\n"
                         "            'fixed': True}\n")  # fmt: skip
         assert client.post("/v1/connectors/fn/failed/retry", json={"all": True}).json() == {
@@ -182,7 +163,7 @@ def test_a_function_that_raises_fails_its_message_alone_and_fixed_it_delivers_on
 def test_a_function_past_its_time_limit_fails_that_message_and_the_rest_go_on(
     tmp_path: Path, table: str, nats_server: EmbeddedNats, functions_dir: Path
 ) -> None:
-    _write(functions_dir / "slow.py", "import time\n"
+    write_module(functions_dir / "slow.py", "import time\n"
                                       "def shape(action, record, changes, metadata):\n"
                                       "    if record['id'] == 2:\n"
                                       "        time.sleep(5)\n"
@@ -314,7 +295,7 @@ def test_a_consumers_steps_shape_filter_and_fail_what_workers_receive(
     (the next of its record is delivered), the fixed function delivers it on retry; each route
     family shows the shaped message, a flattened one as the record."""
     shaping = functions_dir / "shaping.py"
-    _write(shaping, "def shape(action, record, changes, metadata):\n"
+    write_module(shaping, "def shape(action, record, changes, metadata):\n"
                     "    if record['id'] == 2 and action == 'insert':\n"
                     "        raise ValueError('no twos here')\n"
                     "    return {'record': {'id': record['id'], 'loud': record['body'].upper()},\n"
@@ -347,7 +328,7 @@ def test_a_consumers_steps_shape_filter_and_fail_what_workers_receive(
             "StepFailed: steps[1] transform: ValueError: no twos here"
         ]
         assert receive(client, "shaped") == []  # the delete was dropped, and is done with
-        _write(
+        write_module(
             shaping,
             "def shape(action, record, changes, metadata):\n"
             "    return {'record': {'id': record['id'], 'fixed': True}}\n",
