@@ -16,6 +16,7 @@ optional ``deleted`` (boolean) and ``version`` (a whole number).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -109,8 +110,6 @@ def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
             if attempt == 4:
                 raise SinkError(f"source {target.source}: {target.url} cannot be reached: {e}") \
                     from None  # fmt: skip
-            import time
-
             time.sleep(2**attempt)
             continue
         if r.status_code != 200:

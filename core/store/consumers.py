@@ -166,14 +166,13 @@ class Queues:
         self._receive = receive  # queue rows: (id, sync_id, seq, deliver_count, dead)
         self._dead = dead
         self._delete = sql.SQL("DELETE FROM {m} WHERE " + _ROWS).format(m=self._m)
-        self._nack = sql.SQL(
-            "UPDATE {m} SET not_visible_until = now(), outstanding = false WHERE " + _ROWS
-            + " AND outstanding"
-        ).format(m=self._m)  # fmt: skip
-        self._unreceive = sql.SQL(
-            "UPDATE {m} SET not_visible_until = now(), outstanding = false,"
-            " deliver_count = deliver_count - 1 WHERE " + _ROWS + " AND outstanding"
-        ).format(m=self._m)  # fmt: skip
+        # Outstanding rows visible again at once: a nack, or (``deliver_count`` back) an undone
+        # delivery no worker saw.
+        again = "UPDATE {m} SET not_visible_until = now(), outstanding = false{more} WHERE "
+        self._nack, self._unreceive = (
+            sql.SQL(again.format(m="{m}", more=more) + _ROWS + " AND outstanding").format(m=self._m)
+            for more in ("", ", deliver_count = deliver_count - 1")
+        )
         self._gone = {s: self._purge(s) for s in ("events", "records")}
         self._counts = sql.SQL(
             "SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s"
