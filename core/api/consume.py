@@ -301,7 +301,8 @@ class Consumers:
                 log.warning("consumer %s: message %s moved to the failed list: %s",
                             live.cfg.name, d.message.key, o)  # fmt: skip
             else:
-                _shape(d, o, flat)
+                if o.payload is not d.message.payload:  # the steps rewrote it (not a filter alone)
+                    _shape(d, o, flat)
                 kept.append(d)
         if held:  # visible again at once, as if never delivered
             await self.queues.unreceive(live.cfg.name, [d.row_id for d, _ in held],
