@@ -158,7 +158,8 @@ class ConnectorWork:
         try:
             self._run.result(timeout)
         except concurrent.futures.TimeoutError:
-            log.warning("connector %s: did not drain within %.0fs", self.forwarder.name, timeout)
+            log.warning("connector %s: did not drain in time (WEIR_SHUTDOWN_GRACE): stopped",
+                        self.forwarder.name)  # fmt: skip
             self._run.cancel()
         except Refused:
             pass  # said as it ended (_ended)

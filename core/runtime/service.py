@@ -26,7 +26,9 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from typing import TYPE_CHECKING, Protocol
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
@@ -67,6 +69,15 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(GC_YOUNG, 20, 10)
+
+
+def join_all(works: Iterable[Any], grace: float) -> None:
+    """Wait for stopped works to end, ``grace`` seconds for them all (each waited for alone,
+    ten connectors stuck on an unreachable broker took ten graces, past systemd's stop
+    timeout)."""
+    deadline = time.monotonic() + grace
+    for w in works:
+        w.join(max(0.0, deadline - time.monotonic()))
 
 
 def serve(
@@ -139,8 +150,7 @@ def serve(
             if not leases.alive():  # another instance may take the work over now: stop it
                 for w in works.values():
                     w.stop()
-                for w in works.values():
-                    w.join(LOST_GRACE)
+                join_all(works.values(), LOST_GRACE)
                 reported.clear()
             else:
                 connectors.update(works, leases, grace)  # the API-made ones may have changed
@@ -163,16 +173,15 @@ def serve(
                 surplus = leases.surplus()  # for the peers to take their share
                 for name in surplus:
                     works[name].stop()
+                join_all([works[name] for name in surplus], grace)
                 for name in surplus:
-                    works[name].join(grace)
                     leases.give_up(name)
                     reported.pop(name, None)
             stop.wait(LEASE_POLL)
     finally:
         for w in works.values():
             w.stop()
-        for w in works.values():
-            w.join(grace)
+        join_all(works.values(), grace)
         connectors.close()  # first: a connector's end may still be asking the leases' connection
         leases.close()
         if scheduler is not None:

@@ -11,6 +11,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.api.probes import reachable as _reachable
 from core.config.model import WeirConfig
 from core.runtime import jobs
-from core.runtime.service import prepare
+from core.runtime.service import prepare, serve
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
 from tests.helpers import stored
@@ -176,3 +178,32 @@ def _count(url: str, q: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute(q).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def test_a_shutdown_drains_every_connector_within_one_grace(table: str) -> None:
+    """``WEIR_SHUTDOWN_GRACE`` is the whole drain's time: each stuck connector was waited for a
+    grace of its own, so two on an unreachable Kafka broker took 60 s of a 30 s grace (found
+    when a test of the API's schema made such connectors and weir did not stop in 60 s)."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nothing listens there: the connectors' batches never leave
+    kafka = [{"name": f"k{i}", "type": "kafka", "stream": "events", "retry": {"max_attempts": None},
+              "kafka": {"bootstrap_servers": f"127.0.0.1:{port}", "topic": "t"}}
+             for i in range(8)]  # fmt: skip
+    cfg = weir_config(table, kafka)
+    prepare(cfg)
+    stop = threading.Event()
+    ended: list[float] = []
+
+    def run() -> None:
+        serve(cfg, stop, grace=2.0)
+        ended.append(time.monotonic())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(4)  # each connector reconnecting to a broker that is not there
+    stopped = time.monotonic()
+    stop.set()
+    thread.join(60)
+    assert ended and ended[0] - stopped < 2.0 + 4, ended[0] - stopped  # one grace, and cleanup
