@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
+import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.config.model import Connector, WeirConfig
 from core.engine.forwarder import Forwarder, Refused
-from core.metrics import Metrics
+from core.metrics import SHARED_DIR, Metrics
 from core.redact import remember_config
 from core.shards import Shard
 from core.store import Store
@@ -71,7 +73,7 @@ class ConnectorWorks:
         for name, (c, shard) in wanted.items():
             if name not in self.mine:
                 if self.loop is None:
-                    self.loop = ConnectorLoop(self.store, leases.first_to_say)
+                    self.loop = ConnectorLoop(self.store)
                 work = ConnectorWork(c, shard, cfg, self.store, self.metrics, self.loop)
                 self.mine[name] = works[name] = work
         leases.works = len(works)
@@ -82,27 +84,24 @@ class ConnectorWorks:
 
 
 class ConnectorLoop:
-    """The event loop every connector of this instance runs in, in a thread of its own.
-    ``first_to_say`` tells whether this process is the one to say a line of all that run on
-    the store (core/runtime/leases.py)."""
+    """The event loop every connector of this instance runs in, in a thread of its own."""
 
-    def __init__(self, store: Store, first_to_say: Callable[[str], bool]) -> None:
+    def __init__(self, store: Store) -> None:
         self.loop = asyncio.new_event_loop()
         self.notifier = Notifier(store)
         self._thread = threading.Thread(target=self.loop.run_forever, name="connectors",
                                         daemon=True)  # fmt: skip
         self._thread.start()
         self.call(self.notifier.start())
-        self.first_to_say = first_to_say
         self.said: set[str] = set()  # the connectors whose refusal for good was looked at
 
     def say_refused(self, connector: str, line: str) -> None:
         """A connector's refusal for good, said once however many of its shards end with it,
-        in this process and in the others on the store (workers: {connectors: 3} said it three
-        times; found by an outside tryout): by the first of them to end so."""
+        in this process and in this run's other worker processes (workers: {connectors: 3}
+        said it three times; found by an outside tryout): by the first of them to end so."""
         if connector not in self.said:
             self.said.add(connector)
-            if self.first_to_say(f"refused:{connector}"):
+            if first_in_run(f"refused:{connector}"):
                 log.error("%s", line)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -165,3 +164,22 @@ class ConnectorWork:
             pass  # said as it ended (_ended)
         except Exception as e:
             log.error("connector %s: %s", self.forwarder.name, e)
+
+
+def first_in_run(what: str) -> bool:
+    """Whether this process is the first of its ``weir run`` to say ``what``: a file made in
+    the directory the supervisor shares with its workers decides, as it lasts as long as the
+    run (a lock on a worker's store connection ended with that worker, and the next worker to
+    be refused a second later said it again). A process on its own is the only one to ask;
+    a directory that cannot be written to says it rather twice than never."""
+    shared = os.environ.get(SHARED_DIR)
+    if not shared:
+        return True
+    mark = os.path.join(shared, "said-" + hashlib.sha256(what.encode()).hexdigest()[:32])
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True

@@ -129,19 +129,6 @@ class Leases:
         kind, _, name = work.partition(":")
         return kind == "connector" and name.split("#", 1)[0] in self._paused_now
 
-    def first_to_say(self, what: str) -> bool:
-        """Whether this instance is the one to say ``what`` (a connector's refusal for good,
-        which each of its shards meets, in as many worker processes or instances): the first
-        to ask of those running on the store; also when the store cannot tell (rather twice
-        than never). Called from any thread (a psycopg connection serialises its queries)."""
-        conn = self._conn
-        if conn is None:
-            return True
-        try:
-            return self._owners.first_to_say(conn, what)
-        except psycopg.Error:
-            return True
-
     def report(self, work: str, state: str, detail: str) -> None:
         """What ``weir status`` shows of ``work``: its state and why (a reason, an error),
         without a secret (the store is read by whoever runs weir status)."""

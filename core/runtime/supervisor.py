@@ -143,7 +143,8 @@ def describe(status: int) -> str:
 
 class MetricsDir:
     """The run's ``PROMETHEUS_MULTIPROC_DIR``: where its workers keep their metric values for
-    the ``api`` process to sum (core/metrics.py), ``weir-metrics-*`` in the temp directory,
+    the ``api`` process to sum (core/metrics.py), and the lines said once for all of them
+    (core/runtime/connectors.py ``first_in_run``); ``weir-metrics-*`` in the temp directory,
     removed when the run ends. A supervisor holds a lock on its directory while it lives, so
     the directory of one that was SIGKILLed is removed by the next that starts on this host.
     """

@@ -76,11 +76,6 @@ class Owners:
     def _key(self, work: str) -> str:
         return lock_key(self.store.schema, "lease", work)
 
-    def first_to_say(self, conn: Conn, what: str) -> bool:
-        """Whether no other connection on the store says ``what`` now: the first to ask locks
-        it on ``conn``, until that connection ends (its process, at most)."""
-        return _locked(conn, lock_key(self.store.schema, "said", what))
-
     def report(self, conn: Conn, work: str, state: str, detail: str) -> None:
         """Record ``work``'s state and why, while the instance owns it."""
         conn.execute(self._report, (state, detail, work, self.instance))

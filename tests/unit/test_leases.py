@@ -3,13 +3,19 @@ locks held by other instances, and the number of live instances of the group."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from core.metrics import SHARED_DIR
 from core.runtime import leases as leases_module
+from core.runtime.connectors import first_in_run
 from core.runtime.leases import ORPHAN_POLLS, REBALANCE, Leases
 
 
@@ -148,3 +154,18 @@ def test_every_shard_of_a_paused_connector_is_paused_and_nothing_else() -> None:
     owners.paused_connectors = set()  # resumed: seen at the next poll
     assert leases.alive()
     assert not any(leases.paused(w) for w in WORKS)
+
+
+def test_a_refusal_is_said_by_one_process_of_a_run(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each worker process of a run that meets a connector's refusal asks whether it is the
+    first to say it; one is, for the whole run, however late the others ask (a store lock
+    ended with the first worker, and a worker refused a second later said it again)."""
+    script = ("import sys; from core.runtime.connectors import first_in_run; "
+              "print(first_in_run(sys.argv[1]))")  # fmt: skip
+    env = {**os.environ, SHARED_DIR: str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[2])}
+    said = [subprocess.run([sys.executable, "-c", script, what], env=env, text=True,
+                           capture_output=True, check=True).stdout.strip()
+            for what in ("refused:a", "refused:a", "refused:b", "refused:a")]  # fmt: skip
+    assert said == ["True", "False", "True", "False"]
+    monkeypatch.delenv(SHARED_DIR, raising=False)
+    assert first_in_run("refused:a") and first_in_run("refused:a")  # a process on its own
