@@ -58,7 +58,7 @@ def test_postgres_restarted_under_load_loses_nothing(nats_server: EmbeddedNats) 
             got = wait_delivered(harness, events, len(written), settle=1.0)
     ids = [d.payload["record"]["id"] for d in got]
     # Every committed row, once. Order between records is not promised (docs/design.md
-    # "Per-record order"): a publish retried across the restart may land after later records'
+    # “Guarantees”): a publish retried across the restart may land after later records'
     # (CI saw [0, 363, 1, 2, ...]); each record here has one change, so once is its order.
     assert len(ids) == len(set(ids)) and sorted(ids) == written, ids
 

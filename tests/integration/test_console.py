@@ -145,6 +145,8 @@ def test_log_in_and_watch_a_paused_connectors_lag_grow_and_drain(
         expect(page.locator('tr[data-source="app"]')).to_be_visible()
         lag = row.locator("[data-field=lag_messages]")
         expect(lag).to_have_attribute("data-value", "0")
+        heads = page.locator("table:has(tr[data-connector]) th").all_inner_texts()
+        assert {"Behind", "Behind by"} <= set(heads), heads  # as weir status names them
 
         row.locator("a").first.click()  # to the connector's page, and pause it there
         page.click("button:text('Pause')")
