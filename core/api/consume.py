@@ -27,6 +27,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -270,10 +271,22 @@ class Consumers:
             live.waiting -= 1
 
     async def _receive_once(self, live: _Live, batch_size: int) -> list[Delivery]:
-        got, dead = await self.queues.receive(live.cfg, live.readers, batch_size)
+        """A receive. Steps may take up to ``functions.timeout`` a message, so while they run
+        the messages are hidden for that too; then each one's ``ack_wait_ms`` starts, and one
+        delivered again meanwhile (the steps outran it) is given to that receive alone (it went
+        to two workers: found by an outside tryout)."""
+        cfg, steps = live.cfg, live.steps
+        hide_ms = cfg.ack_wait_ms
+        if steps is not None:
+            hide_ms += math.ceil(steps.timeout * 1000) * batch_size
+        got, dead = await self.queues.receive(cfg, live.readers, batch_size, hide_ms)
         _failed(live, dead)
-        if live.steps is not None and got:
-            got = await self._stepped(live, live.steps, got)
+        if steps is not None and got:
+            got = await self._stepped(live, steps, got)
+        if steps is not None and got:
+            ours = await self.queues.restamp(cfg, [d.row_id for d in got],
+                                             [d.deliveries for d in got])  # fmt: skip
+            got = [d for d in got if d.row_id in ours]
         for d in got:
             d.token = encode_token(d.row_id, d.deliveries)
         return got

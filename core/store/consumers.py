@@ -173,6 +173,11 @@ class Queues:
             sql.SQL(again.format(m="{m}", more=more) + _ROWS + " AND outstanding").format(m=self._m)
             for more in ("", ", deliver_count = deliver_count - 1")
         )
+        # The visibility timeout from now, of rows still in the delivery given (steps ran).
+        self._restamp = sql.SQL(
+            "UPDATE {m} SET not_visible_until = now() + make_interval(secs => %s / 1000.0)"
+            " WHERE " + _ROWS + " AND outstanding RETURNING id"
+        ).format(m=self._m)
         self._gone = {s: self._purge(s) for s in ("events", "records")}
         self._counts = sql.SQL(
             "SELECT " + QUEUE_COUNTS + " FROM {} m WHERE m.consumer = %s"
@@ -253,10 +258,11 @@ class Queues:
     # -- the queue --------------------------------------------------------------------------
 
     async def receive(
-        self, cfg: ConsumerConfig, readers: dict[str, StreamReader], n: int
+        self, cfg: ConsumerConfig, readers: dict[str, StreamReader], n: int, hide_ms: int
     ) -> tuple[list[Delivery], list[Delivery]]:
-        """Up to ``n`` messages by ``consumer_receive``: (those delivered, those moved to the
-        failed list instead, having used up ``max_deliver``).
+        """Up to ``n`` messages by ``consumer_receive``, each hidden from other receives for
+        ``hide_ms``: (those delivered, those moved to the failed list instead, having used up
+        ``max_deliver``).
 
         Rows buried on the way (moved to the failed list, or their stream message gone: a
         superseded version, a pruned event) may hold back the next row of their group, which
@@ -267,8 +273,7 @@ class Queues:
         dead: list[Delivery] = []
         async with self.pool.connection() as conn:
             for _ in range(ROUNDS):
-                params = (cfg.name, n - len(out), cfg.max_ack_pending, cfg.ack_wait_ms,
-                          cfg.max_deliver)  # fmt: skip
+                params = (cfg.name, n - len(out), cfg.max_ack_pending, hide_ms, cfg.max_deliver)
                 rows, built = await self._queued(conn, readers, self._receive, params)
                 buried = await self._bury(conn, cfg, rows, built)
                 dead += buried
@@ -359,6 +364,13 @@ class Queues:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._delete if ack else self._nack, (ids, deliveries, name))
         return int(cur.rowcount)
+
+    async def restamp(self, cfg: ConsumerConfig, ids: list[int], deliveries: list[int]) -> set[int]:
+        """Start these deliveries' ``ack_wait_ms`` now (the consumer's steps made them
+        meanwhile); returns the rows still in them (not acked, nacked or delivered again)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._restamp, (cfg.ack_wait_ms, ids, deliveries, cfg.name))
+            return {int(r[0]) for r in await cur.fetchall()}
 
     async def unreceive(self, name: str, ids: list[int], deliveries: list[int]) -> None:
         """Undo these deliveries: visible again at once, not counted toward ``max_deliver``
