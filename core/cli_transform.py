@@ -1,6 +1,7 @@
-"""``weir transform test``: a connector's steps run over the latest messages it takes from the
-store, each input beside what its steps make of it (the payload and route, dropped, or why it
-fails) and what they cost (docs/transforms.md). Nothing is sent and no cursor moves.
+"""``weir transform test``: a connector's (or HTTP pull consumer's) steps run over the latest
+messages it takes from the store, each input beside what its steps make of it (the payload and
+route, dropped, or why it fails) and what they cost (docs/transforms.md). Nothing is sent and
+no cursor moves.
 """
 
 from __future__ import annotations
@@ -9,43 +10,57 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from core.commands import load_or_exit, reach_store
-from core.config.model import Connector, WeirConfig
-from core.config.sources import PostgresSource
+from core.config.model import WeirConfig
+from core.config.sources import HttpSource, PostgresSource
 from core.envelope import Message
 from core.steps.run import Steps
 from core.store import Store
 from core.store.connectors import with_api_connectors
+from core.store.consumers import consumer_key, stored_consumers
 from core.store.reader import StreamReader
 from core.store.selection import selection
 
 WINDOW = 100_000  # seqs of each source looked through for the latest messages
 
 
+class _Taker(NamedTuple):
+    """What ``weir transform test`` runs: a connector's or an HTTP pull consumer's steps, and
+    which stored messages it takes."""
+
+    what: str  # "connector NAME" or "consumer NAME"
+    key: str  # its reader's name in the store
+    stream: str
+    steps: list[Any]
+    routes: dict[str, Any]
+    where: Any  # core/store/selection.py
+    sources: list[PostgresSource | HttpSource]
+
+
 def cmd_transform(args: argparse.Namespace) -> int:
     cfg = load_or_exit(args.config, api=False)
     store = reach_store(cfg)
-    cfg = with_api_connectors(cfg, store)
-    c = next((c for c in cfg.connectors if c.name == args.connector), None)
-    if c is None:
-        known = ", ".join(c.name for c in cfg.connectors) or "none"
-        print(f"weir transform test: no connector named {args.connector!r} (there are: {known})",
-              file=sys.stderr)  # fmt: skip
+    if args.consumer is not None:
+        taker = _consumer(cfg, store, args.consumer)
+    else:
+        taker = _connector(cfg, store, args.connector)
+    if isinstance(taker, str):
+        print(f"weir transform test: {taker}", file=sys.stderr)
         return 2
-    if not c.steps:
-        print(f"weir transform test: connector {c.name!r} has no steps: its messages go as "
-              "they are stored", file=sys.stderr)  # fmt: skip
+    if not taker.steps:
+        print(f"weir transform test: {taker.what} has no steps: its messages go as they are "
+              "stored", file=sys.stderr)  # fmt: skip
         return 2
-    urls = {str(s.sync_id): s.url.get_secret_value() for s in cfg.sources_of(c)
+    urls = {str(s.sync_id): s.url.get_secret_value() for s in taker.sources
             if isinstance(s, PostgresSource)}  # fmt: skip
-    steps = Steps(c.steps, type(c).ROUTES, c.stream == "records",
+    steps = Steps(taker.steps, taker.routes, taker.stream == "records",
                   cfg.functions.timeout.total_seconds(), urls)  # fmt: skip
-    msgs = asyncio.run(_latest(cfg, store, c, args.limit))
+    msgs = asyncio.run(_latest(store, taker, args.limit))
     if not msgs:
-        print(f"connector {c.name}: none of the last {WINDOW:,} stored messages of each source "
-              "is one it takes")  # fmt: skip
+        print(f"{taker.what}: none of the last {WINDOW:,} stored messages of each source is "
+              "one it takes")  # fmt: skip
         return 0
     counts = {"sent": 0, "dropped": 0, "failed": 0}
     t0 = time.perf_counter()
@@ -67,6 +82,28 @@ def cmd_transform(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connector(cfg: WeirConfig, store: Store, name: str) -> _Taker | str:
+    """The connector of the file or the API named ``name``, or why there is none."""
+    cfg = with_api_connectors(cfg, store)
+    c = next((c for c in cfg.connectors if c.name == name), None)
+    if c is None:
+        known = ", ".join(c.name for c in cfg.connectors) or "none"
+        return f"no connector named {name!r} (there are: {known})"
+    return _Taker(f"connector {c.name!r}", c.name, c.stream, c.steps, type(c).ROUTES,
+                  selection(c.collections, c.actions, c.filters), cfg.sources_of(c))  # fmt: skip
+
+
+def _consumer(cfg: WeirConfig, store: Store, name: str) -> _Taker | str:
+    """The HTTP pull consumer of the file or the API named ``name``, or why there is none."""
+    known = {c.name: c for c in stored_consumers(store)} | {c.name: c for c in cfg.consumers}
+    c = known.get(name)
+    if c is None:
+        return f"no consumer named {name!r} (there are: {', '.join(sorted(known)) or 'none'})"
+    where = selection([c.filters.collection_id], None, [], [c.filters.resource_id])
+    return _Taker(f"consumer {c.name!r}", consumer_key(c.name), c.stream, c.steps, {}, where,
+                  cfg.sources_of(c))  # fmt: skip
+
+
 async def _apply(steps: Steps, msgs: list[Message]) -> list[Any]:
     try:
         return await steps.apply(msgs)
@@ -78,13 +115,13 @@ def _routes(route: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in route.items())
 
 
-async def _latest(cfg: WeirConfig, store: Store, c: Connector, limit: int) -> list[Message]:
-    """The last ``limit`` messages the connector takes of each source (its selection, not its
-    shards), oldest first."""
+async def _latest(store: Store, taker: _Taker, limit: int) -> list[Message]:
+    """The last ``limit`` messages it takes of each source (its selection, not its shards),
+    oldest first."""
     out: list[Message] = []
-    where = selection(c.collections, c.actions, c.filters)
-    for src in cfg.sources_of(c):
-        reader = StreamReader(store, c.name, c.stream, where, str(src.sync_id), src.provider)
+    for src in taker.sources:
+        reader = StreamReader(store, taker.key, taker.stream, taker.where, str(src.sync_id),
+                              src.provider)  # fmt: skip
         await reader.open()
         try:
             head = await reader.head()
@@ -96,10 +133,16 @@ async def _latest(cfg: WeirConfig, store: Store, c: Connector, limit: int) -> li
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("transform", help="a connector's steps (filter, transform, route)")
+    p = sub.add_parser(
+        "transform", help="a connector's or consumer's steps (filter, transform, route, enrich)"
+    )
     tsub = p.add_subparsers(dest="transform_command", required=True)
-    t = tsub.add_parser("test", help="run a connector's steps over its latest stored messages")
+    t = tsub.add_parser(
+        "test", help="run a connector's or consumer's steps over its latest stored messages"
+    )
     t.add_argument("--config", help="the config file (default: $WEIR_CONFIG)")
-    t.add_argument("--connector", required=True, help="the connector whose steps run")
+    who = t.add_mutually_exclusive_group(required=True)
+    who.add_argument("--connector", help="the connector whose steps run")
+    who.add_argument("--consumer", help="the HTTP pull consumer whose steps run")
     t.add_argument("--limit", type=int, default=10, help="messages of each source (default 10)")
     t.set_defaults(func=cmd_transform)

@@ -148,6 +148,15 @@ class Filler:
         return len(taken)
 
 
+def stored_consumers(store: Store) -> list[ConsumerConfig]:
+    """Every consumer the store holds: the config file's as ``weir run`` last declared them,
+    and those made over the API."""
+    with store.connect() as conn:
+        q = sql.SQL("SELECT config FROM {} ORDER BY name").format(store.table("consumers"))
+        rows = conn.execute(q).fetchall()
+    return [ConsumerConfig.model_validate(r[0], context=STORED) for r in rows]
+
+
 class Queues:
     """Every consumer's declaration and queue, over the API's connection pool."""
 

@@ -379,3 +379,29 @@ def test_a_consumers_enrich_query_that_fails_holds_its_messages_back(
         conn.execute("INSERT INTO notes VALUES (3, 'third')")
         got = receive_all(client, "joined", 1)
         assert got[0]["record"]["data"]["note"] == {"id": 3, "note": "third"}
+
+
+def test_transform_test_runs_a_consumers_steps(table: str, tmp_path: Path) -> None:
+    """``weir transform test --consumer`` runs an HTTP pull consumer's steps (one made over the
+    API: the store holds it) over its latest messages, as ``--connector`` does a connector's;
+    a name that is no consumer's says which there are."""
+    config = tmp_path / "weir.yaml"  # what transform test reads: the store's sources
+    source = {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}
+    config.write_text(json.dumps({"sources": [source]}))
+    steps = [{"filter": "record['id'] != 2"}, {"transform": {"keep": ["id"]}}]
+    with api_serving(table) as client:
+        r = client.post("/v1/http-consumers", json={"name": "kept", "steps": steps,
+                                                    "deliver_policy": "all"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        insert_t(table, range(1, 4))
+        receive_all(client, "kept", 2)
+    cli = [sys.executable, "-m", "core.cli", "transform", "test", "--config", str(config)]
+    run = subprocess.run([*cli, "--consumer", "kept"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split()[1 if line[0] != " " else 0] for line in lines[:-1]] == [
+        "in", "out", "in", "dropped", "in", "out"]  # fmt: skip
+    assert lines[1].split(None, 1)[1].startswith('{"record":{"id":1},')
+    assert lines[-1].startswith("3 messages: 2 sent, 1 dropped, 0 failed;")
+    wrong = subprocess.run([*cli, "--consumer", "nope"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "no consumer named 'nope' (there are: kept)" in wrong.stderr
