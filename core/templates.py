@@ -1,15 +1,19 @@
 """Destination names with placeholders (Kafka topics, SQS queue URLs): one message's
-``{stream}``, ``{sync_id}``, ``{provider}`` and ``{collection}``.
+``{stream}``, ``{sync_id}``, ``{provider}`` and ``{collection}``, and ``{route}``: what the
+connector's route step gives (a Kafka ``topic``, an SQS ``queue``: docs/transforms.md “Route”).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from core.config.steps import RouteField, RouteStep, Step
 from core.envelope import Message
 from core.ids import encode_token
 
-PLACEHOLDERS = ("stream", "sync_id", "provider", "collection")
+PLACEHOLDERS = ("stream", "sync_id", "provider", "collection", "route")
+MAX_NAMES = 10_000  # names kept made: a route may give a name a tenant, without end
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
@@ -21,29 +25,72 @@ def check_template(v: str) -> str:
     return v
 
 
+def routed_field(bad: str) -> RouteField:
+    """The route field that fills ``{route}``: a field value's characters that the
+    destination's names cannot hold (``bad``) become ``_``, and an empty one is ``_``; a
+    function's value must hold none."""
+    wrong = re.compile(bad)
+
+    def check(value: str) -> None:
+        c = wrong.search(value)
+        if not value or c is not None:
+            what = "is empty" if c is None else f"holds {c.group()!r}"
+            raise ValueError(f"{value!r} {what}: a name here takes {bad[2:-1]} only")
+
+    return RouteField(lambda v: wrong.sub("_", v) or "_", check)
+
+
+def check_routed(template: str, steps: list[Step], field: str, key: str) -> None:
+    """A template with ``{route}`` needs a route step giving ``field`` (a function may), and
+    a route step giving ``field`` needs ``{route}`` in the template (``key``, the config's)."""
+    routes = [s.route for s in steps if isinstance(s, RouteStep)]
+    gives = any(field in r or "function" in r for r in routes)
+    if "{route}" in template and not gives:
+        example = f"steps: [{{route: {{{field}: '{{record.tenant}}'}}}}]"
+        raise ValueError(f"{key} {template!r} holds {{route}}: add a route step giving its "
+                         f"{field} ({example})")  # fmt: skip
+    if "{route}" not in template and any(field in r for r in routes):
+        raise ValueError(f"steps: a route's {field} fills {{route}} in {key}: put it there "
+                         f"(for example {key}: 'orders.{{route}}')")  # fmt: skip
+
+
+class Unrouted(ValueError):
+    """A message whose route does not give the field its destination's ``{route}`` needs."""
+
+
 class Template:
     """Renders a template per message; ``bad`` matches the characters the destination's names
-    cannot hold, which become ``_`` in the substituted values.
+    cannot hold, which become ``_`` in the substituted values; ``{route}`` is the message's
+    route ``field`` (written by :func:`routed_field` already).
     """
 
-    def __init__(self, template: str, stream: str, bad: str) -> None:
+    def __init__(self, template: str, stream: str, bad: str, field: str = "") -> None:
         self.template = template
         self.stream = stream
         self.bad = re.compile(bad)
         self.fixed = _PLACEHOLDER.search(template) is None
-        self._rendered: dict[tuple[str, str, str], str] = {}  # one entry per collection
+        self.field = field if "{route}" in template else ""
+        self._rendered: dict[tuple[Any, ...], str] = {}  # an entry a collection (and route)
 
     def render(self, m: Message) -> str:
         if self.fixed:
             return self.template
-        key = (m.sync_id, m.provider, m.collection_id)
+        route = ""
+        if self.field:
+            route = (m.route or {}).get(self.field, "")
+            if not route:
+                raise Unrouted(f"its route gives no {self.field} for {{route}} in "
+                               f"{self.template!r}")  # fmt: skip
+        key = (m.sync_id, m.provider, m.collection_id, route)
         name = self._rendered.get(key)
         if name is None:
+            if len(self._rendered) >= MAX_NAMES:
+                self._rendered.clear()
             sub = self.bad.sub
             name = self._rendered[key] = self.template.format(
                 stream=self.stream, sync_id=sub("_", m.sync_id),
                 provider=sub("_", encode_token(m.provider)),
-                collection=sub("_", encode_token(m.collection_id)),
+                collection=sub("_", encode_token(m.collection_id)), route=route,
             )  # fmt: skip
         return name
 

@@ -12,7 +12,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from core.config.base import Duration, Model, TlsFiles
 from core.config.connector import ConnectorBase
 from core.config.steps import RouteField
-from core.templates import check_template
+from core.templates import check_routed, check_template, routed_field
 
 
 class _Quiet:
@@ -110,9 +110,12 @@ class KafkaTls(TlsFiles):
     key_password: SecretStr | None = Field(None, description="the password of an encrypted key")
 
 
+TOPIC_BAD = r"[^A-Za-z0-9._-]"  # what a topic name cannot hold
+
+
 class KafkaSettings(Model):
     """Where and how to produce. ``topic`` may hold the placeholders {stream}, {sync_id},
-    {provider} and {collection}; characters a topic name cannot hold become ``_``.
+    {provider}, {collection} and {route}; characters a topic name cannot hold become ``_``.
     """
 
     bootstrap_servers: str = Field(
@@ -121,8 +124,8 @@ class KafkaSettings(Model):
     topic: str | None = Field(
         None,
         description="the topic, or a template of topics with placeholders `{stream}`, "
-        "`{sync_id}`, `{provider}`, `{collection}` (characters a topic name cannot hold become "
-        "`_`); default: `sequin-{stream}`",
+        "`{sync_id}`, `{provider}`, `{collection}` and `{route}` (a route step's `topic`; "
+        "characters a topic name cannot hold become `_`); default: `sequin-{stream}`",
     )
     partitions: int = Field(6, ge=1, description="partitions of the topic weir kafka setup makes")
     replication_factor: int = Field(
@@ -272,8 +275,14 @@ class KafkaConnector(ConnectorBase):
         default_factory=KafkaSettings, description="where and how to produce"
     )
 
-    # route: {key: …} is the message key (the record's group key otherwise): its partition
-    ROUTES = {"key": RouteField(str, lambda v: None)}
+    # route: {key: …} is the message key (the record's group key otherwise): its partition;
+    # {topic: …} fills {route} in kafka.topic (a topic per tenant, say)
+    ROUTES = {"key": RouteField(str, lambda v: None), "topic": routed_field(TOPIC_BAD)}
+
+    @model_validator(mode="after")
+    def _routed_topic(self) -> Self:
+        check_routed(self.topic, self.steps, "topic", "kafka.topic")
+        return self
 
     @property
     def topic(self) -> str:

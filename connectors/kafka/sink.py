@@ -19,12 +19,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.kafka.config import KafkaConnector, KafkaSettings
+from connectors.kafka.config import TOPIC_BAD, KafkaConnector, KafkaSettings
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, key_prefixes
 from core.failures import Unreachable
 from core.redact import Said
-from core.templates import Template
+from core.templates import Template, Unrouted
 
 log = logging.getLogger("weir.kafka")
 
@@ -147,7 +147,7 @@ class KafkaSink:
     def __init__(self, cfg: KafkaConnector) -> None:
         self.cfg = cfg
         self.settings = cfg.kafka
-        self.topics = Template(cfg.topic, cfg.stream, r"[^A-Za-z0-9._-]")
+        self.topics = Template(cfg.topic, cfg.stream, TOPIC_BAD, "topic")
         self._producer: Producer | None = None
         self._poller: asyncio.Task[None] | None = None
         self._mark: BrokerMark = {}
@@ -259,6 +259,10 @@ class KafkaSink:
                     await asyncio.sleep(POLL_BUSY)
                 except KafkaException as e:
                     failed[i] = _refused(e.args[0])
+                    state.count_down()
+                    break
+                except Unrouted as e:
+                    failed[i] = FatalError(str(e))
                     state.count_down()
                     break
         timeout = self.settings.delivery_timeout.total_seconds() + 10

@@ -11,20 +11,23 @@ from core.config.base import Duration, Model, check_http_url, check_pair
 from core.config.connector import ConnectorBase
 from core.config.steps import RouteField, RouteStep
 from core.ids import encode_token
-from core.templates import check_template
+from core.templates import check_routed, check_template, routed_field
+
+QUEUE_BAD = r"[^A-Za-z0-9_-]"  # what a queue name cannot hold
 
 
 class SqsSettings(Model):
-    """Where to send. ``queue_url`` may hold the placeholders {stream}, {sync_id}, {provider}
-    and {collection} (a queue per collection); characters a queue name cannot hold become
-    ``_``. A name ending in ``.fifo`` is a FIFO queue. Credentials come from the standard AWS
-    chain unless given here.
+    """Where to send. ``queue_url`` may hold the placeholders {stream}, {sync_id}, {provider},
+    {collection} (a queue per collection) and {route} (a route step's ``queue``); characters a
+    queue name cannot hold become ``_``. A name ending in ``.fifo`` is a FIFO queue. Credentials
+    come from the standard AWS chain unless given here.
     """
 
     queue_url: str = Field(
         description="the queue, or a template of queues with placeholders `{stream}`, "
-        "`{sync_id}`, `{provider}`, `{collection}` (characters a queue name cannot hold become "
-        "`_`); a name ending in `.fifo` is a FIFO queue"
+        "`{sync_id}`, `{provider}`, `{collection}` and `{route}` (a route step's `queue`; "
+        "characters a queue name cannot hold become `_`); a name ending in `.fifo` is a FIFO "
+        "queue"
     )
     region: str = Field("us-east-1", description="the AWS region")
     endpoint_url: str | None = Field(
@@ -64,8 +67,9 @@ def check_group(value: str) -> None:
 class SqsConnector(ConnectorBase):
     """Sends one stream to an SQS queue: FIFO queues keep per-record order and dedupe."""
 
-    # route: {group: …} is a FIFO queue's MessageGroupId (the record's group key otherwise)
-    ROUTES = {"group": RouteField(encode_token, check_group)}
+    # route: {group: …} is a FIFO queue's MessageGroupId (the record's group key otherwise);
+    # {queue: …} fills {route} in sqs.queue_url (a queue per tenant, say)
+    ROUTES = {"group": RouteField(encode_token, check_group), "queue": routed_field(QUEUE_BAD)}
 
     type: Literal["sqs"] = Field(
         description="sends to an SQS queue (or a queue per collection): FIFO queues keep "
@@ -75,6 +79,7 @@ class SqsConnector(ConnectorBase):
 
     @model_validator(mode="after")
     def _groups_on_fifo(self) -> SqsConnector:
+        check_routed(self.sqs.queue_url, self.steps, "queue", "sqs.queue_url")
         routed = any(isinstance(s, RouteStep) and "group" in s.route for s in self.steps)
         if routed and not self.sqs.queue_url.endswith(".fifo"):
             raise ValueError(

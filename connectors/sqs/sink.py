@@ -22,10 +22,10 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.sqs.config import SqsConnector
+from connectors.sqs.config import QUEUE_BAD, SqsConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
-from core.templates import Template
+from core.templates import Template, Unrouted
 
 log = logging.getLogger("weir.sqs")
 
@@ -47,7 +47,7 @@ class SqsSink:
     def __init__(self, cfg: SqsConnector) -> None:
         self.cfg = cfg
         self.settings = cfg.sqs
-        self.queues = Template(cfg.sqs.queue_url, cfg.stream, r"[^A-Za-z0-9_-]")
+        self.queues = Template(cfg.sqs.queue_url, cfg.stream, QUEUE_BAD, "queue")
         self._client: Any = None
         self._pool = ThreadPoolExecutor(cfg.sqs.max_concurrent_requests, f"sqs-{cfg.name}")
         self._max_size: dict[str, int] = {}  # queue URL -> MaximumMessageSize
@@ -89,7 +89,10 @@ class SqsSink:
         failed: dict[int, Exception] = {}
         by_queue: dict[str, list[int]] = {}
         for i, m in enumerate(batch):
-            by_queue.setdefault(self.queues.render(m), []).append(i)
+            try:
+                by_queue.setdefault(self.queues.render(m), []).append(i)
+            except Unrouted as e:
+                failed[i] = FatalError(str(e))
         calls = []
         for url, indexes in by_queue.items():
             try:

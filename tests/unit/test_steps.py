@@ -7,6 +7,7 @@ exact numbers survive a transform.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from decimal import Decimal
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from connectors.kafka.config import TOPIC_BAD, KafkaConnector
 from connectors.nats.config import NatsConnector
 from connectors.webhook.config import WebhookConnector
 from core.config.model import ConsumerConfig
@@ -28,6 +30,7 @@ from core.ids import encode_token
 from core.steps import expr, functions
 from core.steps.payload import Exact, dump, load
 from core.steps.run import StepFailed, Steps
+from core.templates import Template, Unrouted
 
 # -- the reference: each expression as text and as a plain function of the message ----------
 
@@ -484,3 +487,21 @@ def test_steps_with_a_function_read_back_as_dumped(tmp_path: Path) -> None:
             ConsumerConfig.model_validate({"name": "w", "steps": [{"route": {"subject": "x"}}]})
     finally:
         functions.use_dir(None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_a_routed_topic_is_a_name_kafka_takes_whatever_the_field_holds(value: str) -> None:
+    """``topic: orders.{route}`` with ``route: {topic: "{record.tenant}"}``: any tenant text
+    gives a topic Kafka takes (its other characters ``_``, empty ``_``); a message whose route
+    gives no topic is refused by its name, not sent to ``orders.``."""
+    spec = {"name": "k", "type": "kafka", "stream": "events", "kafka": {"topic": "orders.{route}"},
+            "steps": [{"route": {"topic": "{record.tenant}"}}]}  # fmt: skip
+    cfg = KafkaConnector.model_validate(spec)
+    steps = Steps(cfg.steps, KafkaConnector.ROUTES, records=False, timeout=1.0)
+    made = steps.one(message({"action": "insert", "record": {"tenant": value}}))
+    assert isinstance(made, Message)
+    topic = Template(cfg.topic, "events", TOPIC_BAD, "topic").render(made)
+    assert re.fullmatch(r"orders\.[A-Za-z0-9._-]+", topic), topic
+    with pytest.raises(Unrouted, match=r"its route gives no topic for \{route\}"):
+        Template(cfg.topic, "events", TOPIC_BAD, "topic").render(message({"action": "insert"}))
