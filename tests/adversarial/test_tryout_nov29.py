@@ -4,6 +4,8 @@ promise of README.md / docs/, against real servers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import psycopg
@@ -65,6 +67,33 @@ def test_ingest_older_upstream_updated_at_later_in_a_batch_does_not_overwrite(
         )
 
 
+@contextmanager
+def sql_ascii_database(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A new SQL_ASCII database (a legacy one) on ``pg_server``; dropped after, with its slots."""
+    with fresh_database(pg_server) as other:
+        name = other.rsplit("/", 1)[1] + "a"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C'"
+                     " LC_CTYPE 'C' TEMPLATE template0")  # fmt: skip
+    try:
+        yield pg_server.url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(active_pid, 10000) FROM"
+                         " pg_replication_slots WHERE database = %s AND active_pid IS NOT"
+                         " NULL", (name,))  # fmt: skip
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM"
+                         " pg_replication_slots WHERE database = %s", (name,))  # fmt: skip
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def _legacy(url: str, *statements: bytes) -> None:
+    """Statements as a SQL_ASCII client sends them: their bytes as the database keeps them."""
+    with psycopg.connect(url, autocommit=True, client_encoding="SQL_ASCII") as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
 def test_a_legacy_table_name_in_a_sql_ascii_database_does_not_stop_weir(
     pg_server: EmbeddedPostgres, db_url: str
 ) -> None:
@@ -77,27 +106,36 @@ def test_a_legacy_table_name_in_a_sql_ascii_database_does_not_stop_weir(
     fails, and ``weir run`` exits 1 saying only ``source app: invalid byte sequence for
     encoding "UTF8": 0xe9``, naming neither the table nor a fix, and captures nothing of the
     schema's other tables."""
-    with fresh_database(pg_server) as src:
-        name = src.rsplit("/", 1)[1] + "a"
-        url = src + "a"
-        with psycopg.connect(pg_server.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C'"
-                         " LC_CTYPE 'C' TEMPLATE template0")  # fmt: skip
-        try:
-            with psycopg.connect(url, autocommit=True, client_encoding="SQL_ASCII") as conn:
-                conn.execute("CREATE TABLE good (id int PRIMARY KEY, v text)")
-                conn.execute(b"CREATE TABLE caf\xe9 (id int PRIMARY KEY, v text)")
-            cfg = weir_config(url, [], store={"url": db_url}, slot="tryout_legacy")
-            with serving(cfg):
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute("INSERT INTO good VALUES (1, 'a')")
-                wait_for(lambda: stored.record(db_url, "public:good", "1") is not None,
-                         what="the good table's row")  # fmt: skip
-        finally:
-            with psycopg.connect(pg_server.url, autocommit=True) as conn:
-                conn.execute("SELECT pg_terminate_backend(active_pid, 10000) FROM"
-                             " pg_replication_slots WHERE database = %s AND active_pid IS NOT"
-                             " NULL", (name,))  # fmt: skip
-                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM"
-                             " pg_replication_slots WHERE database = %s", (name,))  # fmt: skip
-                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with sql_ascii_database(pg_server) as url:
+        _legacy(url, b"CREATE TABLE good (id int PRIMARY KEY, v text)",
+                b"CREATE TABLE caf\xe9 (id int PRIMARY KEY, v text)")  # fmt: skip
+        with serving(weir_config(url, [], store={"url": db_url})):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("INSERT INTO good VALUES (1, 'a')")
+            wait_for(lambda: stored.record(db_url, "public:good", "1") is not None,
+                     what="the good table's row")  # fmt: skip
+
+
+def test_adding_a_legacy_named_column_in_a_sql_ascii_database_does_not_stop_capture(
+    pg_server: EmbeddedPostgres, db_url: str
+) -> None:
+    """docs/configuration.md: with a superuser, a table whose columns change (ADD COLUMN) is
+    backfilled, and DDL cannot take capture down. In a SQL_ASCII database, ``ALTER TABLE t
+    ADD COLUMN "d\xe9f" text DEFAULT 'z'`` (a Latin-1 column name) while Weir runs stops
+    capture for good: ``ERROR weir: source app: invalid byte sequence for encoding "UTF8":
+    0xe9``, the source worker exits 1 ("failed for good; stopping every worker"), and every
+    restart exits 1 the same way within a second of streaming. (A table created with such a
+    column name is captured fine: ``{"id": 1, "n\xe9": "x"}``.)"""
+    with sql_ascii_database(pg_server) as url:
+        _legacy(url, b"CREATE TABLE t (id int PRIMARY KEY, v text)")
+        with serving(weir_config(url, [], store={"url": db_url})):
+            _legacy(url, b"INSERT INTO t VALUES (1, 'a')")
+            wait_for(lambda: stored.record(db_url, "public:t", "1") is not None,
+                     what="the first row")  # fmt: skip
+            _legacy(url, b"ALTER TABLE t ADD COLUMN \"d\xe9f\" text DEFAULT 'z'",
+                    b"INSERT INTO t VALUES (2, 'b')")  # fmt: skip
+            wait_for(lambda: stored.record(db_url, "public:t", "2") is not None,
+                     timeout=30, what="the row after the ALTER")  # fmt: skip
+        got = stored.record(db_url, "public:t", "2")
+        assert got is not None and json.loads(got["record_json"]) == {
+            "id": 2, "v": "b", "d\xe9f": "z"}  # fmt: skip
