@@ -4,17 +4,23 @@ promise of README.md / docs/, against real servers."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 
-from devkit.embedded import EmbeddedPostgres
+from devkit.embedded import EmbeddedNats, EmbeddedPostgres
+from devkit.server import free_port
 from tests.conftest import fresh_database
 from tests.helpers import stored
-from tests.helpers.api import api_serving
+from tests.helpers.api import TOKEN, api_serving
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import WEIR, weir
 from tests.helpers.weir import serving, weir_config
 
 
@@ -139,3 +145,114 @@ def test_adding_a_legacy_named_column_in_a_sql_ascii_database_does_not_stop_capt
         got = stored.record(db_url, "public:t", "2")
         assert got is not None and json.loads(got["record_json"]) == {
             "id": 2, "v": "b", "d\xe9f": "z"}  # fmt: skip
+
+
+def _with_password(url: str, password: str) -> str:
+    """``url`` (the embedded server trusts every login) with ``password`` for its user."""
+    return url.replace("postgresql://postgres@", f"postgresql://postgres:{password}@", 1)
+
+
+def test_config_validate_keeps_the_allowed_values_a_weak_password_spells(tmp_path: Path) -> None:
+    """docs/configuration.md “Secrets”: Weir's own words (its own error messages) and what is
+    no secret are never masked, "also when a password is the same word". With a source
+    password that is an ordinary word of the config's vocabulary (``postgres``, as on many a
+    dev box; ``events``; ``beginning``), ``weir config validate`` masks the word in the list of
+    allowed values, so the one line meant to name the fix hides it:
+    ``Input tag 'postgre' ... does not match any of the expected tags: '***', 'http'``;
+    ``stream: Input should be 'records' or '***'``; Weir's own
+    ``start_position: expected ***, end, {seq: N} or {time: ISO-8601}``; and pydantic's
+    ``unable to parse string as an integer`` becomes ``unable to parse *** as an integer``
+    with the password ``string``. The password itself is in no message."""
+    cases = {
+        "postgres": ("{name: app, kind: postgre, url: 'postgresql://u:postgres@h/db'}", "[]",
+                     "'postgres', 'http'"),
+        "events": ("{name: app, kind: postgres, url: 'postgresql://u:events@h/db'}",
+                   "[{name: n, type: nats, stream: event}]", "'records' or 'events'"),
+        "beginning": ("{name: app, kind: postgres, url: 'postgresql://u:beginning@h/db'}",
+                      "[{name: n, type: nats, stream: events, start_position: begining}]",
+                      "expected beginning, end"),
+        "string": ("{name: app, kind: postgres, url: 'postgresql://u:string@h/db'}",
+                   "[{name: n, type: nats, stream: events, max_in_flight: abc}]",
+                   "unable to parse string as an integer"),
+    }  # fmt: skip
+    wrong = {}
+    for password, (source, connectors, expected) in cases.items():
+        config = tmp_path / f"{password}.yaml"
+        config.write_text(f"sources: [{source}]\nconnectors: {connectors}\n")
+        out = weir("config", "validate", str(config), code=2)
+        if expected not in out:
+            wrong[password] = out.strip()
+    assert not wrong, wrong
+
+
+@contextmanager
+def _weir_run(tmp: Path, spec: dict[str, Any]) -> Iterator[tuple[httpx.Client, Path]]:
+    """``weir run`` in a process of its own (what it remembers stays there), its log in a
+    file; yields an API client and the log's path; on exit it must drain and exit 0."""
+    config = tmp / "weir.yaml"
+    config.write_text(json.dumps(spec))
+    log = tmp / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "run", "--config", str(config)], stdout=f,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        with httpx.Client(base_url="http://" + spec["api"]["listen"], timeout=30,
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as client:  # fmt: skip
+
+            def up() -> bool:
+                assert run.poll() is None, log.read_text()
+                try:
+                    return client.get("/v1/sources").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_for(up, what="the API to listen")
+            yield client, log
+    finally:
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 0, log.read_text()
+
+
+def _api_spec(db_url: str, password: str) -> dict[str, Any]:
+    return {"api": {"listen": f"127.0.0.1:{free_port()}", "tokens": [TOKEN]},
+            "sources": [{"name": "app", "kind": "postgres", "schemas": ["public"],
+                         "url": _with_password(db_url, password)}],
+            "connectors": []}  # fmt: skip
+
+
+def test_api_refusals_keep_the_allowed_values_a_weak_password_spells(
+    tmp_path: Path, db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """The same over the management API (docs/operations.md: "validated by the same models as
+    the file (422 names the field)"): with the source's password ``records``, a connector or
+    consumer sent with ``stream: record`` gets ``Input should be '***' or 'events'``: the
+    value to send is masked, though it is in the API's own schema (/openapi.json)."""
+    with _weir_run(tmp_path, _api_spec(db_url, "records")) as (client, _):
+        r = client.post("/v1/connectors", json={"name": "x", "type": "nats", "stream": "record",
+                                                "nats": {"url": nats_server.url}})  # fmt: skip
+        c = client.post("/v1/http-consumers", json={"name": "y", "stream": "record"})
+    assert (r.status_code, c.status_code) == (422, 422), (r.text, c.text)
+    assert "'records' or 'events'" in r.text, r.text
+    assert "'records' or 'events'" in c.text, c.text
+
+
+def test_log_lines_keep_the_name_of_a_connector_made_over_the_api(
+    tmp_path: Path, db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """docs/configuration.md “Secrets”: the names a log line carries (a connector's name) are
+    never masked, also when a password is the same word. A connector made over the API is
+    not in the file, so its name is not known as one: with the source's password ``records``,
+    the connector ``records`` (collections ``public:records``) is logged as
+    ``connector ***: made over the API``, ``connector ***: collections: 'public:***' matches
+    none ...`` and ``connector ***: deleted over the API``, while the API's own answer says
+    ``public:records`` plainly."""
+    with _weir_run(tmp_path, _api_spec(db_url, "records")) as (client, log):
+        r = client.post("/v1/connectors", json={
+            "name": "records", "type": "nats", "stream": "records",
+            "collections": ["public:records"], "nats": {"url": nats_server.url}})  # fmt: skip
+        assert r.status_code == 201, r.text
+        assert client.delete("/v1/connectors/records").status_code == 200
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if "weir.manage" in line]
+    assert any("connector records: made over the API" in line for line in lines), lines
+    assert not [line for line in lines if "***" in line], lines
