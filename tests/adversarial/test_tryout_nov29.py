@@ -3,7 +3,9 @@ promise of README.md / docs/, against real servers."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -256,3 +258,47 @@ def test_log_lines_keep_the_name_of_a_connector_made_over_the_api(
     lines = [line for line in text.splitlines() if "weir.manage" in line]
     assert any("connector records: made over the API" in line for line in lines), lines
     assert not [line for line in lines if "***" in line], lines
+
+
+def _headers(page: str, first: str) -> list[str]:
+    """The column names of the console table whose first column is ``first``."""
+    for head in re.findall(r"<thead><tr>(.*?)</tr></thead>", page, re.S):
+        names = [html.unescape(h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", head)]
+        if names and names[0] == first:
+            return names
+    raise AssertionError(f"no table of {first} in the console")
+
+
+def test_the_console_names_its_columns_as_weir_status_does(tmp_path: Path, db_url: str) -> None:
+    """docs/operations.md “Monitoring” defines `weir status`'s BEHIND, BEHIND BY (a connector)
+    and QUEUED, UNACKED (a consumer's queue), and the console's Spark table already says
+    Behind / Behind by; but the console's connector table calls the same numbers Lag and
+    Oldest, and its consumer table Pending and Awaiting ack, so an operator who reads one and
+    greps the other finds nothing. The connector and consumer tables of both should use one
+    set of words."""
+    port = free_port()
+    spec = {"api": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]},
+            "sources": [{"name": "app", "kind": "postgres", "url": db_url,
+                         "schemas": ["public"]}],
+            "consumers": [{"name": "w", "stream": "events"}],
+            "connectors": [{"name": "hooks", "type": "webhook", "stream": "events",
+                            "webhook": {"url": "http://127.0.0.1:9/"}}]}  # fmt: skip
+    with _weir_run(tmp_path, spec) as (api, _):
+        config = tmp_path / "weir.yaml"
+        status = weir("status", "--config", str(config))
+        with httpx.Client(base_url=api.base_url, timeout=30) as client:
+            assert client.post("/console/login", data={"token": TOKEN}).status_code == 303
+            page = client.get("/console").text
+    tables = [line.split("  ") for line in status.splitlines() if line[:1].isupper()]
+    columns = {row[0]: {c.strip().lower() for c in row if c.strip()} for row in tables}
+    console_connectors = {h.lower() for h in _headers(page, "Connector")}
+    console_consumers = {h.lower() for h in _headers(page, "Consumer")}
+    missing = {"connectors": sorted({"behind", "behind by"} & columns["CONNECTOR"]
+                                    - console_connectors),
+               "consumers": sorted({"queued", "unacked"} & columns["CONSUMER"]
+                                   - console_consumers)}  # fmt: skip
+    assert missing == {"connectors": [], "consumers": []}, (
+        missing,
+        sorted(console_connectors),
+        sorted(console_consumers),
+    )
