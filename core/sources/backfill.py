@@ -19,7 +19,7 @@ from psycopg import sql
 
 from core.config.sources import BackfillConfig, PostgresSource
 from core.progress import Progress
-from core.redact import first_line
+from core.redact import first_line, said
 from core.sources.pg import snapshot
 from core.sources.pg.copy_out import copy_rows
 from core.sources.pg.grants import cannot_read, say_unreadable
@@ -86,8 +86,13 @@ class Backfill:
             st = self._backfills.state(store_conn, rel.collection_id)
             if st is not None and not st.finished and new != "always" and st.keyset != keyset:
                 raise SourceSetupError(
-                    f"backfill of {self.table} was started paging by {st.keyset}, now by "
-                    f"{keyset}: go back to the first, or start again (weir backfill --restart)"
+                    said(
+                        "backfill of %s was started paging by %s, now by %s: go back to "
+                        "the first, or start again (weir backfill --restart)",
+                        self.table,
+                        st.keyset,
+                        keyset,
+                    )
                 )
             if (
                 st is None

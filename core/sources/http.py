@@ -36,6 +36,7 @@ from core.envelope import record_token, utc_iso
 from core.errors import Conflict, NotFound
 from core.ids import encode_token
 from core.metrics import Metrics
+from core.redact import said
 from core.sources.pg.values import MAX_DEPTH
 from core.store import Conn, Store, index
 from core.store.change import Change
@@ -81,8 +82,13 @@ class IngestRecord(BaseModel):
         try:
             orjson.dumps(wrapped)
         except TypeError as e:  # nested too deep (the API refuses the rest)
-            raise ValueError(f"cannot be stored: {e}; nest it at most {MAX_DEPTH + 1} levels "
-                             "deep, counting data itself") from None  # fmt: skip
+            raise ValueError(
+                said(
+                    "cannot be stored: %s; nest it at most %s levels deep, counting data itself",
+                    e,
+                    MAX_DEPTH + 1,
+                )
+            ) from None
         return v
 
     @model_validator(mode="after")
@@ -108,10 +114,15 @@ class Ingest:
         try:
             src = self.cfg.source(name)
         except KeyError:
-            raise NotFound(f"no source named {name!r}") from None
+            raise NotFound(said("no source named %r", name)) from None
         if not isinstance(src, HttpSource):
-            raise Conflict(f"source {name!r} is a {src.kind} source; only http "
-                           "sources take records over HTTP")  # fmt: skip
+            raise Conflict(
+                said(
+                    "source %r is a %s source; only http sources take records over HTTP",
+                    name,
+                    src.kind,
+                )
+            )
         return await asyncio.to_thread(self._write, src, records)
 
     def _write(self, src: HttpSource, records: list[IngestRecord]) -> tuple[int, int]:

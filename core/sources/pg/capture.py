@@ -27,6 +27,7 @@ from core.config.sources import PostgresSource
 from core.failures import AWAY, for_good, postgres_unreachable
 from core.ids import lsn_to_str
 from core.metrics import Metrics
+from core.redact import said
 from core.sources.pg import snapshot
 from core.sources.pg.encoding import REPLICATION_CLIENT_ENCODING, unreadable_name
 from core.sources.pg.pgoutput import start_replication
@@ -195,12 +196,17 @@ class PostgresCapture:
             message = (result.error_message if result else b"").decode(errors="replace").strip()
             if "is active for PID" in message:
                 raise SlotBusyError(
-                    f"source {self.src.name!r}: replication slot {self.src.slot!r} is in use "
-                    f"by another process ({message}): stop it or use another slot name"
+                    said(
+                        "source %r: replication slot %r is in use by another process "
+                        "(%s): stop it or use another slot name",
+                        self.src.name,
+                        self.src.slot,
+                        message,
+                    )
                 )
             # Anything else (an invalidated slot among them) is looked at by the next
             # session's slot check.
-            raise psycopg.OperationalError(f"START_REPLICATION failed: {message}")
+            raise psycopg.OperationalError(said("START_REPLICATION failed: %s", message))
 
 
 def _same_database(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 
 import psycopg
 
+from core.redact import said
 from core.sources.pg.setup import SourceSetupError
 
 # The client encoding of the replication connection: the server converts nothing for it.
@@ -170,8 +171,11 @@ class SourceText:
             return
         if self.learn is None:
             raise RuntimeError(
-                f"text of a {self.encoding} database read with no connection to learn its "
-                "characters from (core/sources/pg/encoding.py)"
+                said(
+                    "text of a %s database read with no connection to learn its "
+                    "characters from (core/sources/pg/encoding.py)",
+                    self.encoding,
+                )
             )
         ordered = sorted(chars)
         self._chars.add(ordered, self.learn(self.encoding, [c.encode("latin-1") for c in ordered]))

@@ -14,6 +14,7 @@ import struct
 from typing import Any, Final
 
 from core.ids import lsn_to_str
+from core.redact import said
 
 _i16 = struct.Struct(">h").unpack_from
 _i32 = struct.Struct(">i").unpack_from
@@ -77,7 +78,7 @@ def decode_tuple(buf: bytes, pos: int) -> tuple[Tuple, int]:
         elif kind == 98:  # 'b' binary: only sent when binary 'true' was asked for
             raise ProtocolError("binary tuple data received; Weir asks for text format")
         else:
-            raise ProtocolError(f"unknown tuple data kind {kind!r} at offset {pos - 1}")
+            raise ProtocolError(said("unknown tuple data kind %r at offset %s", kind, pos - 1))
     return out, pos
 
 
@@ -169,7 +170,7 @@ def decode(buf: bytes) -> tuple[Any, ...]:
         prefix, pos = _cstring(buf, 10)
         (n,) = _i32(buf, pos)
         return ("M", bool(flags & 1), lsn, prefix, buf[pos + 4 : pos + 4 + n])
-    raise ProtocolError(f"unknown pgoutput message tag {chr(tag)!r}")
+    raise ProtocolError(said("unknown pgoutput message tag %r", chr(tag)))
 
 
 # Bytes before the pgoutput message in XLogData: 'w', wal start, wal end, send time.
@@ -197,7 +198,7 @@ def decode_copy_data(buf: bytes) -> tuple[Any, ...]:
     if tag == 107:  # 'k'
         end, _, reply = _keepalive(buf, 1)
         return ("k", end, bool(reply))
-    raise ProtocolError(f"unknown replication message tag {chr(tag)!r}")
+    raise ProtocolError(said("unknown replication message tag %r", chr(tag)))
 
 
 def standby_status(written: int, flushed: int, now_us: int, reply: bool = False) -> bytes:

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from core.ids import collection_id_of, record_id_of
+from core.redact import said
 from core.sources.pg.encoding import UTF8_TEXT, SourceText, source_text
 from core.sources.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.sources.pg.values import TYPES_SQL, Converter, TypeCatalog
@@ -123,14 +124,22 @@ class Relations:
             wanted = [r[0] for r in self.catalog.execute(PRIMARY_KEY_SQL, (relid,)).fetchall()]
         if not wanted:
             raise SourceSchemaError(
-                f"table {name} has no primary key: add one, or set key_columns for "
-                f"'{name}' in the source's config"
+                said(
+                    "table %s has no primary key: add one, or set key_columns for "
+                    "'%s' in the source's config",
+                    name,
+                    name,
+                )
             )
         missing = [k for k in wanted if k not in names]
         if missing:
             raise SourceSchemaError(
-                f"table {name}: key columns {missing} are not in the table (as of the change "
-                "being captured): set key_columns to columns it has"
+                said(
+                    "table %s: key columns %s are not in the table (as of the change "
+                    "being captured): set key_columns to columns it has",
+                    name,
+                    missing,
+                )
             )
         return tuple(names.index(k) for k in wanted)
 
@@ -250,8 +259,11 @@ def record_id_for(rel: Relation, rec: dict[str, Any], old: dict[str, Any] | None
     except KeyError:
         if old is None or any(n not in old for n in names if n not in rec):
             raise UnknownKeyError(
-                f"table {table_name(rel.schema, rel.table)}: the server did not send the key "
-                "columns of a row (unchanged TOAST values): set REPLICA IDENTITY FULL on it"
+                said(
+                    "table %s: the server did not send the key columns of a row "
+                    "(unchanged TOAST values): set REPLICA IDENTITY FULL on it",
+                    table_name(rel.schema, rel.table),
+                )
             ) from None
         return record_id_of([rec[n] if n in rec else old[n] for n in names])
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from core.redact import remember_names
+from core.redact import Said, remember_names, said
 from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables, identity_sql
 from core.sources.pg.grants import role_of, say_unreadable
 from core.store.migrations import STORE_MARK, STORE_TABLES
@@ -79,7 +79,7 @@ def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[
             ).fetchone()
         ):
             raise SourceSetupError(
-                f"source {src.name!r}: schema {schema!r} does not exist (check 'schemas:')"
+                said("source %r: schema %r does not exist (check 'schemas:')", src.name, schema)
             )
         tables += [(r[0], r[1]) for r in rows if (r[0], r[1]) not in tables]
     return tables
@@ -92,34 +92,46 @@ def table_problem(src: PostgresSource, name: str, row: tuple[Any, ...] | None) -
     the table must be publishable, and its rows need a key.
     """
     if row is None:
-        return f"table {name} does not exist (check 'tables:' in the config)"
+        return said("table %s does not exist (check 'tables:' in the config)", name)
     _, replident, relkind, persistence, store, has_pk, immediate_pk, identity_index, leaf = row
     if relkind not in ("r", "p"):
-        return f"{name} is not a table"
+        return said("%s is not a table", name)
     if store:
-        return f"{name} is one of Weir's store tables: Weir never captures its own writes"
+        return said("%s is one of Weir's store tables: Weir never captures its own writes", name)
     if persistence != "p":
-        return f"table {name} is UNLOGGED (or temporary): its changes are not in the WAL"
+        return said("table %s is UNLOGGED (or temporary): its changes are not in the WAL", name)
     if replident == "n" or (replident == "i" and not identity_index):
-        return (
-            f"table {name} has REPLICA IDENTITY NOTHING (or its identity index is gone), so its "
-            f"updates and deletes cannot be captured: ALTER TABLE {name} REPLICA IDENTITY DEFAULT"
+        return said(
+            "table %s has REPLICA IDENTITY NOTHING (or its identity index is "
+            "gone), so its updates and deletes cannot be captured: ALTER "
+            "TABLE %s REPLICA IDENTITY DEFAULT",
+            name,
+            name,
         )
     if replident == "d" and not immediate_pk:
-        deferrable = " (only a DEFERRABLE one)" if has_pk else ""
-        return (
-            f"table {name} has no primary key{deferrable}, so Postgres refuses its updates and "
-            f"deletes once it is published: add one, or ALTER TABLE {name} REPLICA IDENTITY "
-            f"FULL and set key_columns: {{{name}: [...]}} in the source's config"
+        deferrable = Said(" (only a DEFERRABLE one)" if has_pk else "")
+        return said(
+            "table %s has no primary key%s, so Postgres refuses its updates "
+            "and deletes once it is published: add one, or ALTER TABLE %s "
+            "REPLICA IDENTITY FULL and set key_columns: {%s: [...]} in the "
+            "source's config",
+            name,
+            deferrable,
+            name,
+            name,
         )
     if replident == "f" and not has_pk and name not in src.key_columns:
-        return f"table {name} has no primary key: set key_columns: {{{name}: [...]}}"
+        return said("table %s has no primary key: set key_columns: {%s: [...]}", name, name)
     if leaf is not None:
-        return (
-            f"partition {leaf} of table {name} has no replica identity (REPLICA IDENTITY "
-            "NOTHING, a dropped identity index, or a deferrable key), so Postgres refuses its "
-            f"updates and deletes once {name} is published: ALTER TABLE {leaf} REPLICA IDENTITY "
-            "DEFAULT (or FULL)"
+        return said(
+            "partition %s of table %s has no replica identity (REPLICA "
+            "IDENTITY NOTHING, a dropped identity index, or a deferrable "
+            "key), so Postgres refuses its updates and deletes once %s is "
+            "published: ALTER TABLE %s REPLICA IDENTITY DEFAULT (or FULL)",
+            leaf,
+            name,
+            name,
+            leaf,
         )
     return None
 
@@ -161,7 +173,7 @@ def capturable_tables(
         if problem is None:
             tables.append((schema, table))
         elif (schema, table) in listed:
-            raise SourceSetupError(f"source {src.name!r}: {problem}")
+            raise SourceSetupError(said("source %r: %s", src.name, problem))
         elif say and (schema, table) in published:  # Weir cannot leave it out: the DBA's
             log.warning("source %s: %s; it is in publication %s, which Weir does not manage, so "
                         "its changes reach capture, which cannot store them: each stops capture "
@@ -190,8 +202,12 @@ def prepare(
     if not wal_level or wal_level[0] != "logical":
         level = wal_level[0] if wal_level else "?"
         raise SourceSetupError(
-            f"source {src.name!r}: wal_level is {level!r} but capture needs 'logical': run "
-            "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
+            said(
+                "source %r: wal_level is %r but capture needs 'logical': run "
+                "ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL",
+                src.name,
+                level,
+            )
         )
     return complete_publication(conn, src, follow=True, say=say)
 
@@ -243,8 +259,12 @@ def _ensure_publication(
     ).fetchone()
     if row is None and not src.create_publication:
         raise SourceSetupError(
-            f"source {src.name!r}: publication {src.publication!r} does not exist and "
-            "create_publication is false: CREATE PUBLICATION it, or let Weir create it"
+            said(
+                "source %r: publication %r does not exist and create_publication "
+                "is false: CREATE PUBLICATION it, or let Weir create it",
+                src.name,
+                src.publication,
+            )
         )
     published = published_tables(conn, src.publication)
     missing = [t for t in tables if t not in published]
@@ -282,13 +302,21 @@ def _ensure_publication(
             ).fetchone()
             if owns and owns[0]:  # it owns the tables: CREATE on the database is missing
                 db = sql.Identifier(conn.info.dbname).as_string(conn)
-                fix = (f"as the database's owner run GRANT CREATE ON DATABASE {db} TO {me}; or "
-                       f"have it made ({made}) and set create_publication: false")  # fmt: skip
+                fix = (said("as the database's owner run GRANT CREATE ON DATABASE %s TO %s; "
+"or have it made (%s) and set create_publication: false", db, me, made))  # fmt: skip
             else:
-                fix = (f"as the tables' owner run {made}; and set create_publication: false (or "
-                       "make the role own the tables, with CREATE on the database)")  # fmt: skip
-            raise SourceSetupError(f"source {src.name!r}: role {me} cannot create publication "
-                                   f"{src.publication} ({why}): {fix}") from None  # fmt: skip
+                fix = (said("as the tables' owner run %s; and set create_publication: false "
+"(or make the role own the tables, with CREATE on the database)", made))  # fmt: skip
+            raise SourceSetupError(
+                said(
+                    "source %r: role %s cannot create publication %s (%s): %s",
+                    src.name,
+                    me,
+                    src.publication,
+                    why,
+                    fix,
+                )
+            ) from None
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
     if src.create_publication and not row[0]:
@@ -359,21 +387,38 @@ def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> bool:
         except psycopg.errors.InsufficientPrivilege:
             me = role_of(conn)
             raise SourceSetupError(
-                f"source {src.name!r}: role {me} may not create replication slot {src.slot} "
-                f"(it has no REPLICATION): as a superuser, ALTER ROLE {me} REPLICATION"
+                said(
+                    "source %r: role %s may not create replication slot %s (it has "
+                    "no REPLICATION): as a superuser, ALTER ROLE %s REPLICATION",
+                    src.name,
+                    me,
+                    src.slot,
+                    me,
+                )
             ) from None
         log.info("source %s: created replication slot %s", src.name, src.slot)
         return True
     plugin, active_pid, same_db = row
     if plugin != "pgoutput" or not same_db:
         raise SourceSetupError(
-            f"source {src.name!r}: replication slot {src.slot!r} exists but "
-            + ("belongs to another database" if not same_db else f"uses plugin {plugin!r}")
-            + ": give this source another slot name or drop that slot"
+            said(
+                "source %r: replication slot %r exists but %s: give this source another slot "
+                "name or drop that slot",
+                src.name,
+                src.slot,
+                said("belongs to another database")
+                if not same_db
+                else said("uses plugin %r", plugin),
+            )
         )
     if active_pid is not None:
         raise SlotBusyError(
-            f"source {src.name!r}: replication slot {src.slot!r} is in use by another "
-            f"process (pid {active_pid}): stop the other consumer or use another slot name"
+            said(
+                "source %r: replication slot %r is in use by another process "
+                "(pid %s): stop the other consumer or use another slot name",
+                src.name,
+                src.slot,
+                active_pid,
+            )
         )
     return False

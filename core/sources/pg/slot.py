@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from core.ids import lsn_to_str
+from core.redact import said
 from core.sources.pg.setup import SourceSetupError, ensure_slot
 
 if TYPE_CHECKING:
@@ -72,11 +73,17 @@ def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoin
     if not cp.tracked:  # the first start (or the first since Weir kept this rule): adopt it
         if not ensure_slot(conn, src) and cp.slot != src.slot and cp.end_lsn == 0:
             raise SourceSetupError(
-                f"source {src.name!r}: replication slot {src.slot!r} exists, and this store "
-                "did not make it: another Weir store (or another program) reads it, and a slot "
-                "read by two loses changes for both. Give this source a slot of its own (slot: "
-                "in its config), or, if no other store uses that one (a stopped Weir neither), "
-                f"drop it: SELECT pg_drop_replication_slot('{src.slot}')"
+                said(
+                    "source %r: replication slot %r exists, and this store did not "
+                    "make it: another Weir store (or another program) reads it, and "
+                    "a slot read by two loses changes for both. Give this source a "
+                    "slot of its own (slot: in its config), or, if no other store "
+                    "uses that one (a stopped Weir neither), drop it: SELECT "
+                    "pg_drop_replication_slot('%s')",
+                    src.name,
+                    src.slot,
+                    src.slot,
+                )
             )
         return SlotStart(max(cp.end_lsn, _position(conn, src)[0] or 0))
     confirmed, lost = _position(conn, src)
@@ -85,27 +92,40 @@ def check_slot(conn: psycopg.Connection[Any], src: PostgresSource, cp: Checkpoin
     if confirmed is not None and not lost and confirmed <= cp.end_lsn:
         return SlotStart(cp.end_lsn)
     if cp.slot is not None and cp.slot != src.slot:
-        what = (
-            f"the source's slot is now {src.slot!r}, but the store was captured through "
-            f"{cp.slot!r} (if it still exists it holds WAL until dropped: "
-            f"SELECT pg_drop_replication_slot('{cp.slot}'))"
+        what = said(
+            "the source's slot is now %r, but the store was captured through "
+            "%r (if it still exists it holds WAL until dropped: SELECT "
+            "pg_drop_replication_slot('%s'))",
+            src.slot,
+            cp.slot,
+            cp.slot,
         )
     elif confirmed is None:
-        what = f"replication slot {src.slot!r} does not exist (it was dropped)"
+        what = said("replication slot %r does not exist (it was dropped)", src.slot)
     elif lost:
-        what = f"replication slot {src.slot!r} was invalidated (the WAL it needed was removed)"
+        what = said("replication slot %r was invalidated (the WAL it needed was removed)", src.slot)
     else:
-        what = (
-            f"replication slot {src.slot!r} starts at {lsn_to_str(confirmed)} (it was "
-            "re-created, or read by another program)"
+        what = said(
+            "replication slot %r starts at %s (it was re-created, or read by another program)",
+            src.slot,
+            lsn_to_str(confirmed),
         )
-    since = f", captured {cp.at:%Y-%m-%d %H:%M:%S %Z}" if cp.at is not None else ""
-    gap = f"{what}: changes committed after {lsn_to_str(cp.end_lsn)}{since} were not captured"
+    since = (
+        said(", captured %s", format(cp.at, "%Y-%m-%d %H:%M:%S %Z")) if cp.at is not None else ""
+    )
+    gap = said(
+        "%s: changes committed after %s%s were not captured", what, lsn_to_str(cp.end_lsn), since
+    )
     if src.on_slot_loss == "stop":
         raise SlotGapError(
-            f"source {src.name!r}: {gap}. Weir stops rather than go on without them: set "
-            "on_slot_loss: backfill on the source to make the slot anew and backfill every "
-            "table into the records stream (the gap's events cannot be recovered)"
+            said(
+                "source %r: %s. Weir stops rather than go on without them: set "
+                "on_slot_loss: backfill on the source to make the slot anew and "
+                "backfill every table into the records stream (the gap's events "
+                "cannot be recovered)",
+                src.name,
+                gap,
+            )
         )
     if lost:  # a slot that was re-created keeps what it has seen since: only a lost one goes
         conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
@@ -135,15 +155,22 @@ def unreadable(conn: psycopg.Connection[Any], src: PostgresSource, error: str) -
     that the next session makes it anew and backfills (``check_slot``), and return True."""
     if not _PUBLICATION_GONE.search(error):
         return False
-    gap = (
-        f"replication slot {src.slot!r} cannot be read past a change made while publication "
-        f"{src.publication!r} did not exist (it was dropped and made anew, or the config names "
-        "another one)"
+    gap = said(
+        "replication slot %r cannot be read past a change made while "
+        "publication %r did not exist (it was dropped and made anew, or "
+        "the config names another one)",
+        src.slot,
+        src.publication,
     )
     if src.on_slot_loss == "stop":
         raise SlotGapError(
-            f"source {src.name!r}: {gap}: set on_slot_loss: backfill on the source to make the "
-            "slot anew and backfill every table (the events since cannot be recovered)"
+            said(
+                "source %r: %s: set on_slot_loss: backfill on the source to make "
+                "the slot anew and backfill every table (the events since cannot "
+                "be recovered)",
+                src.name,
+                gap,
+            )
         )
     conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
     log.warning("source %s: %s; dropped the slot, to make it anew and backfill", src.name, gap)

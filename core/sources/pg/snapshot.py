@@ -211,8 +211,12 @@ class TablePlan:
         key = [self.rel.text.read(row[i]) for i in self.order]  # type: ignore[arg-type]
         if None in key:
             raise SourceSchemaError(
-                f"table {self.name}: cannot page by a key that holds text no UTF-8 client can "
-                f"read (docs/design.md “Values”), after {key}"
+                said(
+                    "table %s: cannot page by a key that holds text no UTF-8 client "
+                    "can read (docs/design.md “Values”), after %s",
+                    self.name,
+                    key,
+                )
             )
         return key  # type: ignore[return-value]
 
@@ -243,12 +247,18 @@ def table_plan(
     if sort_column is not None:
         names = [r[2] for r in rows]
         if sort_column not in names:
-            raise SourceSetupError(f"table {name}: sort column {sort_column!r} does not exist")
+            raise SourceSetupError(
+                said("table %s: sort column %r does not exist", name, sort_column)
+            )
         i = names.index(sort_column)
         if not rows[i][5]:
             raise SourceSetupError(
-                f"table {name}: sort column {sort_column!r} must be NOT NULL "
-                "(keyset pagination skips null values)"
+                said(
+                    "table %s: sort column %r must be NOT NULL (keyset pagination "
+                    "skips null values)",
+                    name,
+                    sort_column,
+                )
             )
         order = [i, *(k for k in order if k != i)]
     exprs = [e for e in (relations.types.json_sql(r[3]) for r in rows) if e is not None]

@@ -21,6 +21,7 @@ import psycopg
 
 from core.config.sources import PostgresSource
 from core.ids import lsn_to_str
+from core.redact import said
 from core.sources.pg.follow import TABLE_MESSAGES
 from core.sources.pg.follower import TableFollower
 from core.sources.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, standby_status
@@ -175,7 +176,9 @@ class Stream:
                 else:
                     result = pgconn.get_result()
                     message = result.error_message.decode(errors="replace") if result else ""
-                    raise psycopg.OperationalError(f"replication stream ended: {message.strip()}")
+                    raise psycopg.OperationalError(
+                        said("replication stream ended: %s", message.strip())
+                    )
             if self.committed is not None:
                 self._flush()
             self.store.finish()
@@ -274,8 +277,13 @@ class Stream:
         except Exception as e:
             name = table_name(rel.schema, rel.table)
             raise CaptureError(
-                f"source {self.src.name!r}: cannot read a change of table {name} in the "
-                f"transaction at {lsn_to_str(self.txn_lsn)}: {e}"
+                said(
+                    "source %r: cannot read a change of table %s in the transaction at %s: %s",
+                    self.src.name,
+                    name,
+                    lsn_to_str(self.txn_lsn),
+                    e,
+                )
             ) from e
         if ch.old_record_id is not None and ch.old_record_id != ch.record_id:
             # The key changed: the old record is gone (a delete), the new one appears.
