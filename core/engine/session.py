@@ -25,6 +25,7 @@ from core.engine.rules import Groups, Suspects
 from core.engine.sink import BatchError, FatalError, ReadBack, Sink
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.metrics import Metrics
+from core.redact import said
 from core.steps.run import Steps, enrich_sources
 from core.store.cursors import FenceLost, Resplitting
 
@@ -265,8 +266,13 @@ class Session:
         if self.ready and any(lane.reader.fence_lost() for lane in self.lanes):
             # Its store session ended (a frozen process whose connections were cut resumes
             # here): another owner may be sending now, so nothing more goes out.
-            raise FenceLost(f"connector {self.fw.name}: the store ended its session (and its "
-                            "fence); it sends again once it holds the fence anew")  # fmt: skip
+            raise FenceLost(
+                said(
+                    "connector %s: the store ended its session (and its fence); it "
+                    "sends again once it holds the fence anew",
+                    self.fw.name,
+                )
+            )
         batch_cfg = self.cfg.batch
         suspects = self.fw.suspects
         while self.ready and len(self.in_flight) < self.cfg.max_in_flight and not self.probing:

@@ -124,15 +124,22 @@ class Store:
             row = conn.execute("SHOW server_encoding").fetchone()
             if row is None or row[0] != "UTF8":
                 raise StoreError(
-                    f"the store's database is in {row[0] if row else '?'}, not UTF8: records may "
-                    "hold any character, so the store needs a UTF8 database (store.url)"
+                    said(
+                        "the store's database is in %s, not UTF8: records may hold any "
+                        "character, so the store needs a UTF8 database (store.url)",
+                        row[0] if row else "?",
+                    )
                 )
             taken = foreign_tables(conn, self.schema)
             if taken:
                 raise StoreError(
-                    f"schema {self.schema} holds tables or indexes of its own named as the "
-                    f"store's ({', '.join(taken)}): give the store a schema of its own (store: "
-                    "schema:)"
+                    said(
+                        "schema %s holds tables or indexes of its own named as the "
+                        "store's (%s): give the store a schema of its own (store: "
+                        "schema:)",
+                        self.schema,
+                        ", ".join(taken),
+                    )
                 )
             try:
                 migrate(conn, self.schema)

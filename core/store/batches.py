@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from core.redact import said
+
 FORMAT_RAW, FORMAT_ZLIB = 0, 1
 COMPRESS_FROM = 512  # bytes: smaller batches are stored as they are
 _SCALARS = ("coll", "rid", "action", "lsn", "idx", "ts", "rseq", "version")
@@ -167,7 +169,7 @@ class Entries:
         elif blob[0] == FORMAT_RAW:
             raw = blob[1:]
         else:
-            raise ValueError(f"a store batch in an unknown format ({blob[0]})")
+            raise ValueError(said("a store batch in an unknown format (%s)", blob[0]))
         end = 4 + int.from_bytes(raw[:4], "little")
         columns: list[Any] = orjson.loads(raw[4:end])
         out = cls()

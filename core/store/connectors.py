@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from core.config.model import WeirConfig
-from core.redact import remember_config
+from core.redact import remember_config, said
 from core.store import AConn, Store
 from core.store.cursors import fence_key
 
@@ -113,10 +113,17 @@ async def delete(store: Store, conn: AConn, name: str) -> bool:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                                    (fence_key(store, key, sync_id),))  # fmt: skip
         except psycopg.errors.LockNotAvailable:
-            raise StillSending(f"connector {name} is deleted, but its session of {key} on source "
-                               f"{sync_id} did not end within {DELETE_WAIT:.0f}s: stop the "
-                               "instance that runs it (weir status names it), whose batches out "
-                               "may still reach the destination") from None  # fmt: skip
+            raise StillSending(
+                said(
+                    "connector %s is deleted, but its session of %s on source %s did "
+                    "not end within %ss: stop the instance that runs it (weir status "
+                    "names it), whose batches out may still reach the destination",
+                    name,
+                    key,
+                    sync_id,
+                    format(DELETE_WAIT, ".0f"),
+                )
+            ) from None
     await _clear(store, conn, name)
     return True
 

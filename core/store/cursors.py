@@ -22,6 +22,7 @@ import orjson
 from psycopg import sql
 
 from core.envelope import BrokerMark, earliest
+from core.redact import said
 from core.shards import Resplit, Shard, shard_named, split
 from core.store import AConn, Store
 from core.store.shared import lock_key
@@ -146,8 +147,13 @@ class Cursors:
             row = await (await conn.execute(sql.SQL("SELECT {}").format(self._exists),
                                             self._whose())).fetchone()  # fmt: skip
             if not row or not row[0]:
-                raise ConnectorGone(f"connector {self.key}: deleted while it ran (one made "
-                                    "since under its name is another); it stops")  # fmt: skip
+                raise ConnectorGone(
+                    said(
+                        "connector %s: deleted while it ran (one made since under its "
+                        "name is another); it stops",
+                        self.key,
+                    )
+                )
             rows = await (
                 await conn.execute(
                     sql.SQL(
@@ -162,9 +168,14 @@ class Cursors:
                 return saved[self.shard]
             old = {s: c for s, c in saved.items() if s is not None}
             if not old and had:
-                raise ConnectorGone(f"connector {self.key}: its cursor of source {self.sync_id} "
-                                    "was deleted while it ran; it stops rather than start "
-                                    "again from its start_position")  # fmt: skip
+                raise ConnectorGone(
+                    said(
+                        "connector %s: its cursor of source %s was deleted while it ran; "
+                        "it stops rather than start again from its start_position",
+                        self.key,
+                        self.sync_id,
+                    )
+                )
             if not old:
                 seq = await first_seq()
                 await self._make(conn, seq, {})
@@ -175,8 +186,13 @@ class Cursors:
         of = {s.of for s in old}
         was = max(of)
         if len(of) > 1 or len(old) != was:
-            raise RuntimeError(f"connector {self.connector}: the store holds an incomplete split "
-                               f"({', '.join(s.key(self.connector) for s in old)})")  # fmt: skip
+            raise RuntimeError(
+                said(
+                    "connector %s: the store holds an incomplete split (%s)",
+                    self.connector,
+                    ", ".join(s.key(self.connector) for s in old),
+                )
+            )
         busy = []
         try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
         for s in split(was):  # held by its lease's owner and by its session, while they last
@@ -188,12 +204,22 @@ class Cursors:
                     busy.append(str(s))
                     break
         if busy:
-            into = f"split into {self.shard.of} shards" if self.shard.of > 1 else "unsplit"
-            runs = f"{', '.join(busy)} of its {was} shards still run"
+            into = (
+                said("split into %s shards", self.shard.of)
+                if self.shard.of > 1
+                else said("unsplit")
+            )
+            runs = said("%s of its %s shards still run", ", ".join(busy), was)
             if was == 1:
-                runs = "it still runs unsplit"
-            raise Resplitting(f"cannot {into} while {runs} (a weir run with the old config?): "
-                              "waiting for that to stop")  # fmt: skip
+                runs = said("it still runs unsplit")
+            raise Resplitting(
+                said(
+                    "cannot %s while %s (a weir run with the old config?): waiting "
+                    "for that to stop",
+                    into,
+                    runs,
+                )
+            )
         seqs = tuple(old[s].seq for s in split(was))
         marks = [m for c in old.values() if (m := c.mark) is not None]
         state: dict[str, Any] = {"mark": earliest(marks)} if marks else {}
@@ -249,5 +275,11 @@ class Cursors:
              "sync": self.sync_id, **self._whose()},
         )  # fmt: skip
         if cur.rowcount != 1:
-            raise CursorGone(f"connector {self.key}: its cursor of source {self.sync_id} is "
-                             "gone (deleted, or split anew by another weir run)")  # fmt: skip
+            raise CursorGone(
+                said(
+                    "connector %s: its cursor of source %s is gone (deleted, or "
+                    "split anew by another weir run)",
+                    self.key,
+                    self.sync_id,
+                )
+            )

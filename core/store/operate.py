@@ -40,7 +40,7 @@ def entry_id(text: str) -> tuple[str, int]:
     """(source, seq) of an entry's id ``SOURCE:SEQ``; :class:`Invalid` for anything else."""
     source, _, seq = text.rpartition(":")
     if not source or not seq.isdigit():
-        raise Invalid(f"{text!r} is not a failed message's id (SOURCE:SEQ, e.g. app:1042)")
+        raise Invalid(said("%r is not a failed message's id (SOURCE:SEQ, e.g. app:1042)", text))
     return source, int(seq)
 
 
@@ -83,7 +83,7 @@ class Operations:
         to pass as ``after`` for the next page, or None at the end). Paging by id holds while
         entries are retried or discarded between pages."""
         if not 1 <= limit <= PAGE_MAX:
-            raise Invalid(f"limit must be between 1 and {PAGE_MAX}")
+            raise Invalid(said("limit must be between 1 and %s", PAGE_MAX))
         source, seq = entry_id(after) if after else ("", -1)
         q = self._entries() + sql.SQL(
             " WHERE f.connector = %s AND (s.name, f.seq) > (%s, %s) ORDER BY s.name, f.seq LIMIT %s"
@@ -144,7 +144,7 @@ class Operations:
         q = sql.SQL("SELECT config FROM {} WHERE name = %s").format(self.store.table("consumers"))
         row = await (await conn.execute(q, (consumer,))).fetchone()
         if row is None:
-            raise NotFound(f"no consumer named {consumer!r}")
+            raise NotFound(said("no consumer named %r", consumer))
         cfg = ConsumerConfig.model_validate(row[0])
         where, params = self._chosen(ids)
         q = sql.SQL(

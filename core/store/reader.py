@@ -27,6 +27,7 @@ from core.envelope import (
     record_key,
     record_token,
 )
+from core.redact import said
 from core.shards import UNSPLIT, Resplit, Shard, shard_of
 from core.store import SESSION, AConn, Store, index, streams
 from core.store import failed as failed_list
@@ -136,7 +137,7 @@ class StreamReader:
         """The last seq committed to the stream."""
         row = await (await self.conn.execute(self._head, (self.sync_id,))).fetchone()
         if row is None:
-            raise RuntimeError(f"source {self.sync_id} is not registered in the store")
+            raise RuntimeError(said("source %s is not registered in the store", self.sync_id))
         return int(row[0])
 
     async def oldest(self) -> int | None:

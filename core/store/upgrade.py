@@ -21,6 +21,7 @@ from typing import Any
 from psycopg import sql
 
 from core.envelope import record_token
+from core.redact import said
 from core.store.batches import Entries, Version
 from core.store.shared import lease_application
 
@@ -156,9 +157,14 @@ def none_earlier_runs(conn: Any, schema: str) -> None:
     ).fetchone()
     if row[0] is not None:
         raise RuntimeError(
-            f"instances of an earlier Weir run on the store (schema {schema}; their lease "
-            f"connections: {row[0]}): stop every instance of the store, then start this version"
-            " (its locks carry the store's schema; docs/operations.md “Upgrading”)"
+            said(
+                "instances of an earlier Weir run on the store (schema %s; their "
+                "lease connections: %s): stop every instance of the store, then "
+                "start this version (its locks carry the store's schema; "
+                "docs/operations.md “Upgrading”)",
+                schema,
+                row[0],
+            )
         )
 
 

@@ -26,6 +26,7 @@ from psycopg.pq import TransactionStatus
 
 from core.envelope import dumps, record_token
 from core.ids import schema_table_of
+from core.redact import said
 from core.store import Conn, Store, array, index, ints, texts
 from core.store.batches import Entries
 from core.store.change import MAX_JSON, REFUSED, Change, UnstorableChange
@@ -110,8 +111,11 @@ class SourceWriter(RecordWriter):
         self.conn.commit()
         if not row or not row[0]:
             raise WriterBusyError(
-                f"source {source_name!r} is already being written by another weir process; "
-                "stop that process or give this source another name"
+                said(
+                    "source %r is already being written by another weir process; "
+                    "stop that process or give this source another name",
+                    source_name,
+                )
             )
         index.ensure(self.conn, self.store)
 
