@@ -23,7 +23,7 @@ from connectors.kafka.config import TOPIC_BAD, KafkaConnector, KafkaSettings
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, key_prefixes
 from core.failures import Unreachable
-from core.redact import Said
+from core.redact import Said, said
 from core.templates import Template, Unrouted
 
 log = logging.getLogger("weir.kafka")
@@ -184,7 +184,7 @@ class KafkaSink:
             if refused:
                 where = self.settings.bootstrap_servers
                 raise Unreachable("Kafka", where, logs.failure, check, for_good=True) from e
-            raise ConnectionError(f"cannot reach the brokers: {logs.failure}") from e
+            raise ConnectionError(said("cannot reach the brokers: %s", logs.failure)) from e
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():  # the idempotent producer cannot go on: a new session, a new producer
@@ -232,7 +232,7 @@ class KafkaSink:
 
     async def write_batch(self, batch: Sequence[Message]) -> None:
         if self._broken is not None:
-            raise ConnectionError(f"kafka producer failed: {self._broken.str()}")
+            raise ConnectionError(said("kafka producer failed: %s", self._broken.str()))
         producer = self.producer
         state = _Batch(asyncio.get_running_loop().create_future(), len(batch))
         self._pending.add(state)
@@ -269,7 +269,9 @@ class KafkaSink:
         try:
             await asyncio.wait_for(state.fut, timeout)
         except TimeoutError:
-            raise ConnectionError(f"kafka delivery reports overdue after {timeout:.0f}s") from None
+            raise ConnectionError(
+                said("kafka delivery reports overdue after %ss", format(timeout, ".0f"))
+            ) from None
         finally:
             self._forget(state)
         mark = self._mark
@@ -289,7 +291,7 @@ class KafkaSink:
                     in_doubt.append(err)
             if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back
                 raise ConnectionError(
-                    f"{len(in_doubt)} kafka deliveries in doubt: {in_doubt[0].str()}"
+                    said("%s kafka deliveries in doubt: %s", len(in_doubt), in_doubt[0].str())
                 )
         if failed:
             raise BatchError(failed)
@@ -323,7 +325,7 @@ class KafkaSink:
                 if msgs:
                     last = time.monotonic()
                 elif time.monotonic() - last > READ_BACK_STALL:
-                    raise ConnectionError(f"kafka read-back stalled on {sorted(left)[:3]}")
+                    raise ConnectionError(said("kafka read-back stalled on %s", sorted(left)[:3]))
                 for msg in msgs:
                     if (err := msg.error()) is not None:
                         if err.code() != KafkaError._PARTITION_EOF:

@@ -14,7 +14,7 @@ from core.config.base import Duration, Model, ReadableFile, TlsFiles, check_pair
 from core.config.connector import ConnectorBase
 from core.config.steps import RouteField
 from core.ids import encode_token
-from core.redact import redact_urls
+from core.redact import redact_urls, said
 
 
 def _none_required(schema: dict[str, Any]) -> None:
@@ -105,17 +105,20 @@ class NatsSettings(Model):
         for u in [v] if isinstance(v, str) else v:
             if not u.startswith(("nats://", "tls://", "ws://", "wss://")):
                 raise ValueError(
-                    f"{redact_urls(u)!r}: expected nats://host:port (or tls://, ws://, wss://)"
+                    said("%r: expected nats://host:port (or tls://, ws://, wss://)", redact_urls(u))
                 )
             try:
                 urlsplit(u).port  # noqa: B018 (it raises when the URL's parts are not there)
             except ValueError:
                 raise ValueError(
-                    f"{redact_urls(u)!r}: its port is not a number (in a password, '/', '?', "
-                    "'#' and '@' are written %2F, %3F, %23 and %40)"
+                    said(
+                        "%r: its port is not a number (in a password, '/', '?', '#' and "
+                        "'@' are written %%2F, %%3F, %%23 and %%40)",
+                        redact_urls(u),
+                    )
                 ) from None
             if not urlsplit(u).hostname:
-                raise ValueError(f"{redact_urls(u)!r}: the URL has no host (nats://host:port)")
+                raise ValueError(said("%r: the URL has no host (nats://host:port)", redact_urls(u)))
         return v
 
     @field_validator("records_stream", "events_stream", mode="before")
@@ -148,10 +151,10 @@ class NatsSettings(Model):
             assert self.tls is not None
             try:  # which of them: the CA alone, on this path only
                 ssl.create_default_context(cafile=str(self.tls.ca_file or "") or None)
-                which = "cert_file and key_file: no certificate and its key"
+                which = said("cert_file and key_file: no certificate and its key")
             except (ssl.SSLError, OSError):
-                which = f"ca_file {self.tls.ca_file}: no CA certificates"
-            raise ValueError(f"tls.{which} in PEM ({e})") from None
+                which = said("ca_file %s: no CA certificates", self.tls.ca_file)
+            raise ValueError(said("tls.%s in PEM (%s)", which, e)) from None
         return self
 
     @model_validator(mode="after")
@@ -167,7 +170,7 @@ class NatsSettings(Model):
             if v is not None
         ]
         if len(given) > 1:
-            raise ValueError(f"give one way to authenticate, not {' and '.join(given)}")
+            raise ValueError(said("give one way to authenticate, not %s", " and ".join(given)))
         check_pair(self, "user", "password")
         return self
 
@@ -178,10 +181,14 @@ def check_subject_tail(value: str) -> None:
     tokens = value.split(".")
     if not value or any(not t or t in ("*", ">") or any(c.isspace() for c in t) or "*" in t
                         or ">" in t for t in tokens):  # fmt: skip
-        raise ValueError(f"{value!r} is no subject: dot-separated tokens, none empty, without "
-                         "*, > or white space")  # fmt: skip
+        raise ValueError(
+            said(
+                "%r is no subject: dot-separated tokens, none empty, without *, > or white space",
+                value,
+            )
+        )
     if len(value) > 1024:
-        raise ValueError(f"a subject of {len(value)} characters is too long (at most 1024)")
+        raise ValueError(said("a subject of %s characters is too long (at most 1024)", len(value)))
 
 
 class NatsConnector(ConnectorBase):

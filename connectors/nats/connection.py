@@ -12,6 +12,7 @@ from nats.aio.client import Client
 
 from connectors.nats.config import NatsConnector, NatsSettings
 from core.failures import Unreachable, network_reason, url_addresses
+from core.redact import said
 
 
 def servers(s: NatsSettings) -> list[str]:
@@ -76,9 +77,11 @@ async def connect(connector: NatsConnector, **callbacks: Any) -> Client:
         unread = [f for f in (*failures, e) if isinstance(f, OSError) and f.filename is not None]
         if unread:  # a file gone since the load (nats-py reads a creds file as it signs in)
             raise Unreachable(
-                "NATS", where, f"cannot read {unread[0].filename}: {unread[0].strerror}",
+                "NATS",
+                where,
+                said("cannot read %s: %s", unread[0].filename, unread[0].strerror),
                 "the files under nats: (creds_file, nkey_seed_file, tls)",
-            ) from None  # fmt: skip
+            ) from None
         # nats-py raises a plain Error for the server's -ERR 'Authorization Violation'
         if isinstance(last, nats.errors.AuthorizationError) or "Authorization" in str(last):
             raise Unreachable(

@@ -27,6 +27,7 @@ from typing import TypeVar
 import orjson
 
 from core.engine.sink import FatalError, RetryableError
+from core.redact import said
 
 MSG_TOO_LARGE = 10054  # JetStream: message size exceeds maximum allowed
 NO_RESPONDERS = b"NATS/1.0 503"  # the server's answer when no stream takes the subject
@@ -147,7 +148,9 @@ class FastBatches:
         try:
             return await asyncio.wait_for(future, self._timeout)
         except TimeoutError:
-            raise ConnectionError(f"no answer to a fast batch after {self._timeout}s") from None
+            raise ConnectionError(
+                said("no answer to a fast batch after %ss", self._timeout)
+            ) from None
 
     def reply(self, subject: str, data: bytes, hdr: bytes | None) -> None:
         """An answer on a batch's inbox: ``<batch id>.<flow>.fail.<n>.<op>.$FI`` after it."""

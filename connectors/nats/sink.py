@@ -41,6 +41,7 @@ from connectors.nats.fast import (
 from core.config.steps import RouteStep
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, event_subject, record_subject, subject_prefix
+from core.redact import said
 
 log = logging.getLogger("weir.nats")
 
@@ -256,7 +257,9 @@ class NatsSink:
             await asyncio.wait_for(asyncio.shield(state.done), timeout)
         except TimeoutError:
             self._forget(tokens)
-            raise ConnectionError(f"{state.left} PubAcks overdue after {timeout}s") from None
+            raise ConnectionError(
+                said("%s PubAcks overdue after %ss", state.left, timeout)
+            ) from None
         except ConnectionError:
             self._forget(tokens)
             raise  # in doubt: the engine starts over and reads back what was taken
@@ -268,13 +271,21 @@ class NatsSink:
         size = len(payload) + HEADERS + len(self._msg_id) + len(key)
         if size > limit:
             return FatalError(
-                f"message of {size} bytes with its headers is over the server's max_payload "
-                f"({limit})"
+                said(
+                    "message of %s bytes with its headers is over the server's max_payload (%s)",
+                    size,
+                    limit,
+                )
             )
         if len(subject) + len(self._inbox) + 96 > MAX_CONTROL_LINE:  # a fast batch's reply too
             return FatalError(
-                f"subject of {len(subject)} bytes is too long for the server's control line "
-                f"({MAX_CONTROL_LINE} bytes): {subject[:80]}..."
+                said(
+                    "subject of %s bytes is too long for the server's control line "
+                    "(%s bytes): %s...",
+                    len(subject),
+                    MAX_CONTROL_LINE,
+                    subject[:80],
+                )
             )
         return None
 

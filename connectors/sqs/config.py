@@ -11,6 +11,7 @@ from core.config.base import Duration, Model, check_http_url, check_pair
 from core.config.connector import ConnectorBase
 from core.config.steps import RouteField, RouteStep
 from core.ids import encode_token
+from core.redact import said
 from core.templates import check_routed, check_template, routed_field
 
 QUEUE_BAD = r"[^A-Za-z0-9_-]"  # what a queue name cannot hold
@@ -61,7 +62,9 @@ def check_group(value: str) -> None:
     """What a route's ``group`` may be: an SQS MessageGroupId (a template's fields are written
     as subject tokens, which are)."""
     if not 0 < len(value) <= 128 or not all(33 <= ord(c) <= 126 for c in value):
-        raise ValueError(f"{value!r} is no MessageGroupId: 1 to 128 printable ASCII characters")
+        raise ValueError(
+            said("%r is no MessageGroupId: 1 to 128 printable ASCII characters", value)
+        )
 
 
 class SqsConnector(ConnectorBase):

@@ -25,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from connectors.sqs.config import QUEUE_BAD, SqsConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
+from core.redact import said
 from core.templates import Template, Unrouted
 
 log = logging.getLogger("weir.sqs")
@@ -107,7 +108,11 @@ class SqsSink:
                 n = len(batch[i].payload)
                 if n > limit:
                     failed[i] = FatalError(
-                        f"message of {n} bytes is over the queue's MaximumMessageSize ({limit})"
+                        said(
+                            "message of %s bytes is over the queue's MaximumMessageSize (%s)",
+                            n,
+                            limit,
+                        )
                     )
                     continue
                 if chunk and (len(chunk) == MAX_ENTRIES or size + n > limit):
@@ -162,7 +167,7 @@ def _error(e: Exception) -> RetryableError:
     """A call that failed as a whole (throttled, 5xx, no such queue, no network): each of its
     messages is retried after a backoff.
     """
-    return RetryableError(f"SQS {_code(e) or type(e).__name__}: {e}")
+    return RetryableError(said("SQS %s: %s", _code(e) or type(e).__name__, e))
 
 
 def make_sink(cfg: SqsConnector) -> SqsSink:

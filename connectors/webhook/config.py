@@ -12,6 +12,7 @@ from pydantic import AfterValidator, Field, SecretStr, field_validator
 from core.config.base import Duration, Model, check_http_url
 from core.config.connector import BatchPolicy, ConnectorBase
 from core.config.steps import RouteField
+from core.redact import said
 
 
 def _one_line(v: SecretStr) -> SecretStr:
@@ -56,8 +57,12 @@ def check_path(value: str) -> None:
     if not value or value.startswith("/") or any(c in value for c in "?#\\") or any(
         c.isspace() or ord(c) < 32 for c in value
     ) or ".." in value.split("/"):  # fmt: skip
-        raise ValueError(f"{value!r} is no path to put after the URL: relative, without ?, #, "
-                         "\\, .. or white space")  # fmt: skip
+        raise ValueError(
+            said(
+                "%r is no path to put after the URL: relative, without ?, #, \\, .. or white space",
+                value,
+            )
+        )
 
 
 def _segment(value: str) -> str:

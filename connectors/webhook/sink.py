@@ -24,7 +24,7 @@ from connectors.webhook.config import WebhookConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
 from core.failures import url_addresses
-from core.redact import first_line, redact
+from core.redact import first_line, redact, said
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -92,14 +92,18 @@ class WebhookSink:
             resp = await self._client.post(url, content=body, headers=headers)
         except httpx.TimeoutException:
             return RetryableError(
-                f"no answer within {self.settings.timeout.total_seconds():g}s (timeout)"
+                said(
+                    "no answer within %ss (timeout)",
+                    format(self.settings.timeout.total_seconds(), "g"),
+                )
             )
         except httpx.HTTPError as e:
             return RetryableError(self._unanswered(url, e))
         if resp.is_success:
             return None
         # A receiver may echo what it was sent (a token in a header): redacted whole, then cut.
-        text = f"HTTP {resp.status_code}" + (f": {redact(resp.text)[:200]}" if resp.content else "")
+        text = (said("HTTP %s: %s", resp.status_code, redact(resp.text)[:200]) if resp.content
+                else said("HTTP %s", resp.status_code))  # fmt: skip
         if resp.status_code == 413 and len(batch) == 1:
             return FatalError(text)
         return RetryableError(text)
@@ -109,14 +113,14 @@ class WebhookSink:
         (httpx said ``ConnectError: [Errno -2] Name or service not known``, or ``ReadError: ``
         for a reset connection; found by an outside tryout)."""
         where = url_addresses([url])
-        said = first_line(e) if str(e).strip() else ""
+        told = first_line(e) if str(e).strip() else ""
         if isinstance(e, httpx.ConnectError):
-            return (
-                f"cannot connect to the receiver at {where}: {said or 'refused'}; check webhook.url"
-            )
-        what = ("closed the connection before it answered" if isinstance(e, httpx.ReadError)
-                else f"did not answer ({type(e).__name__})")  # fmt: skip
-        return f"the receiver at {where} {what}" + (f": {said}" if said else "")
+            return said("cannot connect to the receiver at %s: %s; check webhook.url", where,
+                        told or said("refused"))  # fmt: skip
+        what = (said("closed the connection before it answered") if isinstance(e, httpx.ReadError)
+                else said("did not answer (%s)", type(e).__name__))  # fmt: skip
+        return said("the receiver at %s %s: %s", where, what, told) if told else said(
+            "the receiver at %s %s", where, what)  # fmt: skip
 
     async def close(self) -> None:
         if self._client is not None:
