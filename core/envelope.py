@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from core.ids import encode_token, schema_table_of
+from core.redact import said
 
 _dumps = orjson.dumps
 
@@ -27,7 +28,7 @@ class RawJson(bytes):
 def _fragment(value: Any) -> orjson.Fragment:
     if isinstance(value, RawJson):
         return orjson.Fragment(bytes(value))
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
+    raise TypeError(said("%s is not a JSON value", type(value).__name__))
 
 
 def dumps(record: Any) -> bytes:

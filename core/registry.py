@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import connectors
 from core.config.base import tag_of
 from core.config.connector import ConnectorBase
+from core.redact import said
 
 if TYPE_CHECKING:
     from core.engine.sink import Sink
@@ -54,7 +55,7 @@ def connector_specs() -> tuple[ConnectorSpec, ...]:
     for info in pkgutil.iter_modules(connectors.__path__, "connectors."):
         spec = getattr(importlib.import_module(info.name), "CONNECTOR", None)
         if not isinstance(spec, ConnectorSpec):
-            raise TypeError(f"{info.name} declares no CONNECTOR = ConnectorSpec(...)")
+            raise TypeError(said("%s declares no CONNECTOR = ConnectorSpec(...)", info.name))
         found.append(spec)
     return tuple(found)
 
@@ -63,7 +64,7 @@ def spec_of(type_: str) -> ConnectorSpec:
     for spec in connector_specs():
         if spec.type == type_:
             return spec
-    raise KeyError(f"no connector of type {type_!r}")
+    raise KeyError(said("no connector of type %r", type_))
 
 
 def make_sink(connector: ConnectorBase) -> Sink:

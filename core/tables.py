@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from core.redact import said
+
 _PART = r'(?:"((?:[^"]|"")+)"|([^."]+))'
 _TABLE = re.compile(rf"{_PART}\.{_PART}")
 
@@ -18,8 +20,11 @@ def parse_table(text: str) -> tuple[str, str]:
     m = _TABLE.fullmatch(text)
     if m is None:
         raise ValueError(
-            f'{text!r}: tables are written schema.table, with "double quotes" around a name '
-            'that holds a dot or a quote (public."my.table")'
+            said(
+                '%r: tables are written schema.table, with "double quotes" '
+                'around a name that holds a dot or a quote (public."my.table")',
+                text,
+            )
         )
     quoted_schema, schema, quoted_table, table = m.groups()
     return (

@@ -11,6 +11,7 @@ from typing import Any
 from core.config.steps import RouteField, RouteStep, Step
 from core.envelope import Message
 from core.ids import encode_token
+from core.redact import said
 
 PLACEHOLDERS = ("stream", "sync_id", "provider", "collection", "route")
 MAX_NAMES = 10_000  # names kept made: a route may give a name a tenant, without end
@@ -21,7 +22,9 @@ def check_template(v: str) -> str:
     """A config validator: only the known placeholders."""
     unknown = [p for p in _PLACEHOLDER.findall(v) if p not in PLACEHOLDERS]
     if unknown:
-        raise ValueError(f"unknown placeholder {{{unknown[0]}}}; use {', '.join(PLACEHOLDERS)}")
+        raise ValueError(
+            said("unknown placeholder {%s}; use %s", unknown[0], ", ".join(PLACEHOLDERS))
+        )
     return v
 
 

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from core.redact import Said, said
 from core.tables import parse_table, table_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -42,7 +43,9 @@ def _duration(v: Any) -> Any:
         v = float(m.group(1)) * _UNITS[m.group(2)]
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if not 0 <= v <= _LONGEST:  # (also NaN) beyond it timedelta overflows
-            raise ValueError(f"expected a duration from 0 to {_LONGEST // 86400:.0f}d")
+            raise ValueError(
+                said("expected a duration from 0 to %sd", format(_LONGEST // 86400, ".0f"))
+            )
         return timedelta(seconds=v)
     return v
 
@@ -97,7 +100,7 @@ def tag_of(model: type[BaseModel], field: str) -> str:
 def check_pair(model: BaseModel, a: str, b: str) -> None:
     """A config validator: fields ``a`` and ``b`` are both given or both left out."""
     if (getattr(model, a) is None) != (getattr(model, b) is None):
-        raise ValueError(f"{a} and {b} go together")
+        raise ValueError(said("%s and %s go together", Said(a), Said(b)))  # keys: Weir's words
 
 
 def check_http_url(v: str, example: str) -> str:
@@ -105,14 +108,14 @@ def check_http_url(v: str, example: str) -> str:
     (``example`` shows one): one that cannot be parsed was taken, and retried for ever as if
     the receiver were away (found by an outside tryout)."""
     if not v.startswith(("https://", "http://")):
-        raise ValueError(f"expected an http:// or https:// URL, like {example}")
+        raise ValueError(said("expected an http:// or https:// URL, like %s", Said(example)))
     try:
         parts = urlsplit(v)
         parts.port  # noqa: B018 (it raises when the port is not a number)
     except ValueError as e:
-        raise ValueError(f"not a URL ({e}), expected one like {example}") from None
+        raise ValueError(said("not a URL (%s), expected one like %s", e, Said(example))) from None
     if not parts.hostname:
-        raise ValueError(f"the URL has no host, expected one like {example}")
+        raise ValueError(said("the URL has no host, expected one like %s", Said(example)))
     return v
 
 
@@ -130,8 +133,11 @@ class Model(BaseModel):
                 if isinstance(v, SecretStr):
                     v = v.get_secret_value()
                 if isinstance(v, str) and "\x00" in v:
-                    raise ValueError(f"{name}: holds a NUL character (\\u0000), which no "
-                                     "setting may")  # fmt: skip
+                    raise ValueError(
+                        said(
+                            "%s: holds a NUL character (\\u0000), which no setting may", Said(name)
+                        )
+                    )
                 if isinstance(v, dict):
                     stack += [*v.keys(), *v.values()]
                 elif isinstance(v, (list, tuple)):
@@ -151,12 +157,12 @@ def _readable(path: Path) -> Path:
     try:
         mode = path.stat().st_mode
     except OSError as e:
-        raise ValueError(f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+        raise ValueError(said("cannot read %s: %s", path, (e.strerror or str(e)).lower())) from None
     if not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise ValueError(f"cannot read {path}: it is {kind}")
+        kind = Said("a directory" if stat.S_ISDIR(mode) else "not a regular file")
+        raise ValueError(said("cannot read %s: it is %s", path, kind))
     if not os.access(path, os.R_OK):
-        raise ValueError(f"cannot read {path}: permission denied")
+        raise ValueError(said("cannot read %s: permission denied", path))
     return path
 
 

@@ -13,6 +13,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from core.config.base import Duration, Model
 from core.config.steps import RouteField, Step, check_routes, check_steps
+from core.redact import said
 
 
 class BatchPolicy(Model):
@@ -75,13 +76,13 @@ class Filter(Model):
     @model_validator(mode="after")
     def _value_fits_op(self) -> Filter:
         if self.op in ("in", "not_in") and not isinstance(self.value, list):
-            raise ValueError(f"op {self.op!r} needs a list value")
+            raise ValueError(said("op %r needs a list value", self.op))
         if self.op in ("is_null", "is_not_null") and self.value is not None:
-            raise ValueError(f"op {self.op!r} takes no value")
+            raise ValueError(said("op %r takes no value", self.op))
         if self.op not in ("in", "not_in", "is_null", "is_not_null") and (
             self.value is None or isinstance(self.value, (list, dict))
         ):
-            raise ValueError(f"op {self.op!r} needs a single value")
+            raise ValueError(said("op %r needs a single value", self.op))
         if self.op == "like" and not isinstance(self.value, str):
             raise ValueError("op 'like' needs a text pattern")
         _json_value(self.value)
@@ -98,10 +99,11 @@ def _json_value(v: Any) -> None:
         for x in v.values():
             _json_value(x)
     elif isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"value {v} is no JSON number: compare with a number, or quote it")
+        raise ValueError(said("value %s is no JSON number: compare with a number, or quote it", v))
     elif not isinstance(v, (str, int, float, type(None))):
-        raise ValueError(f"value {v!r} is no JSON value: write it as text, a number, true, "
-                         "false or null")  # fmt: skip
+        raise ValueError(
+            said("value %r is no JSON value: write it as text, a number, true, false or null", v)
+        )
 
 
 class SeqStart(Model):

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from core.config.base import tag_of
 from core.config.model import WeirConfig
-from core.redact import raw_secrets, redact, remember, remember_config
+from core.redact import own, raw_secrets, redact, remember, remember_config
 from core.steps import functions
 
 
@@ -146,6 +146,13 @@ def use_functions_dir(path: Path, data: dict[str, Any]) -> None:
     functions.use_dir((path.parent / where).resolve() if isinstance(where, str) else None)
 
 
+def _validator_said(err: Any) -> str | None:
+    """A validator's own sentence (a :class:`~core.redact.Said`: its values masked each on its
+    own), which pydantic's ``msg`` holds as a plain text; None for any other error."""
+    error = err.get("ctx", {}).get("error") if err["type"] == "value_error" else None
+    return own(error)
+
+
 def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
     """Read and validate a config file; raises :class:`ConfigError` listing every problem.
     ``api=False``: the ``api:`` section is not read (a command that does not serve it)."""
@@ -172,17 +179,19 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
     if not api and "api" in data:
         data["api"] = _API_UNREAD
     use_functions_dir(path, data)
+    # Its secrets are known before the validators run: a validator's message (core/redact.py
+    # said()) masks each value it quotes as it is made, and its words are printed as written.
+    remember(raw_secrets(data, WeirConfig))
     try:
         cfg = WeirConfig.model_validate(data)
     except ValidationError as e:
-        remember(raw_secrets(data, WeirConfig))
         problems = []
         for err in e.errors():
             loc = _without_tags(tuple(err["loc"]))
             line, where = _line_of(loc, lines, data)
             rest = [p for p in loc[len(where) :] if p not in where]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"
-            msg = err["msg"].removeprefix("Value error, ")  # the validators' own sentences
+            msg = _validator_said(err) or err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:

@@ -20,6 +20,7 @@ from core.config.base import Duration, Model, Text
 from core.config.connector import ConnectorBase
 from core.config.sources import IDENT, HttpSource, PostgresSource, Source, check_postgres_url
 from core.config.steps import FunctionsConfig, Step, check_routes, check_steps
+from core.redact import Said, said
 from core.registry import connector_specs
 from core.shards import Shard, split
 
@@ -233,13 +234,13 @@ class WeirConfig(Model):
             names = [i.name for i in items]
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
-                raise ValueError(f"{kind} names must be unique: {', '.join(dupes)}")
+                raise ValueError(said("%s names must be unique: %s", Said(kind), ", ".join(dupes)))
         for kind, users in (("connector", self.connectors), ("consumer", self.consumers)):
             for c in users:
                 try:
                     self.sources_of(c)
                 except UnknownSourceError as e:
-                    raise ValueError(f"{kind} {c.name!r}: {e}") from None
+                    raise ValueError(said("%s %r: %s", Said(kind), c.name, e)) from None
         if self.api is None and (
             self.consumers or any(isinstance(s, HttpSource) for s in self.sources)
         ):
@@ -271,7 +272,7 @@ class WeirConfig(Model):
         known = {s.name for s in self.sources}
         unknown = [n for n in names or [] if n not in known]
         if unknown:
-            raise UnknownSourceError(f"no source named {', '.join(unknown)}")
+            raise UnknownSourceError(said("no source named %s", ", ".join(unknown)))
         return [s for s in self.sources if names is None or s.name in names]
 
     def with_stored(
@@ -304,14 +305,14 @@ class WeirConfig(Model):
             if s.name == name:
                 return s
         raise KeyError(
-            f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})"
+            said("no source named %r (have: %s)", name, ", ".join(s.name for s in self.sources))
         )
 
     def postgres_source(self, name: str) -> PostgresSource:
         """The postgres source ``name``; KeyError (its message in ``args[0]``) otherwise."""
         src = self.source(name)
         if not isinstance(src, PostgresSource):
-            raise KeyError(f"source {name!r} is a {src.kind} source, not a postgres one")
+            raise KeyError(said("source %r is a %s source, not a postgres one", name, src.kind))
         return src
 
 

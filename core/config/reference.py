@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 
 from core.config.base import TableName, tag_of
 from core.config.model import WeirConfig
+from core.redact import said
 
 PAGE = Path(__file__).parents[2] / "docs" / "configuration.md"
 BEGIN = "<!-- generated from the config models by python -m core.config.schema: edit those -->"
@@ -60,7 +61,7 @@ def type_text(t: Any) -> str:
     if isinstance(t, type) and issubclass(t, BaseModel):  # an alternative of a union
         keys = (f"{n}: {type_text(f.annotation)}" for n, f in t.model_fields.items())
         return "{" + ", ".join(keys) + "}"
-    raise TypeError(f"the page has no name for the type {t!r}")
+    raise TypeError(said("the page has no name for the type %r", t))
 
 
 def models(t: Any) -> list[type[BaseModel]]:
@@ -168,5 +169,5 @@ def rewrite(page: str) -> str:
     head, begin, rest = page.partition(BEGIN)
     _, end, tail = rest.partition(END)
     if not begin or not end:
-        raise ValueError(f"{PAGE} lacks the lines {BEGIN} and {END}")
+        raise ValueError(said("%s lacks the lines %s and %s", PAGE, BEGIN, END))
     return f"{head}{BEGIN}\n\n{reference()}\n{END}{tail}"

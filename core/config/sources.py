@@ -15,6 +15,7 @@ from pydantic import ByteSize, Field, SecretStr, field_validator, model_validato
 
 from core.config.base import Duration, Model, TableName
 from core.ids import sync_id_for
+from core.redact import Said, said
 
 IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -50,7 +51,7 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
     hosts = authority.rpartition("@")[2].split(",")
     bad = [p for p in (re.sub(r"^\[.*\]", "", h).partition(":")[2] for h in hosts) if p]
     if "@" in authority and (words := [p for p in bad if not p.isdigit()]):
-        raise ValueError(f"not a valid PostgreSQL URL: port {words[0]!r} is not a number")
+        raise ValueError(said("not a valid PostgreSQL URL: port %r is not a number", words[0]))
     if any(p.isdigit() and not 0 < int(p) < 65536 for p in ports):
         raise ValueError("not a valid PostgreSQL URL: a port is not in 1-65535")
     try:
@@ -74,8 +75,8 @@ def check_postgres_url(v: SecretStr | None) -> SecretStr | None:
             return '"***"' if hides else m.group(0)
 
         reason = re.sub(r'"([^"]*)"', shown, str(e).strip().splitlines()[0])
-        hint = " (a % in a password is written %25)" if "percent" in reason else ""
-        raise ValueError(f"not a valid PostgreSQL URL: {reason}{hint}") from None
+        hint = Said(" (a % in a password is written %25)" if "percent" in reason else "")
+        raise ValueError(said("not a valid PostgreSQL URL: %s%s", reason, hint)) from None
     return v
 
 

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from core.config.base import Duration, Model
+from core.redact import Said, said
 from core.steps import expr, functions
 
 STORED = {"stored": True}  # the validation context of a config the store gave back
@@ -94,8 +95,12 @@ class TransformSpec(Model):
         # beside a function, what does something (a config dumped and read again gives all)
         beside = {f for f in given if getattr(self, f) != type(self).model_fields[f].default}
         if self.function is not None and beside:
-            raise ValueError(f"a function transforms alone: move {', '.join(sorted(beside))} "
-                             "to a transform step of its own")  # fmt: skip
+            raise ValueError(
+                said(
+                    "a function transforms alone: move %s to a transform step of its own",
+                    ", ".join(sorted(beside)),
+                )
+            )
         if not given and self.function is None:
             raise ValueError("a transform needs keep, drop, rename, add, flatten or function")
         return self
@@ -229,27 +234,42 @@ def check_steps(steps: list[Step]) -> None:
     for i, (step, flat) in enumerate(zip(steps, flat_before(steps), strict=False)):
         if isinstance(step, TransformStep) and step.transform.function is None and flat:
             raise ValueError(
-                f"steps[{i}]: after a flatten the message is the record: put this transform "
-                "before the flatten (filters read message.x)"
+                said(
+                    "steps[%s]: after a flatten the message is the record: put this "
+                    "transform before the flatten (filters read message.x)",
+                    i,
+                )
             )
 
 
 def check_routes(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
     """Refuse route fields the ``connector`` (``a nats connector``) does not take (``fields``
-    empty: any route)."""
+    empty: any route). ``connector`` and the fields' names are Weir's words."""
+    connector = Said(connector)
     for step in steps:
         if isinstance(step, RouteStep) and not fields:
-            raise ValueError(f"steps: {connector} takes no route step: its messages have one "
-                             "place (filter, transform and enrich only)")  # fmt: skip
+            raise ValueError(
+                said(
+                    "steps: %s takes no route step: its messages have one place "
+                    "(filter, transform and enrich only)",
+                    connector,
+                )
+            )
         if isinstance(step, RouteStep):
             wrong = sorted(set(step.route) - {*fields, "function"})
             if wrong:
-                raise ValueError(f"steps: {connector} takes {', '.join(fields)} in a route, "
-                                 f"not {', '.join(wrong)}")  # fmt: skip
+                raise ValueError(
+                    said(
+                        "steps: %s takes %s in a route, not %s",
+                        connector,
+                        Said(", ".join(fields)),
+                        ", ".join(wrong),
+                    )
+                )
             for name, text in step.route.items():
                 if name in fields:  # a sample of what it makes: its literal text must fit
                     pieces, _ = expr.template(text)
                     try:
                         fields[name].check("x".join(pieces))
                     except ValueError as e:
-                        raise ValueError(f"steps: route {name} {text!r}: {e}") from None
+                        raise ValueError(said("steps: route %s %r: %s", name, text, e)) from None
