@@ -45,6 +45,7 @@ from core.api.models import Refused
 from core.config.model import WeirConfig
 from core.failures import scheduled
 from core.metrics import Metrics
+from core.redact import said
 from core.sources.http import Ingest
 from core.store import SESSION, Store
 
@@ -57,19 +58,19 @@ def _number(text: str) -> float:
     v = float(text)
     digits = text.lower().partition("e")[0]
     if not math.isfinite(v) or (v == 0 and any(c in "123456789" for c in digits)):  # 1e-400
-        raise ValueError(f"{text} is beyond a double's range: send such numbers as strings")
+        raise ValueError(said("%s is beyond a double's range: send such numbers as strings", text))
     return v
 
 
 def _integer(text: str) -> int:
     v = int(text)
     if not -(2**63) <= v < 2**64:
-        raise ValueError(f"{text} is beyond 64 bits: send such numbers as strings")
+        raise ValueError(said("%s is beyond 64 bits: send such numbers as strings", text))
     return v
 
 
 def _constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON: send it as a string")
+    raise ValueError(said("%s is not JSON: send it as a string", name))
 
 
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # the escape of half a UTF-16 pair
@@ -226,7 +227,7 @@ class ApiServer:
                 await asyncio.sleep(0.02)
             if serving.done():
                 serving.result()
-                raise OSError(f"cannot serve on {self.cfg.api.listen}")
+                raise OSError(said("cannot serve on %s", self.cfg.api.listen))
             log.info("api: listening on http://%s:%d", self.host, self.port)
             self._ready.set()
             await serving

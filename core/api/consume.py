@@ -40,6 +40,7 @@ from core.config.steps import flat_before
 from core.engine.sink import RetryableError
 from core.envelope import Message
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound
+from core.redact import said
 from core.steps import functions
 from core.steps.payload import dump, load
 from core.steps.run import Steps, enrich_sources
@@ -76,7 +77,7 @@ def decode_tokens(tokens: list[str], field_name: str) -> tuple[list[int], list[i
             row_id, delivery = _TOKEN.unpack(raw)
         except (ValueError, struct.error, UnicodeEncodeError):
             raise Invalid(
-                f"{field_name}[{i}]: {token[:40]!r} is not a token this API issued"
+                said("%s[%s]: %r is not a token this API issued", field_name, i, token[:40])
             ) from None
         ids.append(row_id)
         deliveries.append(delivery)
@@ -119,8 +120,12 @@ class Consumers:
             was = stored.get(c.name)
             if was is not None and was.stream != c.stream:
                 raise ValueError(
-                    f"consumer {c.name!r}: its stream cannot change from {was.stream!r}; "
-                    "delete it or give it another name"
+                    said(
+                        "consumer %r: its stream cannot change from %r; delete it or "
+                        "give it another name",
+                        c.name,
+                        was.stream,
+                    )
                 )
         await self.notifier.start()
         for config in stored.values():
@@ -183,7 +188,7 @@ class Consumers:
         except UnknownSourceError as e:
             raise InvalidField(str(e), loc=("body", "sources")) from None
         if not await self.queues.create(cfg):
-            raise Conflict(f"a consumer named {cfg.name!r} exists")
+            raise Conflict(said("a consumer named %r exists", cfg.name))
         await self._serve(cfg)
         return cfg
 
@@ -198,14 +203,16 @@ class Consumers:
             return live
         found = await self.queues.listing(name)
         if not found:
-            raise NotFound(f"no consumer named {name!r}")
+            raise NotFound(said("no consumer named %r", name))
         return await self._serve(found[0][0])
 
     async def delete(self, name: str) -> None:
         """Stop serving a consumer made over the API and delete it with its queue."""
         live = await self.get(name)
         if name in {c.name for c in self.cfg.consumers}:
-            raise Conflict(f"consumer {name!r} is declared in the config file; remove it there")
+            raise Conflict(
+                said("consumer %r is declared in the config file; remove it there", name)
+            )
         await self._unserve(self.live.pop(name))
         await self.queues.delete(name)
         live.wake.set()
@@ -247,12 +254,14 @@ class Consumers:
     async def receive(self, name: str, batch_size: int, wait_for: int) -> list[Delivery]:
         """Up to ``batch_size`` messages, waiting up to ``wait_for`` ms for the first."""
         if not 1 <= batch_size <= MAX_BATCH:
-            raise Invalid(f"batch_size must be between 1 and {MAX_BATCH}")
+            raise Invalid(said("batch_size must be between 1 and %s", MAX_BATCH))
         if not 0 <= wait_for <= MAX_WAIT_MS:
-            raise Invalid(f"wait_for must be between 0 and {MAX_WAIT_MS} (ms)")
+            raise Invalid(said("wait_for must be between 0 and %s (ms)", MAX_WAIT_MS))
         live = await self.get(name)
         if live.waiting >= live.cfg.max_waiting:
-            raise Busy(f"consumer {name!r} has {live.waiting} receive calls waiting (max_waiting)")
+            raise Busy(
+                said("consumer %r has %s receive calls waiting (max_waiting)", name, live.waiting)
+            )
         live.waiting += 1
         try:
             deadline = time.monotonic() + wait_for / 1000

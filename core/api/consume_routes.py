@@ -32,6 +32,7 @@ from core.api.models import (
 from core.config.model import ConsumerConfig
 from core.config.steps import STORED
 from core.errors import Invalid, NotFound
+from core.redact import said
 from core.sources.pg.selected import selection_problems
 from core.store.consumers import Delivery
 
@@ -46,8 +47,11 @@ def batch_size_of(batch_size: int | None, max_batch_size: int | None) -> int:
     current one); :class:`Invalid` when both are given and differ."""
     if batch_size is not None and max_batch_size is not None and batch_size != max_batch_size:
         raise Invalid(
-            f"batch_size ({batch_size}) and max_batch_size ({max_batch_size}) differ;"
-            " give one of them"
+            said(
+                "batch_size (%s) and max_batch_size (%s) differ; give one of them",
+                batch_size,
+                max_batch_size,
+            )
         )
     return batch_size or max_batch_size or BATCH
 
@@ -155,7 +159,7 @@ def add_routes(api: APIRouter, consumers: Consumers) -> None:
     async def get_consumer(name: Name) -> ConsumerOut:
         found = await consumers.listing(name)
         if not found:
-            raise NotFound(f"no consumer named {name!r}")
+            raise NotFound(said("no consumer named %r", name))
         c, origin = found[0]
         return _out(c, origin=origin, info=await consumers.info(name))
 

@@ -26,7 +26,7 @@ from core.api.consume import Consumers
 from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConfig
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
-from core.redact import masks_in, shown, unmasked
+from core.redact import masks_in, said, shown, unmasked
 from core.sources.pg.selected import selection_problems
 from core.store import Store
 from core.store import connectors as api_connectors
@@ -174,7 +174,7 @@ class Operations:
         for c in await self.connectors():
             if c["name"] == name:
                 return c
-        raise NotFound(f"no connector named {name!r}")
+        raise NotFound(said("no connector named %r", name))
 
     async def consumers(self) -> list[dict[str, Any]]:
         listing = await self.engine.listing()
@@ -212,7 +212,7 @@ class Operations:
         for c in cfg.connectors:
             if c.name == name:
                 return c
-        raise NotFound(f"no connector named {name!r}")
+        raise NotFound(said("no connector named %r", name))
 
     # -- connectors made over the API -----------------------------------------------------
 
@@ -220,9 +220,13 @@ class Operations:
         """Store a connector made (``name`` None) or changed over the API; ``raw`` is the
         body as sent (its secrets kept: the validated model masks them)."""
         if name is not None and c.name != name:
-            raise InvalidField(f"the name cannot change (it is {name!r})", loc=("body", "name"))
+            raise InvalidField(
+                said("the name cannot change (it is %r)", name), loc=("body", "name")
+            )
         if c.name in {f.name for f in self.cfg.connectors}:
-            raise Conflict(f"connector {c.name!r} is declared in the config file; change it there")
+            raise Conflict(
+                said("connector %r is declared in the config file; change it there", c.name)
+            )
         try:
             self.cfg.sources_of(c)
         except UnknownSourceError as e:
@@ -231,14 +235,20 @@ class Operations:
             was = await self._connector_named(name)  # NotFound
             if (was.type, was.stream) != (c.type, c.stream):
                 raise Conflict(
-                    f"connector {name!r}: its type and stream cannot change (its cursors and "
-                    "broker marks are theirs); delete it and make another"
+                    said(
+                        "connector %r: its type and stream cannot change (its cursors "
+                        "and broker marks are theirs); delete it and make another",
+                        name,
+                    )
                 )
             if was.start_position != c.start_position:  # a change goes on from the cursors
                 raise Conflict(
-                    f"connector {name!r}: start_position is where a new connector starts and "
-                    "a change goes on from its cursors; delete it and make it again to start "
-                    "elsewhere"
+                    said(
+                        "connector %r: start_position is where a new connector starts "
+                        "and a change goes on from its cursors; delete it and make it "
+                        "again to start elsewhere",
+                        name,
+                    )
                 )
             async with self.pool.connection() as conn:
                 stored = await api_connectors.raw(self.store, conn, name) or {}
@@ -254,7 +264,7 @@ class Operations:
             done = await api_connectors.put(self.store, conn, c.name, orjson.dumps(raw).decode(),
                                             new=name is None)  # fmt: skip
         if not done:
-            raise Conflict(f"a connector named {c.name!r} exists")
+            raise Conflict(said("a connector named %r exists", c.name))
         log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
         unmatched = await asyncio.to_thread(selection_problems, self.cfg, [c])
         for problem in unmatched:
@@ -263,11 +273,13 @@ class Operations:
 
     async def delete(self, name: str) -> None:
         if name in {f.name for f in self.cfg.connectors}:
-            raise Conflict(f"connector {name!r} is declared in the config file; remove it there")
+            raise Conflict(
+                said("connector %r is declared in the config file; remove it there", name)
+            )
         async with self.pool.connection() as conn:
             try:
                 if not await api_connectors.delete(self.store, conn, name):
-                    raise NotFound(f"no connector named {name!r} made over the API")
+                    raise NotFound(said("no connector named %r made over the API", name))
             except api_connectors.StillSending as e:
                 raise Conflict(str(e)) from None
         log.info("connector %s: deleted over the API", name)
