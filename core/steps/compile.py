@@ -20,6 +20,7 @@ from core.config.steps import (
     TransformStep,
 )
 from core.engine.sink import FatalError
+from core.redact import said
 from core.steps import expr, functions
 
 Msg = dict[str, Any]
@@ -104,7 +105,7 @@ def render(text: str, escape: Callable[[str], str] | None = None) -> Callable[[M
             if escape is None:
                 out.append("" if v is None else v if type(v) is str else expr.text_of(v))
             elif v is None:
-                raise StepError(f"{text!r}: a field is missing or null")
+                raise StepError(said("%r: a field is missing or null", text))
             else:
                 out.append(escape(v if type(v) is str else expr.text_of(v)))
             out.append(piece)
@@ -153,7 +154,7 @@ def _function(spec: str) -> Run:
     def run(msg: Msg, route: Route) -> Msg | None:
         out = fn()(*parts(msg))
         if out is not None and type(out) is not dict:
-            raise StepError(f"{spec} returned {type(out).__name__}, not a dict or None")
+            raise StepError(said("%s returned %s, not a dict or None", spec, type(out).__name__))
         return out
 
     return run
@@ -176,14 +177,22 @@ def _route_function(spec: str, routes: dict[str, RouteField]) -> Run:
     def run(msg: Msg, route: Route) -> Msg | None:
         out = fn()(*parts(msg))
         if type(out) is not dict:
-            raise StepError(f"{spec} returned {type(out).__name__}, not a dict of route fields")
+            raise StepError(
+                said("%s returned %s, not a dict of route fields", spec, type(out).__name__)
+            )
         for name, value in out.items():
             field = routes.get(name)
             if field is None:
-                raise StepError(f"{spec} returned the route field {name!r}; this connector "
-                                f"takes {', '.join(routes)}")  # fmt: skip
+                raise StepError(
+                    said(
+                        "%s returned the route field %r; this connector takes %s",
+                        spec,
+                        name,
+                        ", ".join(routes),
+                    )
+                )
             if type(value) is not str:
-                raise StepError(f"{spec} returned {name}: {value!r}, not text")
+                raise StepError(said("%s returned %s: %r, not text", spec, name, value))
             field.check(value)
             route[name] = value
         return msg

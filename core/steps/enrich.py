@@ -25,7 +25,7 @@ import psycopg
 from core.config.steps import EnrichSpec
 from core.engine.sink import RetryableError
 from core.envelope import Message
-from core.redact import first_line
+from core.redact import first_line, said
 from core.steps import expr
 from core.steps.compile import StepFailed, parts
 from core.steps.payload import load
@@ -59,13 +59,15 @@ class Enrich:
                     k = self.key(*parts(states[i][0]), states[i][0])
                     keys[i] = None if k is None else expr.text_of(k)
                 except Exception as e:  # a value no text is made of: this message alone
-                    states[i] = StepFailed(f"{self.name}: {type(e).__name__}: {first_line(e)}")
+                    states[i] = StepFailed(
+                        said("%s: %s: %s", self.name, type(e).__name__, first_line(e))
+                    )
             places = [i for i in places if i in keys]
             ids = sorted({k for k in keys.values() if k is not None})
             try:
                 rows = await self._rows(sync_id, ids)
             except (psycopg.Error, OSError, ValueError) as e:
-                why = RetryableError(f"{self.name}: the query failed: {first_line(e)}")
+                why = RetryableError(said("%s: the query failed: %s", self.name, first_line(e)))
                 for i in places:
                     states[i] = why
                 continue
@@ -84,7 +86,7 @@ class Enrich:
             return []
         url = self.sources.get(sync_id)
         if url is None:
-            raise ValueError(f"source {sync_id} is no Postgres database to query")
+            raise ValueError(said("source %s is no Postgres database to query", sync_id))
         async with self.lock:  # one query at a time: batches in flight share the connection
             return await self._query(sync_id, url, ids)
 

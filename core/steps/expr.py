@@ -29,6 +29,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from core.redact import Said, said
 from core.steps.payload import dump
 
 NAMES = ("action", "record", "changes", "metadata", "message")
@@ -56,7 +57,7 @@ def _is_num(v: Any) -> bool:
 def _num(v: Any, op: str) -> Any:
     if _is_num(v):
         return v
-    raise TypeError(f"{op} takes numbers, not {_kind(v)}")
+    raise TypeError(said("%s takes numbers, not %s", op, _kind(v)))
 
 
 def _eq(a: Any, b: Any) -> bool:
@@ -73,13 +74,13 @@ def _in(a: Any, b: Any) -> bool:
         return False
     if isinstance(b, str):
         if not isinstance(a, str):
-            raise TypeError(f"in text takes text, not {_kind(a)}")
+            raise TypeError(said("in text takes text, not %s", _kind(a)))
         return a in b
     if isinstance(b, dict):
         return isinstance(a, str) and a in b
     if isinstance(b, (list, tuple)):
         return any(_eq(a, x) for x in b)
-    raise TypeError(f"in takes a list, an object or text, not {_kind(b)}")
+    raise TypeError(said("in takes a list, an object or text, not %s", _kind(b)))
 
 
 def _kind(v: Any) -> str:
@@ -120,7 +121,7 @@ def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
         if a is None or b is None:
             return False
         if isinstance(a, bool) != isinstance(b, bool):  # never across kinds (true is not 1)
-            raise TypeError(f"{_kind(a)} and {_kind(b)} do not compare")
+            raise TypeError(said("%s and %s do not compare", _kind(a), _kind(b)))
         return fn(*_mixed(a, b))
 
     return run
@@ -129,7 +130,7 @@ def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
 def _text(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(s: Any, *rest: Any) -> Any:
         if type(s) is not str:
-            raise TypeError(f"{fn.__name__} takes text, not {_kind(s)}")
+            raise TypeError(said("%s takes text, not %s", fn.__name__, _kind(s)))
         return fn(s, *rest)
 
     return run
@@ -137,7 +138,7 @@ def _text(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _int(v: Any) -> int:
     if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"int of {v}")
+        raise ValueError(said("int of %s", v))
     return int(v)
 
 
@@ -179,31 +180,33 @@ class _Check(ast.NodeTransformer):
 
     def refuse(self, node: ast.AST, why: str) -> ExpressionError:
         col = getattr(node, "col_offset", 0)
-        return ExpressionError(f"{why} at column {col + 1} of {self.text!r}")
+        return ExpressionError(
+            said("%s at column %s of %r", Said(why), col + 1, self.text)
+        )  # why: Weir's words
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
         if not isinstance(node, (ast.Expression, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.Compare,
                                  ast.List, ast.Tuple, ast.Load, ast.And, ast.Or, ast.Not,
                                  ast.USub, ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is,
                                  ast.IsNot, ast.Lt, ast.LtE, ast.Gt, ast.GtE)):  # fmt: skip
-            raise self.refuse(node, f"{type(node).__name__.lower()} is not allowed")
+            raise self.refuse(node, said("%s is not allowed", type(node).__name__.lower()))
         return super().generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         if not isinstance(node.value, (str, int, float, bool, type(None))):
-            raise self.refuse(node, f"the literal {node.value!r} is not allowed")
+            raise self.refuse(node, said("the literal %r is not allowed", node.value))
         return node
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id not in NAMES:
-            known = ", ".join(NAMES)
-            raise self.refuse(node, f"unknown name {node.id!r} (the names are {known})")
+            known = Said(", ".join(NAMES))
+            raise self.refuse(node, said("unknown name %r (the names are %s)", node.id, known))
         return node
 
     def _field(self, node: ast.AST, key: ast.expr) -> ast.AST:
         if isinstance(key, ast.Constant) and isinstance(key.value, str) and \
                 key.value.startswith("__"):  # fmt: skip
-            raise self.refuse(node, f"the field {key.value!r} is not allowed")
+            raise self.refuse(node, said("the field %r is not allowed", key.value))
         return ast.Call(ast.Name("_get", ast.Load()), [self.visit(node.value), key], [])  # type: ignore[attr-defined]
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
@@ -218,7 +221,7 @@ class _Check(ast.NodeTransformer):
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         name = _BINOPS.get(type(node.op))
         if name is None:
-            raise self.refuse(node, f"the operator {type(node.op).__name__} is not allowed")
+            raise self.refuse(node, said("the operator %s is not allowed", type(node.op).__name__))
         return ast.Call(ast.Name(name, ast.Load()), [self.visit(node.left),
                                                      self.visit(node.right)], [])  # fmt: skip
 
@@ -227,7 +230,7 @@ class _Check(ast.NodeTransformer):
             return ast.Call(ast.Name("_neg", ast.Load()), [self.visit(node.operand)], [])
         if isinstance(node.op, ast.Not):
             return self.generic_visit(node)
-        raise self.refuse(node, f"the operator {type(node.op).__name__} is not allowed")
+        raise self.refuse(node, said("the operator %s is not allowed", type(node.op).__name__))
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         """A chain ``a < b < c`` is ``a < b and b < c``; ordering goes through the helpers;
@@ -253,19 +256,19 @@ class _Check(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         name = node.func.id if isinstance(node.func, ast.Name) else None
         if name not in _CALLS or node.keywords:
-            known = " ".join(_CALLS)
-            raise self.refuse(node, f"calls are {known} with plain arguments")
+            known = Said(" ".join(_CALLS))
+            raise self.refuse(node, said("calls are %s with plain arguments", known))
         return ast.Call(ast.Name(f"_call_{name}", ast.Load()), [self.visit(a) for a in node.args],
                         [])  # fmt: skip
 
 
 def _parse(text: str) -> ast.Expression:
     if len(text) > MAX_LENGTH:
-        raise ExpressionError(f"an expression is at most {MAX_LENGTH} characters")
+        raise ExpressionError(said("an expression is at most %s characters", MAX_LENGTH))
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
-        raise ExpressionError(f"{e.msg} at column {e.offset or 0} of {text!r}") from None
+        raise ExpressionError(said("%s at column %s of %r", e.msg, e.offset or 0, text)) from None
     return tree
 
 
@@ -278,7 +281,7 @@ def _function(body: ast.expr, text: str) -> Callable[..., Any]:
     try:
         code = compile(tree, f"<expression {text!r}>", "eval")
     except (ValueError, RecursionError, MemoryError, SyntaxError) as e:  # nesting too deep
-        raise ExpressionError(f"{text!r} cannot be compiled: {e}") from None
+        raise ExpressionError(said("%r cannot be compiled: %s", text, e)) from None
     made: Callable[..., Any] = eval(code, {"__builtins__": {}, **_HELPERS})
     return made
 
@@ -289,7 +292,7 @@ def expression(text: str) -> Callable[..., Any]:
     try:
         body = _Check(text).visit(tree).body
     except RecursionError:
-        raise ExpressionError(f"{text[:40]!r}… is nested too deeply") from None
+        raise ExpressionError(said("%r… is nested too deeply", text[:40])) from None
     return _function(body, text)
 
 
@@ -301,7 +304,7 @@ def path(text: str) -> Callable[..., Any]:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     if not isinstance(node, ast.Name):
-        raise ExpressionError(f"{text!r} is not a field path (such as record.tenant_id)")
+        raise ExpressionError(said("%r is not a field path (such as record.tenant_id)", text))
     return expression(text)
 
 
@@ -319,7 +322,9 @@ def template(text: str) -> tuple[list[str], list[Callable[..., Any]]]:
         if token in ("{{", "}}"):
             buf.append(token[0])
         elif m.group(1) is None:
-            raise ExpressionError(f"a lone {token!r} in the template {text!r} (write it twice)")
+            raise ExpressionError(
+                said("a lone %r in the template %r (write it twice)", token, text)
+            )
         else:
             pieces.append("".join(buf))
             buf = []

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from core.redact import said
+
 PARAMS = ("action", "record", "changes", "metadata")
 _SPEC = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
 RELOOK = 1.0  # seconds between looks at a function's file for a change
@@ -47,15 +49,21 @@ def load(spec: str) -> Callable[..., Any]:
     ValueError says what is wrong and what to fix."""
     m = _SPEC.match(spec)
     if m is None:
-        raise ValueError(f"function {spec!r}: write it as module:function (e.g. shaping:redact)")
+        raise ValueError(
+            said("function %r: write it as module:function (e.g. shaping:redact)", spec)
+        )
     if _dir is None:
-        raise ValueError(f"function {spec!r}: set functions.dir to the directory of its module")
+        raise ValueError(
+            said("function %r: set functions.dir to the directory of its module", spec)
+        )
     name, attr = m.groups()
     with _lock:
         module = _module(spec, name)
     fn: Callable[..., Any] | None = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise ValueError(f"function {spec!r}: {name} ({module.__file__}) has no function {attr}")
+        raise ValueError(
+            said("function %r: %s (%s) has no function %s", spec, name, module.__file__, attr)
+        )
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -65,8 +73,14 @@ def load(spec: str) -> Callable[..., Any]:
     required = [p for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL
                 and p.kind is not p.VAR_KEYWORD]  # fmt: skip
     if len(required) > len(PARAMS) or (len(positional) < len(PARAMS) and not varargs):
-        raise ValueError(f"function {spec!r}: takes ({', '.join(p.name for p in params)}); a "
-                         f"step calls it with ({', '.join(PARAMS)})")  # fmt: skip
+        raise ValueError(
+            said(
+                "function %r: takes (%s); a step calls it with (%s)",
+                spec,
+                ", ".join(p.name for p in params),
+                ", ".join(PARAMS),
+            )
+        )
     return fn
 
 
@@ -116,8 +130,14 @@ def _in_dir(spec: str, name: str) -> None:
     origin = None if found is None else (found.origin or next(iter(
         found.submodule_search_locations or []), None))  # fmt: skip
     if origin is None or not Path(origin).resolve().is_relative_to(_dir.resolve()):
-        raise ValueError(f"function {spec!r}: no module {top} in {_dir} (functions come from "
-                         "functions.dir only)")  # fmt: skip
+        raise ValueError(
+            said(
+                "function %r: no module %s in %s (functions come from functions.dir only)",
+                spec,
+                top,
+                _dir,
+            )
+        )
 
 
 def _module(spec: str, name: str) -> ModuleType:
@@ -133,12 +153,17 @@ def _module(spec: str, name: str) -> ModuleType:
         return module
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
-            raise ValueError(f"function {spec!r}: no module {e.name} in {_dir}") from None
-        raise ValueError(f"function {spec!r}: {name} imports {e.name}, which is missing") from None
+            raise ValueError(said("function %r: no module %s in %s", spec, e.name, _dir)) from None
+        raise ValueError(
+            said("function %r: %s imports %s, which is missing", spec, name, e.name)
+        ) from None
     except Exception as e:
         where = _where(e)
-        raise ValueError(f"function {spec!r}: importing {name} failed{where}: "
-                         f"{type(e).__name__}: {e}") from None  # fmt: skip
+        raise ValueError(
+            said(
+                "function %r: importing %s failed%s: %s: %s", spec, name, where, type(e).__name__, e
+            )
+        ) from None
 
 
 def _mtime(module: ModuleType) -> float:
@@ -151,8 +176,10 @@ def _mtime(module: ModuleType) -> float:
 def _where(e: BaseException) -> str:
     """`` at file:line`` of an error's innermost frame, or of a syntax error."""
     if isinstance(e, SyntaxError) and e.filename:
-        return f" at {e.filename}:{e.lineno}"
+        return said(" at %s:%s", e.filename, e.lineno)
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+    if tb is None:
+        return ""
+    return said(" at %s:%s", tb.tb_frame.f_code.co_filename, tb.tb_lineno)

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from core.redact import said
+
 
 class Exact(float):
     """A JSON number read as a float, with the text it was written as."""
@@ -43,13 +45,13 @@ def _fragment(v: Any) -> Any:
         return orjson.Fragment(str(int(v)))
     if isinstance(v, Decimal):  # a function's
         if not v.is_finite():
-            raise TypeError(f"{v} is no JSON number")
+            raise TypeError(said("%s is no JSON number", v))
         return orjson.Fragment(str(v))
     bases: tuple[type[Any], ...] = (bool, int, float, str, dict, list)
     for base in bases:  # another subclass: as its base type
         if isinstance(v, base):
             return base(v)
-    raise TypeError(f"{type(v).__name__} is not a JSON value")
+    raise TypeError(said("%s is not a JSON value", type(v).__name__))
 
 
 def load(payload: bytes, exact: bool = True) -> Any:

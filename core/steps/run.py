@@ -29,7 +29,7 @@ from core.config.sources import PostgresSource
 from core.config.steps import RouteField, Step
 from core.engine.sink import BatchError
 from core.envelope import Message
-from core.redact import first_line
+from core.redact import first_line, said
 from core.steps import functions
 from core.steps.compile import Compiled, EnrichAt, StepFailed, compile_steps
 from core.steps.enrich import Enrich
@@ -107,7 +107,7 @@ class Steps:
         try:
             return load(m.payload, exact=self.rewrites), {}
         except (ValueError, RecursionError) as e:
-            return StepFailed(f"steps: the payload is no JSON Weir can read: {e}")
+            return StepFailed(said("steps: the payload is no JSON Weir can read: %s", e))
 
     @staticmethod
     def _steps(segment: list[Compiled], state: State) -> State:
@@ -118,7 +118,7 @@ class Steps:
             try:
                 out = c.run(msg, route)
             except Exception as e:
-                return StepFailed(f"{c.name}: {type(e).__name__}: {first_line(e)}")
+                return StepFailed(said("%s: %s: %s", c.name, type(e).__name__, first_line(e)))
             if out is None:
                 return None
             msg = out
@@ -131,7 +131,7 @@ class Steps:
         try:
             payload = dump(msg) if self.rewrites else m.payload
         except TypeError as e:
-            return StepFailed(f"steps: the message cannot be written as JSON: {e}")
+            return StepFailed(said("steps: the message cannot be written as JSON: %s", e))
         return Message(m.sync_id, m.provider, m.seq, m.collection_id, m.action, m.group, m.key,
                        payload, m.committed, m.attempts, m.replay, route or None)  # fmt: skip
 
@@ -166,9 +166,8 @@ class Steps:
         while start < len(out):
             self.stuck = [t for t in self.stuck if t.is_alive()]
             if len(self.stuck) >= MAX_STUCK:  # each holds a thread (and maybe a core) for ever
-                why = StepFailed(f"{names}: {len(self.stuck)} calls still run past "
-                                 "functions.timeout: fix the function, then restart weir to end "
-                                 "them")  # fmt: skip
+                why = StepFailed(said("%s: %s calls still run past functions.timeout: fix the "
+"function, then restart weir to end them", names, len(self.stuck)))  # fmt: skip
                 return out[:start] + [why if isinstance(s, tuple) else s for s in out[start:]]
             done = loop.create_future()
             progress = _Progress(start, time.monotonic())
@@ -186,8 +185,11 @@ class Steps:
                         continue
                     progress.abandoned = True
                     self.stuck.append(thread)
-                    out[at] = StepFailed(f"{names}: ran past functions.timeout "
-                                         f"({self.timeout:g}s)")  # fmt: skip
+                    out[at] = StepFailed(
+                        said(
+                            "%s: ran past functions.timeout (%ss)", names, format(self.timeout, "g")
+                        )
+                    )
                     log.warning("steps: seq %d (%s): a function ran past functions.timeout "
                                 "(%gs); its thread is left to finish, the batch goes on",
                                 batch[at].seq, batch[at].key, self.timeout)  # fmt: skip
