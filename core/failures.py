@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from core.redact import first_line, redact
+from core.redact import Said, first_line, redact, said
 from core.sources.pg.encoding import UnreadableDatabase, connect
 from core.store import StoreError
 
@@ -54,7 +54,11 @@ class Unreachable(Exception):
     def __init__(
         self, what: str, where: str, reason: str, check: str, for_good: bool = False
     ) -> None:
-        super().__init__(f"cannot reach {what} at {redact(where)}: {redact(reason)}; check {check}")
+        # ``what`` and ``check`` are Weir's words (a server's role, a config key to look at);
+        # ``where`` and ``reason`` (a server's answer) are masked on their own
+        super().__init__(
+            said("cannot reach %s at %s: %s; check %s", Said(what), where, reason, Said(check))
+        )
         self.for_good = for_good
 
 
@@ -111,11 +115,11 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
     if "password" in text or "authentication" in text:
         check = "the user and password of its url"
     elif "WAL sender" in text:
-        check = (f"that its role may replicate: as a superuser, ALTER ROLE {_user_of(url)} "
-                 "REPLICATION")  # fmt: skip
+        check = said("that its role may replicate: as a superuser, ALTER ROLE %s REPLICATION",
+                     _user_of(url))  # fmt: skip
     elif missing and what.startswith("the store"):  # a source's is a typo, or the wrong server
-        check = (f"the database name of its url, or create the database: CREATE DATABASE "
-                 f"{missing[1]} (createdb {missing[1]})")  # fmt: skip
+        check = said("the database name of its url, or create the database: CREATE DATABASE "
+                     "%s (createdb %s)", missing[1], missing[1])  # fmt: skip
     elif "does not exist" in text:
         check = "the database and user names of its url"
     else:

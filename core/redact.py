@@ -321,11 +321,14 @@ def raw_secrets(data: Any, model: type[BaseModel]) -> list[str]:
 
 def first_line(e: BaseException) -> str:
     """An exception as one redacted line: the first line of its message, else its type
-    (redacted whole first: a secret may span lines); Weir's own (:func:`own`) by shape."""
+    (redacted whole first: a secret may span lines); Weir's own (:func:`own`) by shape, and
+    its line is Weir's own too (a :class:`Said`: a message that quotes it keeps its words)."""
     text = own(e)
     whole = redact(str(e)) if text is None else redact_urls(text)
     lines = [line.strip() for line in whole.splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
+    if not lines:
+        return type(e).__name__
+    return lines[0] if text is None else Said(lines[0])
 
 
 def shown(value: Any, key: str = "") -> Any:

@@ -12,6 +12,7 @@ from typing import Generic, TypeVar
 
 from core.engine.sink import FatalError
 from core.envelope import Message
+from core.redact import said
 
 STRIKES = 3  # connections a message alone may lose before it is charged (without max_attempts)
 
@@ -84,6 +85,10 @@ class Suspects(dict[str, tuple[int, str]]):
         if strikes < (max_attempts or STRIKES):
             return None
         return FatalError(
-            f"the broker dropped the connection (or never answered) each of the {strikes} "
-            f"times this message was sent alone; last: {error}"
+            said(
+                "the broker dropped the connection (or never answered) each of "
+                "the %s times this message was sent alone; last: %s",
+                strikes,
+                error,
+            )
         )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from core.envelope import BrokerMark, Message
+from core.redact import said
 
 
 class RetryableError(Exception):
@@ -28,7 +29,7 @@ class BatchError(Exception):
     def __init__(self, failed: dict[int, Exception]) -> None:
         self.failed = failed
         first = next(iter(failed.values()))
-        super().__init__(f"{len(failed)} messages failed, first: {first}")
+        super().__init__(said("%s messages failed, first: %s", len(failed), first))
 
 
 class Sink(Protocol):

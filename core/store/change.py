@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from core.envelope import dumps
 from core.ids import lsn_to_str
-from core.redact import first_line
+from core.redact import Said, first_line, said
 
 
 class Change(NamedTuple):
@@ -52,7 +52,7 @@ class UnstorableChange(RuntimeError):
     )
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"{reason}; {self.FIX}")
+        super().__init__(said("%s; %s", reason, Said(self.FIX)))
         self.reason = reason
 
     @classmethod
@@ -60,15 +60,29 @@ class UnstorableChange(RuntimeError):
         record = ch.record or {}
         column = max(record, key=lambda k: len(dumps(record[k])), default="?")
         return cls(
-            f"cannot store the {ch.action} of {ch.collection_id} record {ch.record_id} committed "
-            f"at {lsn_to_str(ch.version)}: its JSON is {size:,} bytes, above the store's "
-            f"limit of {MAX_JSON:,} (largest column: {column!r})"
+            said(
+                "cannot store the %s of %s record %s committed at %s: its JSON "
+                "is %s bytes, above the store's limit of %s (largest column: %r)",
+                ch.action,
+                ch.collection_id,
+                ch.record_id,
+                lsn_to_str(ch.version),
+                format(size, ","),
+                format(MAX_JSON, ","),
+                column,
+            )
         )
 
     @classmethod
     def refused(cls, ch: Change, error: Exception) -> UnstorableChange:
         """The store refused to write ``ch`` (a data error, a limit): what it said."""
         return cls(
-            f"the store refused the {ch.action} of {ch.collection_id} record {ch.record_id} "
-            f"committed at {lsn_to_str(ch.version)}: {first_line(error)}"
+            said(
+                "the store refused the %s of %s record %s committed at %s: %s",
+                ch.action,
+                ch.collection_id,
+                ch.record_id,
+                lsn_to_str(ch.version),
+                first_line(error),
+            )
         )

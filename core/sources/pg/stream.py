@@ -309,8 +309,13 @@ class Stream:
         a change made before the table left the publication): stop naming it, or put it on the
         source's failed list (``on_unstorable``)."""
         err = UnstorableChange(
-            f"cannot capture the {action} of table {table_name(rel.schema, rel.table)} "
-            f"committed at {lsn_to_str(self.txn_lsn)}: {rel.problem}"
+            said(
+                "cannot capture the %s of table %s committed at %s: %s",
+                action,
+                table_name(rel.schema, rel.table),
+                lsn_to_str(self.txn_lsn),
+                rel.problem,
+            )
         )
         if self.src.on_unstorable != "fail":
             raise err
