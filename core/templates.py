@@ -11,7 +11,7 @@ from typing import Any
 from core.config.steps import RouteField, RouteStep, Step
 from core.envelope import Message
 from core.ids import encode_token
-from core.redact import said
+from core.redact import Said, said
 
 PLACEHOLDERS = ("stream", "sync_id", "provider", "collection", "route")
 MAX_NAMES = 10_000  # names kept made: a route may give a name a tenant, without end
@@ -33,12 +33,15 @@ def routed_field(bad: str) -> RouteField:
     destination's names cannot hold (``bad``) become ``_``, and an empty one is ``_``; a
     function's value must hold none."""
     wrong = re.compile(bad)
+    allowed = Said(bad[2:-1])
 
     def check(value: str) -> None:
         c = wrong.search(value)
         if not value or c is not None:
-            what = "is empty" if c is None else f"holds {c.group()!r}"
-            raise ValueError(f"{value!r} {what}: a name here takes {bad[2:-1]} only")
+            if c is None:
+                raise ValueError(said("%r is empty: a name here takes %s only", value, allowed))
+            raise ValueError(said("%r holds %r: a name here takes %s only", value, c.group(),
+                                  allowed))  # fmt: skip
 
     return RouteField(lambda v: wrong.sub("_", v) or "_", check)
 
@@ -49,12 +52,13 @@ def check_routed(template: str, steps: list[Step], field: str, key: str) -> None
     routes = [s.route for s in steps if isinstance(s, RouteStep)]
     gives = any(field in r or "function" in r for r in routes)
     if "{route}" in template and not gives:
-        example = f"steps: [{{route: {{{field}: '{{record.tenant}}'}}}}]"
-        raise ValueError(f"{key} {template!r} holds {{route}}: add a route step giving its "
-                         f"{field} ({example})")  # fmt: skip
+        raise ValueError(said("%s %r holds {route}: add a route step giving its %s (steps: "
+                              "[{route: {%s: '{record.tenant}'}}])", Said(key), template,
+                              Said(field), Said(field)))  # fmt: skip
     if "{route}" not in template and any(field in r for r in routes):
-        raise ValueError(f"steps: a route's {field} fills {{route}} in {key}: put it there "
-                         f"(for example {key}: 'orders.{{route}}')")  # fmt: skip
+        raise ValueError(said("steps: a route's %s fills {route} in %s: put it there (for "
+                              "example %s: 'orders.{route}')", Said(field), Said(key),
+                              Said(key)))  # fmt: skip
 
 
 class Unrouted(ValueError):
@@ -82,8 +86,8 @@ class Template:
         if self.field:
             route = (m.route or {}).get(self.field, "")
             if not route:
-                raise Unrouted(f"its route gives no {self.field} for {{route}} in "
-                               f"{self.template!r}")  # fmt: skip
+                raise Unrouted(said("its route gives no %s for {route} in %r", Said(self.field),
+                                    self.template))  # fmt: skip
         key = (m.sync_id, m.provider, m.collection_id, route)
         name = self._rendered.get(key)
         if name is None:
