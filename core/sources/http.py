@@ -69,6 +69,11 @@ class IngestRecord(BaseModel):
         if v is not None and v < _EPOCH:
             raise ValueError("is before 1970-01-01T00:00:00Z: a version counts microseconds "
                              "since then; give version instead")  # fmt: skip
+        try:
+            v = v if v is None else v.astimezone(UTC)
+        except OverflowError:  # 9999-12-31T23:59:59-14:00, say
+            raise ValueError("is after 9999-12-31T23:59:59.999999Z in UTC: a version counts "
+                             "microseconds to then; give version instead") from None  # fmt: skip
         return v
 
     @field_validator("data")
@@ -148,14 +153,20 @@ class Ingest:
         )
         now = datetime.now(UTC)
         changes: list[Change] = []
-        written: set[tuple[str, str]] = set()  # the records this batch changed so far
+        timed: dict[tuple[str, str], int] = {}  # the records this batch changed so far by a
+        # time, with that time (microseconds)
         for coll, rid, rec in keyed:
             ts = rec.upstream_updated_at or now
             version = rec.version if rec.version is not None else _micros(ts)
             cur = current.get((coll, rid))
-            if rec.version is None and (coll, rid) in written and cur is not None:
+            if (
+                rec.version is None
+                and cur is not None
+                and version >= timed.get((coll, rid), version + 1)
+            ):
                 # Pushed again in the batch with the same time (the time of ingest, or an equal
-                # upstream_updated_at): the later one is the newer, as the batch lists them.
+                # upstream_updated_at): the later one is the newer, as the batch lists them. An
+                # older time stays older (it overwrote the newer version: found by a tryout).
                 version = max(version, cur[0] + 1)
             if cur is not None and (version <= cur[0] or _same(cur, rec)):
                 continue
@@ -177,7 +188,8 @@ class Ingest:
                             idx=idx, committed_at=iso, event_lsn=batch_no)  # fmt: skip
             changes.append(change)
             current[(coll, rid)] = (version, rec.deleted, record)
-            written.add((coll, rid))
+            if rec.version is None:
+                timed[(coll, rid)] = _micros(ts)
         if changes:
             writer.write(changes)
             writer.commit(batch_no, batch_no)
