@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -52,16 +52,14 @@ from core.store.cursors import SPARK_PREFIX
 from core.store.reader import StreamReader
 from core.store.selection import selection
 from spark import sink
+from spark.typed import MODES, Columns, SourceError, typed_fields
 
 SCHEMA = (
     "sync_id string, provider string, collection_id string, record_id string, action string, "
     "seq long, committed_at timestamp, record string, changes string, deleted boolean"
 )
+ENVELOPE = [column.split()[0] for column in SCHEMA.split(", ")]
 PAGE = 5_000  # messages a read takes from the store at a time
-
-
-class SourceError(RuntimeError):
-    """The data source cannot read as asked; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +77,10 @@ class Spec:
     start: Any  # beginning | end | SeqStart | TimeStart
     name: str | None
     max_per_trigger: int | None
+    source: str = ""  # the config's name of it
+    schema: str | None = None  # the schema option: typed columns of the record (spark/typed.py)
+    permissive: bool = False  # schemaMode: a value that does not fit is null, not an error
+    typed: StructType | None = None  # the schema's fields, as Spark parsed them
 
 
 def spec_of(options: dict[str, str]) -> Spec:
@@ -123,6 +125,12 @@ def spec_of(options: dict[str, str]) -> Spec:
     if wrong or (actions and stream != "events"):
         raise SourceError('option "actions": insert, update, delete or truncate, of the events '
                           f"stream ({', '.join(sorted(wrong)) or stream} given)")  # fmt: skip
+    schema = options.get("schema")
+    if schema is not None and not schema.strip():
+        raise SourceError('option "schema": a Spark DDL schema ("id BIGINT, total DECIMAL(10,2)")')
+    mode = options.get("schemamode", "failfast").lower()
+    if mode not in MODES:
+        raise SourceError(f'option "schemaMode": failfast or permissive, not {mode!r}')
     return Spec(
         store=Store(cfg.store_url, cfg.store.schema_),
         sync_id=str(src.sync_id),
@@ -135,7 +143,19 @@ def spec_of(options: dict[str, str]) -> Spec:
         start=start,
         name=options.get("name"),
         max_per_trigger=_positive(options, "maxMessagesPerTrigger"),
+        source=src.name,
+        schema=schema,
+        permissive=mode == "permissive",
     )
+
+
+def _typed(options: dict[str, str], schema: StructType) -> Spec:
+    """The spec, with the typed columns of the ``schema`` option (those after the envelope's:
+    :meth:`WeirSource.schema`), checked."""
+    spec = spec_of(options)
+    if spec.schema is None:
+        return spec
+    return replace(spec, typed=typed_fields(schema, ENVELOPE, SourceError))
 
 
 def _listed(text: str | None) -> list[str]:
@@ -160,13 +180,15 @@ class WeirSource(DataSource):
         return "weir"
 
     def schema(self) -> str:
-        return SCHEMA
+        """The envelope's columns, then the ``schema`` option's (Spark parses the DDL)."""
+        typed = {k.lower(): v for k, v in self.options.items()}.get("schema")
+        return f"{SCHEMA}, {typed}" if typed and typed.strip() else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _BatchReader(spec_of(dict(self.options)))
+        return _BatchReader(_typed(dict(self.options), schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _StreamReader(spec_of(dict(self.options)))
+        return _StreamReader(_typed(dict(self.options), schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return sink.BatchWriter(sink.target_of(dict(self.options), schema))
@@ -301,13 +323,19 @@ _TIME = pa.timestamp("us", tz="UTC")
 
 def _batches(spec: Spec, part: Bucket) -> Iterator[pa.RecordBatch]:
     """The bucket's rows as Arrow batches, a page each: Spark takes them as they are (rows one
-    by one cost it ~20 times more)."""
+    by one cost it ~20 times more); with the schema option, its typed columns after them."""
+    schema = _ARROW.set(6, pa.field("committed_at", _TIME))
+    typed = None
+    if spec.typed is not None:
+        typed = Columns(spec.typed, spec.permissive, spec.source)
+        schema = pa.schema([*schema, *typed.arrow])
     for page in _pages(spec, part):
         columns = [pa.array(c, t.type) for c, t in zip(zip(*page, strict=True), _ARROW,
                                                      strict=True)]  # fmt: skip
         columns[6] = columns[6].cast(_TIME)  # ISO 8601 text, Z: UTC
-        yield pa.RecordBatch.from_arrays(columns, schema=_ARROW.set(6, pa.field(
-            "committed_at", _TIME)))  # fmt: skip
+        if typed is not None:
+            columns += typed.arrays(page)
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
