@@ -284,3 +284,76 @@ def test_the_example_aggregate_reaches_a_nats_subscriber_once_after_a_replay(
         client.post("/console/login", data={"token": TOKEN})
         page = client.get("/console").text
         assert '<tr data-spark="customer-totals">' in page and "<td>app</td>" in page
+
+
+TYPED = (
+    "id INT, big BIGINT, n DECIMAL(38,9), txt STRING, flag BOOLEAN, at TIMESTAMP, day DATE, "
+    "doc STRUCT<a: INT, b: ARRAY<STRING>>, list ARRAY<BIGINT>, raw BINARY, other STRING"
+)
+TYPED_READ = """
+import sys
+import pyarrow.parquet as pq
+from spark.session import spark_session
+from spark.source import WeirSource
+spark = spark_session("local[2]", None, app="weir-test")
+spark.dataSource.register(WeirSource)
+config, schema, out = sys.argv[1:]
+batch = (spark.read.format("weir").option("config", config).option("stream", "records")
+         .option("schema", schema).load())
+pq.write_table(batch.where("NOT deleted").toArrow(), out + "/batch.parquet")
+q = (spark.readStream.format("weir").option("config", config).option("schema", schema)
+     .option("collections", "public:typed").load().writeStream.format("memory")
+     .queryName("typed").trigger(availableNow=True).start())
+q.awaitTermination()
+pq.write_table(spark.sql("SELECT * FROM typed").toArrow(), out + "/stream.parquet")
+"""
+
+
+@pytest.mark.slow
+def test_the_schema_option_types_the_record_as_the_table_holds_it(
+    tmp_path: Path, table: str
+) -> None:
+    """A batch read of the records stream and a streaming read of the events stream, with a
+    schema: each column equals what psycopg reads of the table, typed (numeric beyond a
+    double's digits, non-ASCII text, timestamptz, date, jsonb as a struct, an array and text,
+    bytea, NULLs)."""
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE typed (id int PRIMARY KEY, big bigint, n numeric, txt text, flag bool, "
+            "at timestamptz, day date, doc jsonb, list jsonb, raw bytea, other jsonb)"
+        )
+    config = _config(tmp_path, table)
+    with serving(load_config(config)), psycopg.connect(table, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO typed VALUES (1, 9223372036854775807, 12345678901234567890.123456789, "
+            "'naïve 😀 ß', true, '2026-03-04 05:06:07.891234+00', '2024-02-29', "
+            """'{"a": 7, "b": ["x", null, "ü"]}', '[1, -2, 9007199254740993]', '\\x00ff10', """
+            """'{"n": 12345678901234567890.123456789, "t": [true, null, "😀"]}'), """
+            "(2, -1, -0.5, '', false, '1970-01-01 00:00:00+00', '0001-01-01', '{}', '[]', '', "
+            "'1.50'), (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+        )
+        wait_for(lambda: _store_seqs(table) >= 3, what="the rows stored")
+    done = subprocess.run([sys.executable, "-c", TYPED_READ, str(config), TYPED, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with psycopg.connect(table) as conn:
+        cur = conn.execute("SELECT id, big, n, txt, flag, at, day, doc, list, raw, other::text "
+                           "FROM typed ORDER BY id")  # fmt: skip
+        names = [c.name for c in cur.description or []]
+        want = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    for row in want:
+        row["raw"] = None if row["raw"] is None else bytes(row["raw"])
+        if row["doc"] == {}:
+            row["doc"] = {"a": None, "b": None}  # a struct has every field
+    for name in ("batch", "stream"):
+        got = sorted(pq.read_table(tmp_path / f"{name}.parquet").to_pylist(),
+                     key=lambda r: r["id"])  # fmt: skip
+        typed = [{k: r[k] for k in names} for r in got]
+        for r in typed:  # jsonb read as STRING: its JSON text, every digit kept
+            r["other"] = None if r["other"] is None else json.loads(r["other"], parse_float=str)
+        for r in want:
+            if isinstance(r["other"], str):
+                r["other"] = json.loads(r["other"], parse_float=str)
+        assert typed == want, name
+        assert [r["record_id"] for r in got] == ["1", "2", "3"]  # the envelope's columns too
+    assert typed[0]["other"]["n"] == "12345678901234567890.123456789"
