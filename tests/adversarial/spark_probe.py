@@ -1,5 +1,6 @@
 """The Spark driver of tests/adversarial/test_spark.py: one job (one JVM) that runs many checks
-of the ``weir`` data source and writer, each a JSON result on a ``CHECK`` line."""
+of the ``weir`` data source and writer, each a JSON result on a ``CHECK`` line; with a fourth
+argument ``serve``, the reads test_spark.py asks on stdin instead (:func:`serve`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from spark.session import spark_session
@@ -33,6 +35,28 @@ def read(**options: str) -> Any:
     for k, v in {"config": config, **options}.items():
         r = r.option(k, v)
     return r.load()
+
+
+def serve() -> None:
+    """Reads for tests/adversarial/test_spark.py's generated values: each stdin line is JSON,
+    ``{"options": {...}, "out": PATH}``; the read goes to the Parquet file PATH and the answer
+    is a ``DONE`` line, ``{"ok": rows}`` or ``{"error": the data source's line}``."""
+    for line in sys.stdin:
+        ask = json.loads(line)
+        try:
+            table = read(**ask["options"]).toArrow()
+            pq.write_table(table, ask["out"])
+            result: Any = {"ok": table.num_rows}
+        except Exception as e:
+            said = [x for x in str(e).splitlines() if "SourceError: " in x]
+            result = {"error": said[-1] if said else str(e)}
+        print("DONE", json.dumps(result), flush=True)
+
+
+if sys.argv[4:] == ["serve"]:
+    serve()
+    spark.stop()
+    sys.exit(0)
 
 
 def write(df: Any, **options: str) -> str:

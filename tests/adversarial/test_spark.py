@@ -10,15 +10,18 @@ One Spark job (tests/adversarial/spark_probe.py) runs the read and write checks 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -27,6 +30,8 @@ import httpx
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from core.config.load import load_config
 from core.store import Store, retention
@@ -340,3 +345,174 @@ def test_a_query_whose_events_retention_deleted_fails_naming_them_in_one_line(
     assert said[0].startswith(f"weir spark: events 1 to {gone_to} of source "), said
     assert "deleted by retention" in said[0]
     assert _parquet(world.tmp / "gone") == []
+
+
+# -- the schema option: typed columns -----------------------------------------------------------
+
+_INT32 = st.integers(-(2**31), 2**31 - 1)
+_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+                max_size=12)  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**25), 10**25) | _TEXT
+    | st.decimals(-(10**12), 10**12, places=6, allow_nan=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+_ROW = st.fixed_dictionaries({
+    "i": st.none() | _INT32, "b": st.none() | st.integers(-(2**63), 2**63 - 1),
+    "n": st.none() | st.decimals(-(10**20) + 1, 10**20 - 1, places=9, allow_nan=False),
+    "t": st.none() | _TEXT, "f": st.none() | st.booleans(),
+    "x": st.none() | st.floats(allow_nan=False, width=64),
+    "ts": st.none() | st.datetimes(dt.datetime(1, 1, 2), dt.datetime(9999, 12, 30),
+                                   timezones=st.just(dt.UTC)),
+    "d": st.none() | st.dates(), "by": st.none() | st.binary(max_size=12),
+    "j": st.none() | _JSON, "a": st.none() | st.lists(st.none() | _INT32, max_size=4),
+})  # fmt: skip
+_COLUMNS = ("i int, b bigint, n numeric, t text, f bool, x float8, ts timestamptz, d date, "
+            "by bytea, j jsonb, a int[]")  # fmt: skip
+_SCHEMA = ("id INT, i INT, b BIGINT, n DECIMAL(38,9), t STRING, f BOOLEAN, x DOUBLE, ts TIMESTAMP, "
+           "d DATE, by BINARY, j STRING, a ARRAY<INT>")  # fmt: skip
+_made = iter(range(1, 10**6))
+_PHASES = (Phase.explicit, Phase.generate)  # no shrinking: each example is a Spark read
+
+
+def _json_text(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{json.dumps(k)}: {_json_text(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_json_text(x) for x in v) + "]"
+    return str(v) if isinstance(v, Decimal) else json.dumps(v)
+
+
+class Reads:
+    """The probe serving reads (one JVM for every example): :meth:`read` a table's records."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.p = subprocess.Popen([sys.executable, PROBE, str(world.config), str(world.tmp),
+                                   str(free_port()), "serve"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def read(self, table: str, **options: str) -> Any:
+        out = self.world.tmp / f"{table}-{next(_made)}.parquet"
+        ask = {"options": {"source": "app", "stream": "records", "collections": f"public:{table}",
+                           **options}, "out": str(out)}  # fmt: skip
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(json.dumps(ask) + "\n")
+        self.p.stdin.flush()
+        while not (line := self.p.stdout.readline()).startswith("DONE"):
+            assert line, "the probe ended"
+        result = json.loads(line[5:])
+        return {"ok": pq.read_table(out).to_pylist()} if "ok" in result else result
+
+
+@pytest.fixture(scope="module")
+def reads(world: World) -> Iterator[Reads]:
+    r = Reads(world)
+    yield r
+    assert r.p.stdin
+    r.p.stdin.close()
+    r.p.wait(120)
+
+
+def _insert(world: World, table: str, columns: str, rows: list[tuple[Any, ...]]) -> None:
+    """Rows into a new table, waiting until capture stored them."""
+    with psycopg.connect(world.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, {columns})")
+        head = _heads(world.url)["app"]
+        marks = ", ".join(["%s"] * (len(rows[0]))) if rows else ""
+        with conn.transaction():
+            for row in rows:
+                conn.execute(f"INSERT INTO {table} VALUES ({marks})", row)
+    wait_for(lambda: _heads(world.url)["app"] >= head + len(rows), what="the rows stored")
+
+
+def test_generated_values_read_through_a_schema_equal_the_table(world: World, reads: Reads) -> None:
+    """Each type's generated values (NULLs among them), written to a table and read back as
+    typed columns, equal psycopg's read of it: a numeric of 29 digits, text of any plane,
+    timestamps and dates over years 1 to 9999, bytea, float8, jsonb as its JSON text (every
+    digit), int[]."""
+
+    @given(rows=st.lists(_ROW, min_size=1, max_size=6))
+    @settings(max_examples=6, deadline=None, database=None, phases=_PHASES,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def check(rows: list[dict[str, Any]]) -> None:
+        table = f"g{next(_made)}"
+        _insert(world, table, _COLUMNS, [
+            (i, *(None if r[k] is None else _json_text(r[k]) if k == "j" else r[k]
+               for k in _ROW_KEYS))
+            for i, r in enumerate(rows)])  # fmt: skip
+        got = reads.read(table, schema=_SCHEMA)
+        assert "ok" in got, got
+        with psycopg.connect(world.url) as conn:
+            picks = ", ".join("j::text" if k == "j" else k for k in _ROW_KEYS)
+            cur = conn.execute(f"SELECT id, {picks} FROM {table} ORDER BY id")
+            want = [dict(zip(["id", *_ROW_KEYS], r, strict=True)) for r in cur.fetchall()]
+        typed = [{k: r[k] for k in ["id", *_ROW_KEYS]}
+                 for r in sorted(got["ok"], key=lambda r: r["id"])]  # fmt: skip
+        for r in [*typed, *want]:
+            if isinstance(r["by"], memoryview):
+                r["by"] = bytes(r["by"])
+            if r["j"] is not None:  # jsonb: compared as JSON, numbers exactly
+                r["j"] = json.loads(r["j"], parse_float=Decimal)
+        assert typed == want
+
+    check()
+
+
+_ROW_KEYS = ["i", "b", "n", "t", "f", "x", "ts", "d", "by", "j", "a"]
+
+
+def _fits(n: Decimal, t: str) -> tuple[bool, bool]:
+    """Whether n fits DECIMAL(5,2) and t INT."""
+    whole = re.fullmatch(r"-?[0-9]{1,20}", t) is not None and -(2**31) <= int(t) < 2**31
+    return abs(n) < 1000 and n == round(n, 2), whole
+
+
+def test_a_value_that_does_not_fit_fails_the_read_in_one_line_or_is_null_when_permissive(
+    world: World, reads: Reads
+) -> None:
+    """Generated numerics for DECIMAL(5,2) (too many digits either side of the point) and text
+    for INT: failfast fails naming the source, the seq and the record of a misfit, its field,
+    JSON type and the schema's type; permissive gives null for exactly the misfits."""
+
+    @given(
+        rows=st.lists(
+            st.tuples(
+                st.decimals(-(10**5), 10**5, places=4, allow_nan=False),
+                st.one_of(_TEXT, st.integers(-(2**40), 2**40).map(str)),
+            ),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    @settings(max_examples=5, deadline=None, database=None, phases=_PHASES,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def check(rows: list[tuple[Decimal, str]]) -> None:
+        table = f"m{next(_made)}"
+        _insert(world, table, "n numeric, t text", [(i, n, t) for i, (n, t) in enumerate(rows)])
+        schema = "n DECIMAL(5,2), t INT"
+        loose = reads.read(table, schema=schema, schemaMode="permissive")
+        assert "ok" in loose, loose
+        misfits = {}
+        for r in loose["ok"]:
+            n, t = rows[int(r["record_id"])]
+            n_fits, t_fits = _fits(n, t)
+            assert r["n"] == (n if n_fits else None) and r["t"] == (int(t) if t_fits else None)
+            if not n_fits:
+                misfits[(r["seq"], r["record_id"], "n")] = "DECIMAL(5,2)"
+            if not t_fits:
+                misfits[(r["seq"], r["record_id"], "t")] = "INT"
+        strict = reads.read(table, schema=schema)
+        if not misfits:
+            assert "ok" in strict, strict
+            return
+        said = strict.get("error", "")
+        m = re.search(r"SourceError: source app: seq (\d+) \(public:\w+, record (\d+)\): field "
+                      r"(\w+) is a JSON string that does not fit (\S+) \(.+\); option schemaMode "
+                      r"permissive makes such values null$", said)  # fmt: skip
+        assert m, said
+        seq, rid, field, kind = m.groups()
+        assert misfits.get((int(seq), rid, field)) == kind, (said, misfits)
+
+    check()
