@@ -18,6 +18,7 @@ connector's ``start_position``: beginning, end, ``{seq: N}`` as ``seq:N``, or an
 (``name``) records each committed offset in the store as the cursor ``spark:NAME``, shown by
 ``weir status`` beside connectors. An events-stream range retention already deleted fails the
 query with one error naming the seqs (as Kafka's failOnDataLoss does): it never skips silently.
+The ``schema`` option adds typed columns of the record (spark/typed.py).
 """
 
 from __future__ import annotations

@@ -82,6 +82,10 @@ for name, opts in {
     "split": {"source": "app", "split": "range"},
     "actions": {"source": "app", "actions": "upsert"},
     "maxMessagesPerTrigger": {"source": "app", "maxMessagesPerTrigger": "-1"},
+    "schema-type": {"source": "app", "schema": "id INT, gap INTERVAL DAY"},
+    "schema-clash": {"source": "app", "schema": "seq BIGINT"},
+    "schema-ddl": {"source": "app", "schema": "id INT,"},
+    "schemaMode": {"source": "app", "schema": "id INT", "schemaMode": "lenient"},
 }.items():
     check("option:" + name, lambda opts=opts: read(**opts).count())
 

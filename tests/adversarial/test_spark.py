@@ -153,6 +153,10 @@ def checks(world: World) -> dict[str, Any]:
         ("split", "option \"split\": hash or seq, not 'range'"),
         ("actions", 'option "actions": insert, update, delete or truncate'),
         ("maxMessagesPerTrigger", 'option "maxMessagesPerTrigger": a whole number'),
+        ("schema-type", 'option "schema": field gap INTERVAL DAY: INTERVAL DAY is not supported'),
+        ("schema-clash", 'option "schema": field seq BIGINT: seq is a column of the envelope'),
+        ("schema-ddl", "PARSE_SYNTAX_ERROR"),
+        ("schemaMode", "option \"schemaMode\": failfast or permissive, not 'lenient'"),
     ],
 )
 def test_a_wrong_option_fails_naming_it(checks: dict[str, Any], check: str, says: str) -> None:
