@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from core.ids import collection_id_of, lsn_to_str
+from core.redact import said
 from core.sources.pg import snapshot
 from core.sources.pg.follow import (
     ALTERED_PREFIX,
@@ -27,7 +28,12 @@ from core.sources.pg.follow import (
     REWRITTEN_PREFIX,
 )
 from core.sources.pg.relations import Relation, Relations, shape_of
-from core.sources.pg.setup import TABLE_INFO_SQL, complete_publication, table_problem
+from core.sources.pg.setup import (
+    TABLE_INFO_SQL,
+    UNREADABLE_NAME,
+    complete_publication,
+    table_problem,
+)
 from core.sources.pg.store_thread import StoreThread
 from core.sources.pg.watch import PublicationWatch
 from core.tables import table_name
@@ -160,6 +166,16 @@ class TableFollower:
                         "transaction at %s", self.src.name, prefix,
                         lsn_to_str(lsn))  # fmt: skip
             return
+        try:
+            self._followed(prefix, schema, table, why)
+        except UNREADABLE_NAME as e:  # capture goes on: it stopped for good (a tryout)
+            log.warning("%s", said("source %r: table %s changed, and a name of it has a "
+                                   "character no UTF-8 client can read (%s): its records keep "
+                                   "their shape until their rows change; rename it",
+                                   self.src.name, table_name(schema, table), e))  # fmt: skip
+
+    def _followed(self, prefix: str, schema: str, table: str, why: list[str]) -> None:
+        """What the message of ``prefix`` about ``schema.table`` makes capture do."""
         if prefix == BACKFILL_PREFIX and why and why[0].isdigit():
             # The table's name now (renamed since, say), known by its oid from here on, so that
             # capture follows a rename that comes before its first change.

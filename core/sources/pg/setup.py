@@ -59,19 +59,48 @@ WHERE n.nspname = %s AND c.relname = %s
 # and temporary tables write no WAL, so there is nothing of theirs to capture. The store's own
 # tables (a store kept in a followed schema) are never the source's.
 SCHEMA_TABLES_SQL = f"""
-SELECT n.nspname, c.relname
+SELECT {{}}
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND c.relpersistence = 'p'
   AND obj_description(c.oid, 'pg_class') IS DISTINCT FROM '{STORE_MARK}'
 ORDER BY c.relname
 """
+# A name no UTF-8 client can read: a SQL_ASCII database's bytes that are not UTF-8, or a
+# character the database's encoding has and Postgres converts to no UTF-8.
+UNREADABLE_NAME = (psycopg.errors.CharacterNotInRepertoire, psycopg.errors.UntranslatableCharacter)
+
+
+def _schema_tables(conn: psycopg.Connection[Any], src: PostgresSource,
+                   schema: str) -> list[tuple[str, str]]:  # fmt: skip
+    """The capturable tables of ``schema``, but those whose name no UTF-8 client can read:
+    each is left out, saying so (one legacy name stopped capture of the whole database)."""
+    try:
+        with conn.transaction():
+            return conn.execute(
+                SCHEMA_TABLES_SQL.format("n.nspname, c.relname"), (schema,)
+            ).fetchall()
+    except UNREADABLE_NAME:
+        pass
+    out = []
+    for (oid,) in conn.execute(SCHEMA_TABLES_SQL.format("c.oid"), (schema,)).fetchall():
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT relname FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+        except UNREADABLE_NAME as e:
+            log.warning("%s", said("source %r: a table of schema %s (oid %d) is left out: its "
+                                   "name has a character no UTF-8 client can read (%s); rename "
+                                   "it to capture it", src.name, schema, oid, e))  # fmt: skip
+            continue
+        if row is not None:
+            out.append((schema, row[0]))
+    return out
 
 
 def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
     tables = [parse_table(t) for t in src.tables]
     for schema in src.schemas:
-        rows = conn.execute(SCHEMA_TABLES_SQL, (schema,)).fetchall()
+        rows = _schema_tables(conn, src, schema)
         if (
             not rows
             and not conn.execute(

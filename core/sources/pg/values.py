@@ -177,7 +177,6 @@ _BY_OID: dict[int, Converter] = {
 @dataclass(frozen=True, slots=True)
 class PgType:
     oid: int
-    name: str
     typtype: str  # b base, d domain, e enum, c composite, r range, m multirange
     element: int  # array element type, 0 when not an array
     base: int  # base type of a domain, 0 otherwise
@@ -185,8 +184,10 @@ class PgType:
     is_array: bool
 
 
+# No names: a type is known by its oid (a table's row type has the table's name, which a UTF-8
+# client may not read: a SQL_ASCII database's Latin-1 name stopped capture at every start).
 TYPES_SQL = """
-SELECT t.oid::bigint, t.typname, t.typtype, t.typelem::bigint, t.typbasetype::bigint, t.typdelim,
+SELECT t.oid::bigint, t.typtype, t.typelem::bigint, t.typbasetype::bigint, t.typdelim,
        t.typcategory = 'A' AND t.typelem <> 0
 FROM pg_type t
 """
