@@ -26,7 +26,7 @@ from core.api.consume import Consumers
 from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConfig
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
-from core.redact import masks_in, said, shown, unmasked
+from core.redact import masks_in, remember_config, said, shown, unmasked
 from core.sources.pg.selected import selection_problems
 from core.store import Store
 from core.store import connectors as api_connectors
@@ -265,6 +265,7 @@ class Operations:
                                             new=name is None)  # fmt: skip
         if not done:
             raise Conflict(said("a connector named %r exists", c.name))
+        remember_config(c)  # its secrets hidden, its names printed whole (as the file's are)
         log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
         unmatched = await asyncio.to_thread(selection_problems, self.cfg, [c])
         for problem in unmatched:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.config.load import error_text
 from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.failures import AWAY
@@ -115,12 +116,14 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         # secrets of a body that did not validate are hidden too (a message may quote one), in
         # this answer only: kept for the process, what clients send would grow without bound
         secrets = forms_of(raw_secrets(e.body, WeirConfig))
-        errors = [{k: v for k, v in err.items() if k != "input"}
-                  | {"msg": err["msg"].removeprefix("Value error, ")}  # a validator's sentence
+        errors = [{k: v for k, v in err.items() if k not in ("input", "msg", "ctx")}
                   for err in e.errors()]  # fmt: skip
         if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
             errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
         detail = redacted(jsonable_encoder(errors), secrets)
+        for out, err in zip(detail, e.errors(), strict=True):  # the message as Weir says it,
+            # and the body's own secrets nowhere in it (the process does not know them)
+            out["msg"] = masked(redact(error_text(err, secrets)), secrets)
         return JSONResponse({"detail": detail}, status_code=422)
 
     async def _store_away(request: Request, e: Exception) -> JSONResponse:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from core.config.base import tag_of
 from core.config.model import WeirConfig
-from core.redact import own, raw_secrets, redact, remember, remember_config
+from core.redact import Said, masked, own, raw_secrets, redact, remember, remember_config, said
 from core.steps import functions
 
 
@@ -146,11 +146,26 @@ def use_functions_dir(path: Path, data: dict[str, Any]) -> None:
     functions.use_dir((path.parent / where).resolve() if isinstance(where, str) else None)
 
 
-def _validator_said(err: Any) -> str | None:
-    """A validator's own sentence (a :class:`~core.redact.Said`: its values masked each on its
-    own), which pydantic's ``msg`` holds as a plain text; None for any other error."""
-    error = err.get("ctx", {}).get("error") if err["type"] == "value_error" else None
-    return own(error)
+def error_text(err: Any, also: list[str] | None = None) -> str:
+    """A pydantic error's message as Weir says it (the file's and the API's refusals): a
+    validator's own sentence (a :class:`~core.redact.Said`, its values masked each on its
+    own); or pydantic's words with what the models put in them (the allowed values, the tags)
+    as written and only what the input put in them masked, by the secrets known and ``also``'s
+    forms (a password ``events`` read ``Input should be 'records' or '***'``: a tryout). A
+    validator's other errors (a library's) are masked whole."""
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error":
+        own_text = own(err.get("ctx", {}).get("error"))
+        return own_text if own_text is not None else masked(redact(msg), also or [])
+    values = (err.get("input"), err.get("ctx", {}).get("tag"))
+    given = {str(v) for v in values if isinstance(v, (str, int, float))
+             and not isinstance(v, bool) and str(v)}  # fmt: skip
+    if not given:
+        return Said(msg)
+    parts = re.split("(" + "|".join(map(re.escape, sorted(given, key=len, reverse=True))) + ")",
+                     msg)  # fmt: skip
+    template = "".join(p.replace("%", "%%") if i % 2 == 0 else "%s" for i, p in enumerate(parts))
+    return said(template, *(masked(p, also or []) for p in parts[1::2]))
 
 
 def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
@@ -191,7 +206,7 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
             line, where = _line_of(loc, lines, data)
             rest = [p for p in loc[len(where) :] if p not in where]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"
-            msg = _validator_said(err) or err["msg"].removeprefix("Value error, ")
+            msg = error_text(err)
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             elif err["type"] == "union_tag_not_found":  # e.g. a connector without type:

@@ -20,6 +20,7 @@ from core.config.connector import ConnectorBase
 from core.config.model import ConsumerConfig, WeirConfig
 from core.config.sources import PostgresSource
 from core.ids import collection_id_of
+from core.redact import Said, said
 from core.sources.pg import snapshot
 from core.sources.pg.setup import SourceSetupError, tables_of
 from core.store.selection import glob
@@ -49,35 +50,35 @@ def catalog(src: PostgresSource) -> dict[str, list[str]]:
 
 def unmatched(
     collections: Sequence[str], columns: Sequence[tuple[str, str]], known: dict[str, list[str]]
-) -> list[str]:
+) -> list[Said]:
     """What in a selection matches nothing of ``known`` (collection -> columns): its collection
     patterns, and its ``columns`` (each (the setting, a column name)); each said with the
     closest name."""
-    problems = []
+    problems: list[Said] = []
     for pattern in collections:
         match = glob([pattern])
         if match is not None and not any(match(c) for c in known):
-            problems.append(f"collections: {pattern!r} matches none of its sources' tables"
-                            + _closest(pattern, known))  # fmt: skip
+            problems.append(said("collections: %r matches none of its sources' tables%s",
+                                 pattern, _closest(pattern, known)))  # fmt: skip
     match = glob(collections)
     # the tables it selects; when none (a typo above), any of its sources'
     selected = [cols for c, cols in known.items() if match is None or match(c)] or known.values()
     pool = {col for cols in selected for col in cols}
     for setting, column in columns:
         if pool and column not in pool:
-            problems.append(f"{setting} {column!r} is in none of the tables it selects"
-                            + _closest(column, pool))  # fmt: skip
+            problems.append(said("%s %r is in none of the tables it selects%s", Said(setting),
+                                 column, _closest(column, pool)))  # fmt: skip
     return problems
 
 
-def _closest(name: str, names: Any) -> str:
+def _closest(name: str, names: Any) -> Said:
     near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    return said(" (did you mean %r?)", near[0]) if near else Said("")
 
 
 def selection_problems(
     cfg: WeirConfig, users: Sequence[ConnectorBase | ConsumerConfig]
-) -> list[str]:
+) -> list[Said]:
     """``unmatched`` for each connector or HTTP pull consumer of ``users`` against the catalogs
     of its sources, each source's read once for them all, when they are all Postgres sources
     that answer (an ``http`` source's collections are whatever is sent; one that does not
@@ -97,7 +98,7 @@ def selection_problems(
             known |= tables
         return known
 
-    problems = []
+    problems: list[Said] = []
     for user in users:
         sources = [s for s in cfg.sources if user.sources is None or s.name in user.sources]
         pg = [s for s in sources if isinstance(s, PostgresSource)]
@@ -109,5 +110,6 @@ def selection_problems(
         else:
             what, collections = "connector", list(user.collections)
             columns = [("filters: column", f.column) for f in user.filters]
-        problems += [f"{what} {user.name}: {p}" for p in unmatched(collections, columns, known)]
+        problems += [said("%s %s: %s", Said(what), user.name, p)
+                     for p in unmatched(collections, columns, known)]  # fmt: skip
     return problems
