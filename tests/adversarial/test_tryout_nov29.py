@@ -1,5 +1,6 @@
-"""Findings of the Nov 29 outside try-out: each test shows one thing that still breaks a
-promise of README.md / docs/, against real servers."""
+"""Findings of the Nov 29 outside try-out, against real servers: each test is a promise of
+README.md / docs/ that the try-out found broken, as its docstring tells what was seen; each
+passes since its fix (the commits that cite the try-out)."""
 
 from __future__ import annotations
 
