@@ -64,7 +64,7 @@ def source_problems() -> tuple[type[Exception], ...]:
     instead of a traceback: setup and schema problems, and errors from the database."""
     import psycopg
 
+    from core.sources.pg.errors import SourceSetupError
     from core.sources.pg.relations import SourceSchemaError
-    from core.sources.pg.setup import SourceSetupError
 
     return (SourceSetupError, SourceSchemaError, psycopg.Error)

@@ -22,9 +22,10 @@ from core.progress import Progress
 from core.redact import first_line, said
 from core.sources.pg import snapshot
 from core.sources.pg.copy_out import copy_rows
+from core.sources.pg.errors import SourceSetupError
 from core.sources.pg.grants import cannot_read, say_unreadable
 from core.sources.pg.relations import SourceSchemaError
-from core.sources.pg.setup import SourceSetupError, capturable_tables, published_tables
+from core.sources.pg.setup import capturable_tables, published_tables
 from core.store import Conn, Store
 from core.store.backfills import Backfills
 from core.store.change import REFUSED

@@ -23,8 +23,9 @@ log = logging.getLogger("weir.store")
 
 # The store's own tables, as the migrations make them: capture never takes their changes, when
 # the store lives in a source's database (its writes would be captured and written again).
-# Each bears STORE_MARK as its comment, so a source's catalog tells them apart (sources/pg/setup.py)
-# and the store's DDL runs with the setting STORE_DDL on, which the follow trigger ignores.
+# Each bears STORE_MARK as its comment, so a source's catalog tells them apart
+# (core/sources/pg/tables.py) and the store's DDL runs with the setting STORE_DDL on, which the
+# follow trigger ignores.
 STORE_TABLES = frozenset(
     [
         "schema_migrations",

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from core.runtime.service import prepare
-from core.sources.pg.setup import SourceSetupError
+from core.sources.pg.errors import SourceSetupError
 from core.store import Store, StoreError
 from core.store.status import backfills
 from tests.helpers import stored

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 from core.sources.pg.capture import PostgresCapture
-from core.sources.pg.setup import SlotBusyError, SourceSetupError, ensure_slot, prepare
+from core.sources.pg.errors import SlotBusyError, SourceSetupError
+from core.sources.pg.setup import ensure_slot, prepare
 from core.store.writer import WriterBusyError
 from devkit.embedded import EmbeddedPostgres
 from tests.helpers.capture import capturing, pg_source, store_for

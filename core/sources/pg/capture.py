@@ -30,17 +30,13 @@ from core.metrics import Metrics
 from core.redact import said
 from core.sources.pg import snapshot
 from core.sources.pg.encoding import REPLICATION_CLIENT_ENCODING, unreadable_name
+from core.sources.pg.errors import SlotBusyError, SourceSetupError
 from core.sources.pg.pgoutput import start_replication
 from core.sources.pg.relations import Relations, SourceSchemaError
-from core.sources.pg.setup import (
-    SlotBusyError,
-    SourceSetupError,
-    capturable_tables,
-    prepare,
-    tables_wanted,
-)
+from core.sources.pg.setup import capturable_tables, prepare
 from core.sources.pg.slot import SlotGapError, check_slot, slot_lock, unreadable
 from core.sources.pg.stream import SlotPosition, Stream
+from core.sources.pg.tables import tables_wanted
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.change import UnstorableChange

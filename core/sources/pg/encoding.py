@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from core.redact import said
-from core.sources.pg.setup import SourceSetupError
+from core.sources.pg.errors import SourceSetupError
 
 # The client encoding of the replication connection: the server converts nothing for it.
 REPLICATION_CLIENT_ENCODING = "SQL_ASCII"

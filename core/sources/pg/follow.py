@@ -51,7 +51,7 @@ HOME, OLD_HOME = "weir_follow", "weir"
 # may hold rows already (given a key later, or made by CREATE TABLE AS) is named in a
 # BACKFILL_PREFIX message; one that can no longer publish its updates and deletes (its primary key
 # or identity index dropped, say) leaves the publication, so the user's writes to it go on, with a
-# LEFT_PREFIX message. The rule for a capturable table is core/sources/pg/setup.py:table_problem's.
+# LEFT_PREFIX message. The rule for a capturable table is core/sources/pg/tables.py:table_problem's.
 # The commands whose end the function hears of (with sql_drop and table_rewrite).
 _TAGS = "('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE', 'ALTER TYPE')"
 _FOLLOW_FUNCTION = """

@@ -28,13 +28,9 @@ from core.sources.pg.follow import (
     REWRITTEN_PREFIX,
 )
 from core.sources.pg.relations import Relation, Relations, shape_of
-from core.sources.pg.setup import (
-    TABLE_INFO_SQL,
-    UNREADABLE_NAME,
-    complete_publication,
-    table_problem,
-)
+from core.sources.pg.setup import complete_publication
 from core.sources.pg.store_thread import StoreThread
+from core.sources.pg.tables import TABLE_INFO_SQL, UNREADABLE_NAME, table_problem
 from core.sources.pg.watch import PublicationWatch
 from core.tables import table_name
 

@@ -22,7 +22,8 @@ from core.config.sources import PostgresSource
 from core.ids import collection_id_of
 from core.redact import Said, said
 from core.sources.pg import snapshot
-from core.sources.pg.setup import SourceSetupError, tables_of
+from core.sources.pg.errors import SourceSetupError
+from core.sources.pg.tables import tables_of
 from core.store.selection import glob
 
 COLUMNS_SQL = """

@@ -24,7 +24,8 @@ import psycopg
 
 from core.ids import lsn_to_str
 from core.redact import said
-from core.sources.pg.setup import SourceSetupError, ensure_slot
+from core.sources.pg.errors import SourceSetupError
+from core.sources.pg.setup import ensure_slot
 
 if TYPE_CHECKING:
     from core.config.sources import PostgresSource

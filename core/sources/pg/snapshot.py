@@ -33,6 +33,7 @@ from core.envelope import dumps
 from core.redact import said
 from core.sources.pg import encoding
 from core.sources.pg.copy_out import copy_lines, copy_rows, unescape
+from core.sources.pg.errors import SlotBusyError, SourceSetupError
 from core.sources.pg.grants import cannot_read
 from core.sources.pg.relations import (
     Relation,
@@ -41,7 +42,7 @@ from core.sources.pg.relations import (
     record_id_for,
     row_values,
 )
-from core.sources.pg.setup import SlotBusyError, SourceSetupError, ensure_slot, prepare
+from core.sources.pg.setup import ensure_slot, prepare
 from core.sources.pg.slot import slot_lock
 from core.sources.pg.values import INT2, INT4, INT8, OID, SESSION_OPTIONS, UUID
 from core.tables import parse_table, table_name
