@@ -1,0 +1,143 @@
+"""Findings of the Nov 29 outside try-out of steps (docs/transforms.md): filters, transforms,
+routes, enrich and functions, per connector and per HTTP pull consumer, against real servers.
+Each test is a promise of docs/transforms.md the try-out found broken; its docstring tells what
+was seen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.types.json import Json
+
+from tests.helpers.api import api_serving, receive, receive_all
+from tests.helpers.capture import wait_for
+from tests.helpers.functions import write_module
+from tests.helpers.weir import insert_t
+
+ONLY_T = {"collection_id": "public:t"}
+
+
+def failed(client: httpx.Client, name: str) -> list[dict[str, Any]]:
+    r = client.get(f"/v1/http-consumers/{name}/failed")
+    assert r.status_code == 200, r.text
+    return list(r.json()["data"])
+
+
+def _first(client: httpx.Client, name: str) -> list[Any]:
+    """Receive until a message comes or one is on the failed list; the failed list must stay
+    empty."""
+    got: list[Any] = []
+    wait_for(lambda: got.extend(receive(client, name)) or got or failed(client, name),
+             what=f"{name}'s message received or failed")  # fmt: skip
+    assert failed(client, name) == []
+    return got
+
+
+def _consumer(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "stream": "events", "filters": ONLY_T, "steps": steps}
+
+
+def test_add_of_a_big_integer_fails_every_message(table: str) -> None:
+    """docs/transforms.md “Transform”: ``add: {field: value}`` adds “a value as given”, and
+    “Numbers stay exact”. ``add: {n: 100000000000000000000000}`` (a JSON number, a YAML int
+    beyond 64 bits; config validate takes it) fails EVERY message at send time with ``steps:
+    the message cannot be written as JSON: Integer exceeds 64-bit range`` (not naming the step),
+    though the same number read from a json column passes through a step untouched."""
+    c = _consumer("big", [{"transform": {"add": {"n": 100000000000000000000000}}}])
+    with api_serving(table, consumers=[c]) as client:
+        insert_t(table, range(1, 3))
+        got = _first(client, "big")
+        assert got[0]["record"]["data"]["n"] == 10**23
+
+
+def test_a_function_returning_a_big_python_int_fails_its_message(
+    table: str, functions_dir: Path
+) -> None:
+    """docs/transforms.md “Functions”: the values are JSON's, numbers a function returns are
+    written as their digits (a Decimal's too). A function returning ``record['id'] * 10**20``
+    (a plain Python int, a JSON number) fails its message with ``steps: the message cannot be
+    written as JSON: Integer exceeds 64-bit range``; ``Decimal(record['id'] * 10**20)`` would
+    pass."""
+    write_module(functions_dir / "scale.py",
+                 "def up(action, record, changes, metadata):\n"
+                 "    big = record['id'] * 10**20\n"
+                 "    return {'record': {'id': record['id'], 'big': big}}\n")  # fmt: skip
+    c = _consumer("scaled", [{"transform": {"function": "scale:up"}}])
+    with api_serving(table, consumers=[c]) as client:
+        insert_t(table, range(1, 2))
+        got = _first(client, "scaled")
+        assert got[0]["record"]["data"]["big"] == 10**20
+
+
+def test_add_of_a_whole_record_template_fails_every_message(table: str) -> None:
+    """docs/transforms.md “Templates”: “In ``add``, a template that is one field alone keeps
+    the field's value”. ``add: {before: "{record}"}`` (a copy of the record as it was, beside
+    the changed fields) puts the record inside itself, and every message fails with ``steps:
+    the message cannot be written as JSON: Recursion limit reached``."""
+    c = _consumer("copy", [{"transform": {"add": {"before": "{record}"}}},
+                           {"transform": {"drop": ["body"]}}])  # fmt: skip
+    with api_serving(table, consumers=[c]) as client:
+        insert_t(table, range(1, 2))
+        got = _first(client, "copy")
+        assert got[0]["record"]["data"] == {"id": 1, "before": {"id": 1, "body": "x"}}
+
+
+def test_an_added_list_is_one_object_shared_by_every_message(
+    table: str, functions_dir: Path
+) -> None:
+    """docs/transforms.md: steps run “on each message”; ``add`` adds “a value as given”. The
+    value of ``add: {tags: []}`` is ONE Python list handed to every message: a later function
+    step that appends to ``record['tags']`` makes the second message's tags ``[1, 2]``, the
+    third's ``[1, 2, 3]``: what a subscriber gets depends on every message sent before it."""
+    write_module(functions_dir / "tagging.py",
+                 "def tag(action, record, changes, metadata):\n"
+                 "    record['tags'].append(record['id'])\n"
+                 "    return {'action': action, 'record': record}\n")  # fmt: skip
+    c = _consumer("tagged", [{"transform": {"add": {"tags": []}}},
+                             {"transform": {"function": "tagging:tag"}}])  # fmt: skip
+    with api_serving(table, consumers=[c]) as client:
+        insert_t(table, range(1, 4))
+        got = receive_all(client, "tagged", 3)
+    assert {m["record"]["data"]["id"]: m["record"]["data"]["tags"] for m in got} == {
+        1: [1], 2: [2], 3: [3]}  # fmt: skip
+
+
+def test_a_filter_compares_lists_by_json_kinds(table: str) -> None:
+    """docs/transforms.md “Expressions”: comparisons go “by JSON's kinds: true is not 1
+    (``record.flag == 1`` is false for ``true``)”. Inside a list that does not hold:
+    ``record.tags == [1]`` keeps a row whose tags are ``[true]`` (and ``[true] < [2]`` is
+    true where ``true < 2`` is an error)."""
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("CREATE TABLE k (id int PRIMARY KEY, tags jsonb)")
+        conn.execute("INSERT INTO k VALUES (1, %s), (2, %s)", (Json([True]), Json([1])))
+    c = {"name": "ones", "stream": "records", "filters": {"collection_id": "public:k"},
+         "deliver_policy": "all", "steps": [{"filter": "record.tags == [1]"}]}  # fmt: skip
+    with api_serving(table, consumers=[c]) as client:
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE k SET tags = tags")
+        got = receive_all(client, "ones", 1)
+        wait_for(lambda: client.get("/v1/http-consumers/ones").json()["info"]["num_pending"]
+                 == 0, what="both handled")  # fmt: skip
+        got += receive(client, "ones")
+    assert [m["record"]["data"]["id"] for m in got] == [2]
+
+
+def test_a_unicode_field_name_reads_that_field(table: str) -> None:
+    """docs/transforms.md “Expressions”: fields are named as ``record.status``. Python folds
+    identifiers to NFKC, so ``record.ﬁle == 'x'`` (with the ligature ``ﬁ``, a column named
+    so) reads the field ``file`` instead: the filter keeps rows by another column's value."""
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute('CREATE TABLE u (id int PRIMARY KEY, "ﬁle" text, file text)')
+    c = {"name": "lig", "stream": "events", "filters": {"collection_id": "public:u"},
+         "steps": [{"filter": "record.ﬁle == 'x'"}]}  # fmt: skip
+    with api_serving(table, consumers=[c]) as client:
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("INSERT INTO u VALUES (1, 'x', 'no'), (2, 'no', 'x')")
+        got = receive_all(client, "lig", 1)
+        wait_for(lambda: client.get("/v1/http-consumers/lig").json()["info"]["num_pending"]
+                 == 0, what="both handled")  # fmt: skip
+        got += receive(client, "lig")
+    assert [m["record"]["data"]["id"] for m in got] == [1]
