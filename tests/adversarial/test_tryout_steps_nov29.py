@@ -10,12 +10,15 @@ from typing import Any
 
 import httpx
 import psycopg
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg.types.json import Json
 
+from devkit.embedded import EmbeddedKafka
+from tests.connectors.kafka.harness import KafkaHarness, read_kafka
 from tests.helpers.api import api_serving, receive, receive_all
 from tests.helpers.capture import wait_for
 from tests.helpers.functions import write_module
-from tests.helpers.weir import insert_t
+from tests.helpers.weir import cursor_of, failed_messages, insert_t, serving, weir_config
 
 ONLY_T = {"collection_id": "public:t"}
 
@@ -141,3 +144,51 @@ def test_a_unicode_field_name_reads_that_field(table: str) -> None:
                  == 0, what="both handled")  # fmt: skip
         got += receive(client, "lig")
     assert [m["record"]["data"]["id"] for m in got] == [1]
+
+
+# -- Kafka: a topic per tenant ----------------------------------------------------------------
+
+
+def _kafka_routed(kafka_server: EmbeddedKafka, name: str, route: dict[str, str],
+                  made: list[str]) -> dict[str, Any]:  # fmt: skip
+    """A Kafka connector on ``t`` whose topic is ``BASE.{route}`` (``{route}`` alone when
+    ``made`` is empty), with ``route``; the topics ``BASE.<m>`` for each of ``made`` exist and
+    no other is made (librdkafka gives up on an unknown topic within 0.3 s)."""
+    c = KafkaHarness(kafka_server).connector(name, "events")
+    base = c["kafka"]["topic"]
+    c["kafka"]["topic"] = base + ".{route}"
+    c["kafka"]["librdkafka"] = {"topic.metadata.propagation.max.ms": 300}
+    c["retry"] = {"initial": "50ms", "max": "100ms", "max_attempts": 3}
+    c["steps"] = [{"route": route}]
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap})
+    topics = [f"{base}.{m}" for m in made]
+    for f in admin.create_topics([NewTopic(t, num_partitions=1) for t in topics]).values():
+        f.result(timeout=30)
+    c["_topics"] = topics
+    return c
+
+
+def test_kafka_routed_key_and_a_missing_topic_fail_that_message_alone(
+    kafka_server: EmbeddedKafka, table: str
+) -> None:
+    """docs/transforms.md “Route”: a Kafka route may give ``topic`` (a topic per tenant) and
+    ``key``; the topics must exist, and a message that cannot be sent goes to the failed list
+    while the connector goes on. With ``route: {topic: "{record.body}", key: "{record.body}"}``
+    and a row whose tenant has no topic, the broker's UNKNOWN_TOPIC report names the message by
+    its Kafka key (the routed key), which KafkaSink.write_batch looks up among the batch's
+    GROUP keys: ``KeyError: b'ghost'`` escapes, the session ends and starts over, again and
+    again: the row never reaches the failed list and the rows after it are never sent."""
+    c = _kafka_routed(kafka_server, "tenants", {"topic": "{record.body}", "key": "{record.body}"},
+                      ["acme"])  # fmt: skip
+    topics = c.pop("_topics")
+    with serving(weir_config(table, [c])):
+        insert_t(table, range(1, 2), body="acme")
+        insert_t(table, range(2, 3), body="ghost")
+        insert_t(table, range(3, 4), body="acme")
+        wait_for(lambda: cursor_of(table, "tenants")[0] >= 3, timeout=30,
+                 what="the three rows handled (the ghost's failed)")  # fmt: skip
+        errors = [e["error"] for e in failed_messages(table, "tenants")]
+    got = read_kafka({"bootstrap.servers": kafka_server.bootstrap}, topics, 1)
+    assert sorted(d.payload["record"]["id"] for d in got) == [1, 3]
+    assert len(errors) == 1 and "KeyError" not in errors[0], errors
+    assert "UNKNOWN_TOPIC" in errors[0].upper(), errors
