@@ -5,6 +5,7 @@ was seen."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from psycopg.types.json import Json
 
 from devkit.embedded import EmbeddedKafka
 from tests.connectors.kafka.harness import KafkaHarness, read_kafka
+from tests.helpers import stored
 from tests.helpers.api import api_serving, receive, receive_all
 from tests.helpers.capture import wait_for
+from tests.helpers.cli import weir
 from tests.helpers.functions import write_module
 from tests.helpers.weir import cursor_of, failed_messages, insert_t, serving, weir_config
 
@@ -192,3 +195,59 @@ def test_kafka_routed_key_and_a_missing_topic_fail_that_message_alone(
     assert sorted(d.payload["record"]["id"] for d in got) == [1, 3]
     assert len(errors) == 1 and "KeyError" not in errors[0], errors
     assert "UNKNOWN_TOPIC" in errors[0].upper(), errors
+
+
+# -- weir transform test ---------------------------------------------------------------------
+
+
+def _stored_rows(table: str, bodies: list[str]) -> None:
+    """Rows of ``t`` with these bodies, captured into the store (Weir run without connectors)."""
+    with serving(weir_config(table, [])):
+        with psycopg.connect(table, autocommit=True) as conn:
+            for i, body in enumerate(bodies, 1):
+                conn.execute("INSERT INTO t VALUES (%s, %s)", (i, body))
+        wait_for(lambda: len(stored.events(table)) >= len(bodies), what="the rows stored")
+
+
+def test_transform_test_fails_a_message_the_connector_cannot_place(
+    table: str, tmp_path: Path
+) -> None:
+    """docs/transforms.md “Trying steps”: ``weir transform test`` prints what the steps make of
+    each message (“the payload and route, dropped, or fails: and why”). For a Kafka connector
+    with ``topic: "orders.{route}"`` and a route function that gives no topic for a row (the
+    connector puts that message on the failed list: “its route gives no topic for {route} in
+    'orders.{route}'”), transform test prints it as ``out`` with no route and counts it as
+    sent: ``2 messages: 2 sent, 0 dropped, 0 failed``."""
+    _stored_rows(table, ["acme", "none"])
+    fns = tmp_path / "functions"
+    fns.mkdir()
+    write_module(fns / "tenants.py", "def topic(action, record, changes, metadata):\n"
+                 "    body = record['body']\n"
+                 "    return {} if body == 'none' else {'topic': body}\n")  # fmt: skip
+    config = tmp_path / "weir.yaml"
+    config.write_text(json.dumps({
+        "functions": {"dir": "functions"},
+        "sources": [{"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}],
+        "connectors": [{"name": "tenants", "type": "kafka", "stream": "events",
+                        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "orders.{route}"},
+                        "steps": [{"route": {"function": "tenants:topic"}}]}],
+    }))  # fmt: skip
+    out = weir("transform", "test", "--config", str(config), "--connector", "tenants")
+    assert "2 messages: 1 sent, 0 dropped, 1 failed" in out, out
+    assert "its route gives no topic" in out, out
+
+
+def test_transform_test_limit_zero_takes_no_message(table: str, tmp_path: Path) -> None:
+    """docs/transforms.md “Trying steps”: ``--limit`` is how many of the latest messages of each
+    source run. ``--limit 0`` runs EVERY stored message of the source (``got[-0:]``), up to
+    100,000 of them, and ``--limit -1`` all but the first; neither is refused."""
+    _stored_rows(table, ["a", "b", "c"])
+    config = tmp_path / "weir.yaml"
+    config.write_text(json.dumps({
+        "sources": [{"name": "app", "kind": "postgres", "url": table, "schemas": ["public"]}],
+        "connectors": [{"name": "c", "type": "nats", "stream": "events",
+                        "steps": [{"filter": "True"}]}],
+    }))  # fmt: skip
+    out = weir("transform", "test", "--config", str(config), "--connector", "c", "--limit", "0",
+               code=None)  # fmt: skip
+    assert "3 messages" not in out, out
