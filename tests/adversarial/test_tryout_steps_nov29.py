@@ -6,6 +6,8 @@ was seen."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from psycopg.types.json import Json
 from devkit.embedded import EmbeddedKafka
 from tests.connectors.kafka.harness import KafkaHarness, read_kafka
 from tests.helpers import stored
-from tests.helpers.api import api_serving, receive, receive_all
+from tests.helpers.api import api_serving, receive, receive_all, settle
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
 from tests.helpers.functions import write_module
@@ -251,3 +253,68 @@ def test_transform_test_limit_zero_takes_no_message(table: str, tmp_path: Path) 
     out = weir("transform", "test", "--config", str(config), "--connector", "c", "--limit", "0",
                code=None)  # fmt: skip
     assert "3 messages" not in out, out
+
+
+# -- HTTP pull consumers: steps that outrun the hiding ----------------------------------------
+
+
+_STALE = """import os, time
+FLAG = {flag!r}
+def _same(action, record, changes, metadata):
+    return {{"action": action, "record": record, "changes": changes, "metadata": metadata}}
+def one(action, record, changes, metadata):
+    if not os.path.exists(FLAG):
+        time.sleep(0.8)
+        record["slow"] = True
+    return _same(action, record, changes, metadata)
+def two(action, record, changes, metadata):
+    if record.get("slow"):
+        time.sleep(0.8)
+    return _same(action, record, changes, metadata)
+def three(action, record, changes, metadata):
+    if record.get("slow"):
+        raise ValueError("the stale receive's steps fail")
+    return _same(action, record, changes, metadata)
+"""
+
+
+def test_a_stale_receives_failing_steps_do_not_fail_a_message_another_worker_acked(
+    table: str, functions_dir: Path
+) -> None:
+    """docs/transforms.md “Consumers”: while steps run, a receive's messages are hidden for
+    ``ack_wait_ms`` plus ``functions.timeout`` for each message asked for; “a message whose
+    steps outran that ... and that another receive took meanwhile is returned by that receive
+    alone: one worker gets each delivery”. Steps ``[function, enrich, function, enrich,
+    function]`` run each function segment under its own ``functions.timeout``, so one message's
+    steps take 1.6 s without any timeout while it is hidden 1.1 s (ack_wait_ms 100, timeout 1 s,
+    batch 1). Receive B takes the message meanwhile, makes it, its worker acks it (count 1);
+    then receive A's stale steps fail and their failure is applied anyway: the message, acked,
+    is put on the consumer's failed list, and a retry delivers it a second time."""
+    flag = functions_dir / "fast"
+    write_module(functions_dir / "stale.py", _STALE.format(flag=str(flag)))
+    with psycopg.connect(table, autocommit=True) as conn:
+        conn.execute("CREATE TABLE c (id int PRIMARY KEY)")
+    enrich = {"enrich": {"sql": "SELECT id FROM c WHERE id = ANY(%(ids)s::int[])",
+                         "key": "record.id", "into": "c"}}  # fmt: skip
+    c = {"name": "stale", "stream": "events", "filters": ONLY_T, "ack_wait_ms": 100,
+         "steps": [{"transform": {"function": "stale:one"}}, enrich,
+                   {"transform": {"function": "stale:two"}}, enrich,
+                   {"transform": {"function": "stale:three"}}]}  # fmt: skip
+    with api_serving(table, consumers=[c], functions={"timeout": "1s"}) as client:
+        insert_t(table, range(1, 2))
+        wait_for(lambda: client.get("/v1/http-consumers/stale").json()["info"]["num_pending"]
+                 == 1, what="the message queued")  # fmt: skip
+        first: list[Any] = []
+        a = threading.Thread(target=lambda: first.extend(receive(client, "stale", 1)))
+        a.start()
+        time.sleep(0.2)
+        flag.write_text("")  # from now on the functions are quick
+        time.sleep(1.1)  # A's hiding (100 ms + 1 s) is over; its steps still run
+        second = receive(client, "stale", 1)
+        assert [m["record"]["data"]["id"] for m in second] == [1]
+        assert settle(client, "stale", second) == 1  # B's worker has it, and acks it
+        a.join(30)
+        assert first == []
+        assert failed(client, "stale") == []
+        r = client.post("/v1/http-consumers/stale/failed/retry", json={"all": True})
+        assert r.json() == {"count": 0}, "an acked message was on the failed list"
