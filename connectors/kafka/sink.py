@@ -124,7 +124,7 @@ class _Batch:
     fut: asyncio.Future[None]
     remaining: int
     ends: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset, by partition
-    errors: list[tuple[bytes, KafkaError]] = field(default_factory=list)  # by message key
+    errors: list[tuple[bytes, KafkaError]] = field(default_factory=list)  # by message value
 
     def report(self, err: KafkaError | None, msg: Any) -> None:
         if self.fut.done():  # the batch was given up (overdue, or the sink closed)
@@ -132,7 +132,7 @@ class _Batch:
         if err is None:
             self.ends[(msg.topic(), msg.partition())] = msg.offset()
         else:
-            self.errors.append((msg.key(), err))
+            self.errors.append((msg.value(), err))
         self.count_down()
 
     def count_down(self) -> None:
@@ -280,13 +280,14 @@ class KafkaSink:
             if offset > mark.get(key, -1):
                 mark[key] = offset
         if state.errors:
-            # A report names its message by its key, the group key: a batch holds at most one
-            # message of a group (docs/design.md “Guarantees”, per-record order).
-            at = {m.group.encode(): i for i, m in enumerate(batch)}
+            # A report names its message by its value, which holds its idempotency key: not by
+            # its key, which a route may give many messages of a batch (a KeyError looped the
+            # session: found by an outside tryout).
+            at = {m.payload: i for i, m in enumerate(batch)}
             in_doubt: list[KafkaError] = []
-            for group, err in state.errors:
+            for value, err in state.errors:
                 if err.code() in TOO_LARGE or err.code() in NOT_STORED:
-                    failed[at[group]] = _refused(err)
+                    failed[at[value]] = _refused(err)
                 else:
                     in_doubt.append(err)
             if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back

@@ -280,14 +280,14 @@ class Consumers:
             live.waiting -= 1
 
     async def _receive_once(self, live: _Live, batch_size: int) -> list[Delivery]:
-        """A receive. Steps may take up to ``functions.timeout`` a message, so while they run
-        the messages are hidden for that too; then each one's ``ack_wait_ms`` starts, and one
-        delivered again meanwhile (the steps outran it) is given to that receive alone (it went
-        to two workers: found by an outside tryout)."""
+        """A receive. While the steps run the messages are hidden for as long as they may take
+        too (``Steps.bound``); then each one's ``ack_wait_ms`` starts, and one delivered again
+        meanwhile (the steps outran it) is given to that receive alone (it went to two
+        workers: found by an outside tryout)."""
         cfg, steps = live.cfg, live.steps
         hide_ms = cfg.ack_wait_ms
         if steps is not None:
-            hide_ms += math.ceil(steps.timeout * 1000) * batch_size
+            hide_ms += math.ceil(steps.bound(batch_size) * 1000)
         got, dead = await self.queues.receive(cfg, live.readers, batch_size, hide_ms)
         _failed(live, dead)
         if steps is not None and got:

@@ -32,7 +32,7 @@ from core.envelope import Message
 from core.redact import first_line, said
 from core.steps import functions
 from core.steps.compile import Compiled, EnrichAt, StepFailed, compile_steps
-from core.steps.enrich import Enrich
+from core.steps.enrich import QUERY_TIMEOUT_MS, Enrich
 from core.steps.payload import dump, load
 
 log = logging.getLogger("weir.steps")
@@ -79,6 +79,13 @@ class Steps:
         self.rewrites = any(c.changes_payload for c in self.compiled) or len(self.stages) > 1
         self.timeout = timeout
         self.stuck: list[threading.Thread] = []  # calls left running past their time
+
+    def bound(self, n: int) -> float:
+        """The longest the steps may take on a batch of ``n`` (seconds): ``timeout`` for each
+        message in each stage that calls a function, and each enrich query's time limit."""
+        calls = sum(any(c.calls_user for c in segment) for segment, _ in self.stages)
+        queries = sum(enrich is not None for _, enrich in self.stages)
+        return self.timeout * n * calls + QUERY_TIMEOUT_MS / 1000 * queries
 
     def one(self, m: Message) -> Outcome:
         """What the steps make of one message (steps without an enrich step)."""

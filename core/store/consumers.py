@@ -174,7 +174,7 @@ class Queues:
         ).format(self._m)
         self._receive = receive  # queue rows: (id, sync_id, seq, deliver_count, dead)
         self._dead = dead
-        self._delete = sql.SQL("DELETE FROM {m} WHERE " + _ROWS).format(m=self._m)
+        self._delete = sql.SQL("DELETE FROM {m} WHERE " + _ROWS + " RETURNING id").format(m=self._m)
         # Outstanding rows visible again at once: a nack, or (``deliver_count`` back) an undone
         # delivery no worker saw.
         again = "UPDATE {m} SET not_visible_until = now(), outstanding = false{more} WHERE "
@@ -346,14 +346,21 @@ class Queues:
         return dead
 
     async def _fail(
-        self, conn: AConn, cfg: ConsumerConfig, why: list[tuple[Delivery, str]]
-    ) -> None:
-        """Move deliveries to the consumer's failed list, each with why, out of its queue."""
+        self, conn: AConn, cfg: ConsumerConfig, why: list[tuple[Delivery, str]], *,
+        delivered: bool = False,
+    ) -> None:  # fmt: skip
+        """Move deliveries to the consumer's failed list, each with why, out of its queue;
+        ``delivered``: only those whose row is still in that delivery (steps that outran it
+        failed a message another worker had acked: found by an outside tryout)."""
         if why:
-            entries = [(d.message, d.deliveries, reason) for d, reason in why]
-            await failed_list.put(self.store, conn, consumer_key(cfg.name), cfg.stream, entries)
             ids = [d.row_id for d, _ in why]
-            await conn.execute(self._delete, (ids, [None] * len(ids), cfg.name))
+            counts = [d.deliveries if delivered else None for d, _ in why]
+            cur = await conn.execute(self._delete, (ids, counts, cfg.name))
+            gone = {int(r[0]) for r in await cur.fetchall()}
+            entries = [(d.message, d.deliveries, reason) for d, reason in why if d.row_id in gone]
+            if entries:
+                await failed_list.put(self.store, conn, consumer_key(cfg.name), cfg.stream,
+                                      entries)  # fmt: skip
 
     async def finish(
         self, cfg: ConsumerConfig, dropped: list[Delivery], failed: list[tuple[Delivery, str]]
@@ -361,7 +368,7 @@ class Queues:
         """Take received deliveries out of the queue that no worker gets: those its steps
         dropped (done with, as if acked) and those they failed (to the failed list, with why)."""
         async with self.pool.connection() as conn, conn.transaction():
-            await self._fail(conn, cfg, failed)
+            await self._fail(conn, cfg, failed, delivered=True)
             if dropped:
                 ids, counts = [d.row_id for d in dropped], [d.deliveries for d in dropped]
                 await conn.execute(self._delete, (ids, counts, cfg.name))
