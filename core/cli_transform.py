@@ -16,12 +16,15 @@ from core.commands import load_or_exit, reach_store
 from core.config.model import WeirConfig
 from core.config.sources import HttpSource, PostgresSource
 from core.envelope import Message
+from core.redact import said
+from core.steps.compile import StepFailed
 from core.steps.run import Steps
 from core.store import Store
 from core.store.connectors import with_api_connectors
 from core.store.consumers import consumer_key, stored_consumers
 from core.store.reader import StreamReader
 from core.store.selection import selection
+from core.templates import Template, Unrouted
 
 WINDOW = 100_000  # seqs of each source looked through for the latest messages
 
@@ -37,6 +40,7 @@ class _Taker(NamedTuple):
     routes: dict[str, Any]
     where: Any  # core/store/selection.py
     sources: list[PostgresSource | HttpSource]
+    places: Template | None = None  # a connector's, made per message
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
@@ -66,7 +70,13 @@ def cmd_transform(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     outcomes = asyncio.run(_apply(steps, msgs))
     spent = time.perf_counter() - t0
+    places = taker.places
     for m, out in zip(msgs, outcomes, strict=True):
+        if isinstance(out, Message) and places is not None:
+            try:  # as the sink would: a message whose route gives it no place fails
+                places.render(out)
+            except Unrouted as e:
+                out = StepFailed(*e.args)
         print(f"{m.sync_id}:{m.seq} in   {m.payload.decode()}")
         if isinstance(out, Message):
             counts["sent"] += 1
@@ -90,7 +100,8 @@ def _connector(cfg: WeirConfig, store: Store, name: str) -> _Taker | str:
         known = ", ".join(c.name for c in cfg.connectors) or "none"
         return f"no connector named {name!r} (there are: {known})"
     return _Taker(f"connector {c.name!r}", c.name, c.stream, c.steps, type(c).ROUTES,
-                  selection(c.collections, c.actions, c.filters), cfg.sources_of(c))  # fmt: skip
+                  selection(c.collections, c.actions, c.filters), cfg.sources_of(c),
+                  c.places())  # fmt: skip
 
 
 def _consumer(cfg: WeirConfig, store: Store, name: str) -> _Taker | str:
@@ -132,6 +143,13 @@ async def _latest(store: Store, taker: _Taker, limit: int) -> list[Message]:
     return out
 
 
+def _count(text: str) -> int:
+    """A --limit: a whole number of 1 or more (0 took every stored message: ``got[-0:]``)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(said("must be a whole number of 1 or more, not %r", text))
+    return int(text)
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "transform", help="a connector's or consumer's steps (filter, transform, route, enrich)"
@@ -144,5 +162,6 @@ def add_commands(sub: Any) -> None:
     who = t.add_mutually_exclusive_group(required=True)
     who.add_argument("--connector", help="the connector whose steps run")
     who.add_argument("--consumer", help="the HTTP pull consumer whose steps run")
-    t.add_argument("--limit", type=int, default=10, help="messages of each source (default 10)")
+    t.add_argument("--limit", type=_count, default=10,
+                   help="messages of each source (default 10)")  # fmt: skip
     t.set_defaults(func=cmd_transform)

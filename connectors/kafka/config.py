@@ -12,7 +12,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from core.config.base import Duration, Model, TlsFiles
 from core.config.connector import ConnectorBase
 from core.config.steps import RouteField
-from core.templates import check_routed, check_template, routed_field
+from core.templates import Template, check_routed, check_template, routed_field
 
 
 class _Quiet:
@@ -278,6 +278,9 @@ class KafkaConnector(ConnectorBase):
     # route: {key: …} is the message key (the record's group key otherwise): its partition;
     # {topic: …} fills {route} in kafka.topic (a topic per tenant, say)
     ROUTES = {"key": RouteField(str, lambda v: None), "topic": routed_field(TOPIC_BAD)}
+
+    def places(self) -> Template:
+        return Template(self.topic, self.stream, TOPIC_BAD, "topic")
 
     @model_validator(mode="after")
     def _routed_topic(self) -> Self:

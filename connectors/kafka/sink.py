@@ -14,17 +14,18 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.kafka.config import TOPIC_BAD, KafkaConnector, KafkaSettings
+from connectors.kafka.config import KafkaConnector, KafkaSettings
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import BrokerMark, Message, key_prefixes
 from core.failures import Unreachable
 from core.redact import Said, said
-from core.templates import Template, Unrouted
+from core.templates import Unrouted
 
 log = logging.getLogger("weir.kafka")
 
@@ -116,23 +117,24 @@ def producer_config(s: KafkaSettings, name: str) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class _Batch:
-    """A batch waiting for its delivery reports. ``report`` is the delivery callback of all its
-    messages: one for the batch, not one made for each message, and what it keeps of a report
-    is what settling the batch needs, the last offset per partition and the failures.
+    """A batch waiting for its delivery reports. ``report`` is the delivery callback of its
+    messages, each bound to its place in the batch (a report's key or value may be another
+    message's too: a route's key, a steps' payload), and what it keeps of a report is what
+    settling the batch needs, the last offset per partition and the failures.
     """
 
     fut: asyncio.Future[None]
     remaining: int
     ends: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset, by partition
-    errors: list[tuple[bytes, KafkaError]] = field(default_factory=list)  # by message value
+    errors: list[tuple[int, KafkaError]] = field(default_factory=list)  # by place in the batch
 
-    def report(self, err: KafkaError | None, msg: Any) -> None:
+    def report(self, at: int, err: KafkaError | None, msg: Any) -> None:
         if self.fut.done():  # the batch was given up (overdue, or the sink closed)
             return
         if err is None:
             self.ends[(msg.topic(), msg.partition())] = msg.offset()
         else:
-            self.errors.append((msg.value(), err))
+            self.errors.append((at, err))
         self.count_down()
 
     def count_down(self) -> None:
@@ -147,7 +149,7 @@ class KafkaSink:
     def __init__(self, cfg: KafkaConnector) -> None:
         self.cfg = cfg
         self.settings = cfg.kafka
-        self.topics = Template(cfg.topic, cfg.stream, TOPIC_BAD, "topic")
+        self.topics = cfg.places()
         self._producer: Producer | None = None
         self._poller: asyncio.Task[None] | None = None
         self._mark: BrokerMark = {}
@@ -253,7 +255,7 @@ class KafkaSink:
                 try:
                     key = m.group if m.route is None else m.route.get("key", m.group)
                     producer.produce(topic_of(m), m.payload, key.encode(),
-                                     on_delivery=report, headers=headers)  # fmt: skip
+                                     on_delivery=partial(report, i), headers=headers)  # fmt: skip
                     break
                 except BufferError:  # the local queue is full: wait for reports to free it
                     await asyncio.sleep(POLL_BUSY)
@@ -280,14 +282,10 @@ class KafkaSink:
             if offset > mark.get(key, -1):
                 mark[key] = offset
         if state.errors:
-            # A report names its message by its value, which holds its idempotency key: not by
-            # its key, which a route may give many messages of a batch (a KeyError looped the
-            # session: found by an outside tryout).
-            at = {m.payload: i for i, m in enumerate(batch)}
             in_doubt: list[KafkaError] = []
-            for value, err in state.errors:
+            for at, err in state.errors:
                 if err.code() in TOO_LARGE or err.code() in NOT_STORED:
-                    failed[at[value]] = _refused(err)
+                    failed[at] = _refused(err)
                 else:
                     in_doubt.append(err)
             if in_doubt:  # maybe stored, maybe not: a new session reads the partitions back

@@ -12,7 +12,7 @@ from core.config.connector import ConnectorBase
 from core.config.steps import RouteField, RouteStep
 from core.ids import encode_token
 from core.redact import said
-from core.templates import check_routed, check_template, routed_field
+from core.templates import Template, check_routed, check_template, routed_field
 
 QUEUE_BAD = r"[^A-Za-z0-9_-]"  # what a queue name cannot hold
 
@@ -79,6 +79,9 @@ class SqsConnector(ConnectorBase):
         "per-record order and dedupe"
     )
     sqs: SqsSettings = Field(description="where to send")
+
+    def places(self) -> Template:
+        return Template(self.sqs.queue_url, self.stream, QUEUE_BAD, "queue")
 
     @model_validator(mode="after")
     def _groups_on_fifo(self) -> SqsConnector:

@@ -22,11 +22,11 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.sqs.config import QUEUE_BAD, SqsConnector
+from connectors.sqs.config import SqsConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
 from core.envelope import Message
 from core.redact import said
-from core.templates import Template, Unrouted
+from core.templates import Unrouted
 
 log = logging.getLogger("weir.sqs")
 
@@ -48,7 +48,7 @@ class SqsSink:
     def __init__(self, cfg: SqsConnector) -> None:
         self.cfg = cfg
         self.settings = cfg.sqs
-        self.queues = Template(cfg.sqs.queue_url, cfg.stream, QUEUE_BAD, "queue")
+        self.queues = cfg.places()
         self._client: Any = None
         self._pool = ThreadPoolExecutor(cfg.sqs.max_concurrent_requests, f"sqs-{cfg.name}")
         self._max_size: dict[str, int] = {}  # queue URL -> MaximumMessageSize

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from core.config.base import Duration, Model
 from core.config.steps import RouteField, Step, check_routes, check_steps
 from core.redact import said
+
+if TYPE_CHECKING:
+    from core.templates import Template
 
 
 class BatchPolicy(Model):
@@ -225,6 +228,12 @@ class ConnectorBase(Model):
 
     # The route fields the connector's type takes in its steps (core/config/steps.py).
     ROUTES: ClassVar[dict[str, RouteField]] = {}
+
+    def places(self) -> Template | None:
+        """The template of the places it sends to, made per message (a Kafka topic, an SQS
+        queue: core/templates.py), which its sink and ``weir transform test`` render; None
+        for a connector whose place is its config's."""
+        return None
 
     @model_validator(mode="after")
     def _actions_on_events(self) -> ConnectorBase:

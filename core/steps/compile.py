@@ -5,6 +5,7 @@ message to go on with, or None to drop it. Built once when a session starts.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -136,7 +137,8 @@ def _transform(spec: TransformSpec, records: bool) -> Run:
         record = msg.get("record")
         if adds and type(record) is dict:
             for name, value in adds:
-                record[name] = value(msg)
+                v = value(msg)  # a list or object a copy: a message's own, never in itself
+                record[name] = copy.deepcopy(v) if type(v) in (dict, list) else v
         if spec.flatten:
             flat = dict(record) if type(record) is dict else {}
             meta = msg.get("metadata")

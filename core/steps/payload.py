@@ -68,4 +68,21 @@ def load(payload: bytes, exact: bool = True) -> Any:
 
 
 def dump(msg: Any) -> bytes:
-    return orjson.dumps(msg, default=_fragment, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    try:
+        return orjson.dumps(msg, default=_fragment, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except orjson.JSONEncodeError as e:
+        if "64-bit" not in str(e):
+            raise
+    # A Python int beyond 64 bits (a function's, an add's): a JSON number all the same
+    return orjson.dumps(_bigs(msg), default=_fragment, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
+def _bigs(v: Any) -> Any:
+    """``v`` with every int beyond 64 bits a :class:`Big` (orjson writes no such int)."""
+    if type(v) is int:
+        return v if -(2**63) <= v < 2**64 else Big(v)
+    if type(v) is dict:
+        return {k: _bigs(x) for k, x in v.items()}
+    if type(v) is list:
+        return [_bigs(x) for x in v]
+    return v

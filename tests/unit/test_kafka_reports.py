@@ -19,8 +19,8 @@ from core.envelope import Message
 
 
 class Report:
-    def __init__(self, topic: str, partition: int, offset: int, key: bytes) -> None:
-        self._at = (topic, partition, offset, key)
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes, value: bytes) -> None:
+        self._at = (topic, partition, offset, key, value)
 
     def topic(self) -> str:
         return self._at[0]
@@ -33,6 +33,9 @@ class Report:
 
     def key(self) -> bytes:
         return self._at[3]
+
+    def value(self) -> bytes:
+        return self._at[4]
 
 
 class Producer:
@@ -50,7 +53,7 @@ class Producer:
         partition = i % 2
         if code is None:
             self.ends[partition] += 1
-        msg = Report(topic, partition, self.ends[partition], key)
+        msg = Report(topic, partition, self.ends[partition], key, value)
         err = None if code is None else KafkaError(code)
         asyncio.get_running_loop().call_soon(on_delivery, err, msg)
 
