@@ -22,9 +22,12 @@ each a field path as above.
 from __future__ import annotations
 
 import ast
+import io
 import itertools
 import math
 import re
+import tokenize
+import unicodedata
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -61,9 +64,14 @@ def _num(v: Any, op: str) -> Any:
 
 
 def _eq(a: Any, b: Any) -> bool:
-    """JSON equality: never across kinds (true is not 1), numbers by value however read."""
+    """JSON equality: never across kinds (true is not 1), numbers by value however read; lists
+    and objects item by item alike ([true] is not [1]: a tryout)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_eq(v, b[k]) for k, v in a.items())
     return bool(a == b)
 
 
@@ -120,11 +128,21 @@ def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     def run(a: Any, b: Any) -> bool:
         if a is None or b is None:
             return False
-        if isinstance(a, bool) != isinstance(b, bool):  # never across kinds (true is not 1)
+        if _ordered(a) != _ordered(b) or _ordered(a) is None:  # never across kinds
             raise TypeError(said("%s and %s do not compare", _kind(a), _kind(b)))
         return fn(*_mixed(a, b))
 
     return run
+
+
+def _ordered(v: Any) -> str | None:
+    """What ``v`` orders among: numbers, texts or true/false; lists and objects do not (their
+    items could meet across kinds: [true] < [2])."""
+    if isinstance(v, bool):
+        return "bool"
+    if _is_num(v):
+        return "number"
+    return "text" if isinstance(v, str) else None
 
 
 def _text(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -262,6 +280,12 @@ class _Check(ast.NodeTransformer):
                         [])  # fmt: skip
 
 
+def _names(text: str) -> list[str]:
+    """The names of an expression that parsed, as written (not inside its texts)."""
+    tokens = tokenize.generate_tokens(io.StringIO(text.strip()).readline)
+    return [t.string for t in tokens if t.type == tokenize.NAME and not t.string.isascii()]
+
+
 def _parse(text: str) -> ast.Expression:
     if len(text) > MAX_LENGTH:
         raise ExpressionError(said("an expression is at most %s characters", MAX_LENGTH))
@@ -269,6 +293,10 @@ def _parse(text: str) -> ast.Expression:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExpressionError(said("%s at column %s of %r", e.msg, e.offset or 0, text)) from None
+    for word in _names(text):  # Python reads a name as its NFKC form: maybe another field
+        if (folded := unicodedata.normalize("NFKC", word)) != word:
+            raise ExpressionError(said("the name %r reads as %r (Python folds names): write it "
+                                       "as a key, ['%s']", word, folded, Said(word)))  # fmt: skip
     return tree
 
 

@@ -136,12 +136,17 @@ def test_a_filter_compares_lists_by_json_kinds(table: str) -> None:
 def test_a_unicode_field_name_reads_that_field(table: str) -> None:
     """docs/transforms.md “Expressions”: fields are named as ``record.status``. Python folds
     identifiers to NFKC, so ``record.ﬁle == 'x'`` (with the ligature ``ﬁ``, a column named
-    so) reads the field ``file`` instead: the filter keeps rows by another column's value."""
+    so) read the field ``file`` instead: the filter kept rows by another column's value. Such
+    a name is refused now, naming the key to write instead, which reads that field."""
     with psycopg.connect(table, autocommit=True) as conn:
         conn.execute('CREATE TABLE u (id int PRIMARY KEY, "ﬁle" text, file text)')
-    c = {"name": "lig", "stream": "events", "filters": {"collection_id": "public:u"},
-         "steps": [{"filter": "record.ﬁle == 'x'"}]}  # fmt: skip
-    with api_serving(table, consumers=[c]) as client:
+    with api_serving(table) as client:
+        c = {"name": "lig", "stream": "events", "filters": {"collection_id": "public:u"},
+             "deliver_policy": "all", "steps": [{"filter": "record.ﬁle == 'x'"}]}  # fmt: skip
+        r = client.post("/v1/http-consumers", json=c)
+        assert r.status_code == 422 and "reads as 'file'" in r.text, r.text
+        c["steps"] = [{"filter": "record['ﬁle'] == 'x'"}]
+        assert client.post("/v1/http-consumers", json=c).status_code == 201
         with psycopg.connect(table, autocommit=True) as conn:
             conn.execute("INSERT INTO u VALUES (1, 'x', 'no'), (2, 'no', 'x')")
         got = receive_all(client, "lig", 1)
