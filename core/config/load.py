@@ -157,8 +157,11 @@ def error_text(err: Any, also: list[str] | None = None) -> str:
     if err["type"] == "value_error":
         own_text = own(err.get("ctx", {}).get("error"))
         return own_text if own_text is not None else masked(redact(msg), also or [])
-    values = (err.get("input"), err.get("ctx", {}).get("tag"))
-    given = {str(v) for v in values if isinstance(v, (str, int, float))
+    why = err.get("ctx", {}).get("error")  # a parser's reason (json_invalid's, say): the input's
+    if why is not None and str(why) not in msg:
+        msg = f"{msg}: {why}"
+    values = (err.get("input"), err.get("ctx", {}).get("tag"), why)
+    given = {str(v) for v in values if isinstance(v, (str, int, float, Exception))
              and not isinstance(v, bool) and str(v)}  # fmt: skip
     if not given:
         return Said(msg)
