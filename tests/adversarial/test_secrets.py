@@ -16,12 +16,9 @@ import base64
 import html
 import json
 import re
-import signal
 import string
-import subprocess
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,7 +35,7 @@ from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from devkit.server import free_port
 from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
-from tests.helpers.cli import WEIR, weir
+from tests.helpers.cli import running, weir
 
 RIGHT = "the-right-one-42"  # what the NATS server takes; every secret planted is wrong
 HOOK_USER = "hookuser"
@@ -115,38 +112,6 @@ class Echo:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@contextmanager
-def running(tmp: Path, spec: dict[str, Any], token: str) -> Iterator[tuple[httpx.Client, Path]]:
-    """``weir -v run`` in a process of its own (what it remembers stays there), its log in a
-    file; yields an API client and the config's path; on exit it must drain and exit 0."""
-    config = tmp / "weir.yaml"
-    config.write_text(json.dumps(spec))
-    log = tmp / "run.log"
-    with log.open("w") as f:
-        run = subprocess.Popen([*WEIR, "-v", "run", "--config", str(config)], stdout=f,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        with httpx.Client(base_url="http://" + spec["api"]["listen"], timeout=30,
-                          headers={"Authorization": f"Bearer {token}"}) as client:  # fmt: skip
-
-            def up() -> bool:
-                assert run.poll() is None, log.read_text()
-                try:
-                    return client.get("/v1/sources").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            try:
-                wait_for(up, timeout=60, what="weir run's API")
-            except AssertionError as e:  # say why (a port another test took, say)
-                raise AssertionError(f"{e}; its log: {log.read_text()[-3000:]}") from None
-            yield client, config
-    finally:
-        run.send_signal(signal.SIGTERM)
-        run.wait(60)
-    assert run.returncode == 0, log.read_text()
 
 
 def failed_entries(client: httpx.Client, name: str) -> list[dict[str, Any]]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import signal
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +21,7 @@ from tests.conftest import fresh_database
 from tests.helpers import stored
 from tests.helpers.api import TOKEN, api_serving
 from tests.helpers.capture import wait_for
-from tests.helpers.cli import WEIR, weir
+from tests.helpers.cli import running, weir
 from tests.helpers.weir import serving, weir_config
 
 
@@ -188,34 +186,6 @@ def test_config_validate_keeps_the_allowed_values_a_weak_password_spells(tmp_pat
     assert not wrong, wrong
 
 
-@contextmanager
-def _weir_run(tmp: Path, spec: dict[str, Any]) -> Iterator[tuple[httpx.Client, Path]]:
-    """``weir run`` in a process of its own (what it remembers stays there), its log in a
-    file; yields an API client and the log's path; on exit it must drain and exit 0."""
-    config = tmp / "weir.yaml"
-    config.write_text(json.dumps(spec))
-    log = tmp / "run.log"
-    with log.open("w") as f:
-        run = subprocess.Popen([*WEIR, "run", "--config", str(config)], stdout=f,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        with httpx.Client(base_url="http://" + spec["api"]["listen"], timeout=30,
-                          headers={"Authorization": f"Bearer {TOKEN}"}) as client:  # fmt: skip
-
-            def up() -> bool:
-                assert run.poll() is None, log.read_text()
-                try:
-                    return client.get("/v1/sources").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(up, what="the API to listen")
-            yield client, log
-    finally:
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(60) == 0, log.read_text()
-
-
 def _api_spec(db_url: str, password: str) -> dict[str, Any]:
     return {"api": {"listen": f"127.0.0.1:{free_port()}", "tokens": [TOKEN]},
             "sources": [{"name": "app", "kind": "postgres", "schemas": ["public"],
@@ -230,7 +200,7 @@ def test_api_refusals_keep_the_allowed_values_a_weak_password_spells(
     the file (422 names the field)"): with the source's password ``records``, a connector or
     consumer sent with ``stream: record`` gets ``Input should be '***' or 'events'``: the
     value to send is masked, though it is in the API's own schema (/openapi.json)."""
-    with _weir_run(tmp_path, _api_spec(db_url, "records")) as (client, _):
+    with running(tmp_path, _api_spec(db_url, "records"), TOKEN) as (client, _):
         r = client.post("/v1/connectors", json={"name": "x", "type": "nats", "stream": "record",
                                                 "nats": {"url": nats_server.url}})  # fmt: skip
         c = client.post("/v1/http-consumers", json={"name": "y", "stream": "record"})
@@ -249,13 +219,13 @@ def test_log_lines_keep_the_name_of_a_connector_made_over_the_api(
     ``connector ***: made over the API``, ``connector ***: collections: 'public:***' matches
     none ...`` and ``connector ***: deleted over the API``, while the API's own answer says
     ``public:records`` plainly."""
-    with _weir_run(tmp_path, _api_spec(db_url, "records")) as (client, log):
+    with running(tmp_path, _api_spec(db_url, "records"), TOKEN) as (client, _):
         r = client.post("/v1/connectors", json={
             "name": "records", "type": "nats", "stream": "records",
             "collections": ["public:records"], "nats": {"url": nats_server.url}})  # fmt: skip
         assert r.status_code == 201, r.text
         assert client.delete("/v1/connectors/records").status_code == 200
-    text = log.read_text()
+    text = (tmp_path / "run.log").read_text()
     lines = [line for line in text.splitlines() if "weir.manage" in line]
     assert any("connector records: made over the API" in line for line in lines), lines
     assert not [line for line in lines if "***" in line], lines
@@ -284,7 +254,7 @@ def test_the_console_names_its_columns_as_weir_status_does(tmp_path: Path, db_ur
             "consumers": [{"name": "w", "stream": "events"}],
             "connectors": [{"name": "hooks", "type": "webhook", "stream": "events",
                             "webhook": {"url": "http://127.0.0.1:9/"}}]}  # fmt: skip
-    with _weir_run(tmp_path, spec) as (api, _):
+    with running(tmp_path, spec, TOKEN) as (api, _):
         config = tmp_path / "weir.yaml"
         status = weir("status", "--config", str(config))
         with httpx.Client(base_url=api.base_url, timeout=30) as client:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
+
+from tests.helpers.capture import wait_for
 
 WEIR = [sys.executable, "-m", "core.cli"]
 
@@ -26,3 +34,35 @@ def answers(url: str) -> bool:
         return httpx.get(url).status_code == 200
     except httpx.TransportError:
         return False
+
+
+@contextmanager
+def running(tmp: Path, spec: dict[str, Any], token: str) -> Iterator[tuple[httpx.Client, Path]]:
+    """``weir -v run`` in a process of its own (what it remembers stays there), its log in a
+    file; yields an API client and the config's path; on exit it must drain and exit 0."""
+    config = tmp / "weir.yaml"
+    config.write_text(json.dumps(spec))
+    log = tmp / "run.log"
+    with log.open("w") as f:
+        run = subprocess.Popen([*WEIR, "-v", "run", "--config", str(config)], stdout=f,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        with httpx.Client(base_url="http://" + spec["api"]["listen"], timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as client:  # fmt: skip
+
+            def up() -> bool:
+                assert run.poll() is None, log.read_text()
+                try:
+                    return client.get("/v1/sources").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            try:
+                wait_for(up, timeout=60, what="weir run's API")
+            except AssertionError as e:  # say why (a port another test took, say)
+                raise AssertionError(f"{e}; its log: {log.read_text()[-3000:]}") from None
+            yield client, config
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert run.returncode == 0, log.read_text()
