@@ -36,7 +36,7 @@ from core.sources.pg.relations import Relations, SourceSchemaError
 from core.sources.pg.setup import capturable_tables, prepare
 from core.sources.pg.slot import SlotGapError, check_slot, slot_lock, unreadable
 from core.sources.pg.stream import SlotPosition, Stream
-from core.sources.pg.tables import tables_wanted
+from core.sources.pg.tables import UNREADABLE_NAME, tables_wanted
 from core.sources.pg.values import SESSION_OPTIONS
 from core.store import Store
 from core.store.change import UnstorableChange
@@ -77,7 +77,7 @@ class PostgresCapture:
             except FATAL as e:
                 self.state, self.detail = "failed", str(e)
                 raise
-            except psycopg.errors.UntranslatableCharacter as e:  # only names are converted
+            except UNREADABLE_NAME as e:  # only names are converted
                 self.state, self.detail = "failed", unreadable_name(self.src.name, e)
                 raise SourceSetupError(self.detail) from e
             except (*AWAY, SlotBusyError) as e:
