@@ -17,6 +17,9 @@ LOOPBACK_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
+    # A Python worker started on a loaded 2-core machine took more than the default 15 s to
+    # connect back, and the query failed ("Python worker failed to connect back", seen in CI).
+    "spark.python.authenticate.socketTimeout": "120s",
 }
 
 

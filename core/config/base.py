@@ -153,7 +153,10 @@ def _readable(path: Path) -> Path:
     directory's."""
     if not str(path).strip() or str(path) == ".":
         raise ValueError("is empty: give a file's path")
-    path = path.expanduser()
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # "~name" for a user this machine does not have
+        raise ValueError(said("cannot read %s: no home directory for its ~", path)) from None
     try:
         mode = path.stat().st_mode
     except OSError as e:
