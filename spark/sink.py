@@ -36,6 +36,8 @@ from pyspark.sql.types import (
 from core.steps.payload import dump
 
 BATCH = 1_000  # records a request
+# Seconds between the tries of a post that may pass later: about a minute in all.
+RETRY_WAITS = (0.5, 1, 2, 4, 8, 15, 30)
 NEEDED = ("collection_id", "record_id", "data")
 # What each column takes: Spark types, and how to say so.
 _TAKES: dict[str, tuple[tuple[type, ...], str]] = {
@@ -99,25 +101,42 @@ class Written(WriterCommitMessage):
 
 
 def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
+    """Post records; (stored, skipped). A body beyond the API's ``max_body_bytes`` (413) goes
+    again in halves; an answer that may pass (429, 5xx: weir run restarting, its store not
+    answering) and a connection that fails are tried again for about a minute. Sending twice
+    is harmless: ingest's version guard stores nothing twice."""
     import httpx
 
-    for attempt in range(5):
+    body = dump({"records": records})
+    headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
+    why = ""
+    for wait in (*RETRY_WAITS, None):
         try:
-            r = httpx.post(target.url, content=dump({"records": records}),
-                           headers={"Authorization": f"Bearer {target.token}",
-                                    "Content-Type": "application/json"}, timeout=60)  # fmt: skip
-        except httpx.TransportError as e:  # weir run restarting: a few tries, then the task fails
-            if attempt == 4:
-                raise SinkError(f"source {target.source}: {target.url} cannot be reached: {e}") \
-                    from None  # fmt: skip
-            time.sleep(2**attempt)
-            continue
-        if r.status_code != 200:
-            raise SinkError(f"source {target.source}: ingest answered {r.status_code}: "
-                            f"{r.text[:500]}")  # fmt: skip
-        body = r.json()
-        return int(body["accepted"]), int(body["skipped"])
-    raise AssertionError("unreachable")
+            r = httpx.post(target.url, content=body, headers=headers, timeout=60)
+        except httpx.TransportError as e:
+            why = f"{target.url} cannot be reached: {e}"
+        else:
+            if r.status_code == 200:
+                answer = r.json()
+                return int(answer["accepted"]), int(answer["skipped"])
+            if r.status_code == 413 and len(records) > 1:
+                half = len(records) // 2
+                a1, s1 = _post(target, records[:half])
+                a2, s2 = _post(target, records[half:])
+                return a1 + a2, s1 + s2
+            if r.status_code == 413:
+                first = records[0]
+                raise SinkError(f"source {target.source}: record {first['record_id']!r} of "
+                                f"{first['collection_id']} is {len(body)} bytes as JSON, more "
+                                "than the API takes: raise api.max_body_bytes")  # fmt: skip
+            why = f"ingest answered {r.status_code}: {r.text[:500]}"
+            if r.status_code != 429 and r.status_code < 500:
+                raise SinkError(f"source {target.source}: {why}")
+        if wait is None:
+            break
+        time.sleep(wait)
+    raise SinkError(f"source {target.source}: {why} (tried {len(RETRY_WAITS) + 1} times in "
+                    f"{sum(RETRY_WAITS):.0f} s)")  # fmt: skip
 
 
 def _record(row: Any) -> dict[str, Any]:
