@@ -62,12 +62,12 @@ def capture(pg: EmbeddedPostgres, rows: int, tmp: Path) -> tuple[WeirConfig, Pat
 def plain_read(path: Path) -> tuple[int, float]:
     """The baseline: the stored batches read with psycopg and made into the source's rows, in
     one process (no Spark). (messages, seconds)."""
-    from spark.source import Bucket, _pages, spec_of
+    from spark.options import spec_of
+    from spark.position import bounds, run
+    from spark.source import Bucket, _pages
 
     spec = spec_of({"config": str(path), "partitions": "1"})
-    from spark.source import _bounds, _run
-
-    after, head = _run(_bounds(spec))
+    after, head = run(bounds(spec))
     start = time.perf_counter()
     n = sum(len(page) for page in _pages(spec, Bucket(after, head, 0, 1)))
     return n, time.perf_counter() - start

@@ -48,13 +48,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from core.store import Store
 from core.store.batches import Entries, Version
-from core.store.cursors import SPARK_PREFIX
 from core.store.reader import StreamReader
-from core.store.selection import selection
 from spark import sink
-from spark.typed import MODES, Columns, SourceError, typed_fields
+from spark.options import Spec, spec_of
+from spark.position import Position, bounds, reader_of, run
+from spark.typed import Columns, SourceError, typed_fields
 
 SCHEMA = (
     "sync_id string, provider string, collection_id string, record_id string, action string, "
@@ -64,93 +63,6 @@ ENVELOPE = [column.split()[0] for column in SCHEMA.split(", ")]
 PAGE = 5_000  # messages a read takes from the store at a time
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What executors need to read a source's stream: plain data, pickled by Spark."""
-
-    store: Store
-    sync_id: str
-    provider: str
-    stream: str
-    collections: tuple[str, ...]
-    actions: tuple[str, ...] | None
-    partitions: int
-    split: str  # hash: a record's messages in one partition; seq: ranges of seqs
-    start: Any  # beginning | end | SeqStart | TimeStart
-    name: str | None
-    max_per_trigger: int | None
-    source: str = ""  # the config's name of it
-    schema: str | None = None  # the schema option: typed columns of the record (spark/typed.py)
-    permissive: bool = False  # schemaMode: a value that does not fit is null, not an error
-    typed: StructType | None = None  # the schema's fields, as Spark parsed them
-
-
-def spec_of(options: dict[str, str]) -> Spec:
-    """The spec of a reader's options, reading the config file (on the driver)."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from core.config.connector import StartPosition
-    from core.config.load import load_config
-
-    # Spark's options are case-insensitive: dict() of them has the keys in lower case.
-    options = {key.lower(): value for key, value in options.items()}
-    path = options.get("config")
-    if not path:
-        raise SourceError('option "config" is required: the path of the weir YAML file')
-    cfg = load_config(path, api=False)
-    name = options.get("source")
-    pg = [s for s in cfg.sources if name is None or s.name == name]
-    if len(pg) != 1:
-        names = ", ".join(s.name for s in cfg.sources)
-        what = "name one of" if name is None else f"no source {name!r} among"
-        raise SourceError(f'option "source": {what} the config\'s sources ({names})')
-    src = pg[0]
-    stream = options.get("stream", "events")
-    if stream not in ("events", "records"):
-        raise SourceError(f'option "stream": events or records, not {stream!r}')
-    start_text = options.get("start", "beginning")
-    start: Any = start_text
-    if start_text.startswith("seq:"):
-        start = {"seq": start_text[4:]}
-    elif start_text not in ("beginning", "end"):
-        start = {"time": start_text}
-    try:
-        start = TypeAdapter(StartPosition).validate_python(start)
-    except ValidationError:
-        raise SourceError(f'option "start": beginning, end, seq:N or an ISO time, not '
-                          f"{start_text!r}") from None  # fmt: skip
-    split = options.get("split", "hash")
-    if split not in ("hash", "seq"):
-        raise SourceError(f'option "split": hash or seq, not {split!r}')
-    actions = options.get("actions")
-    wrong = set(_listed(actions)) - {"insert", "update", "delete", "truncate"}
-    if wrong or (actions and stream != "events"):
-        raise SourceError('option "actions": insert, update, delete or truncate, of the events '
-                          f"stream ({', '.join(sorted(wrong)) or stream} given)")  # fmt: skip
-    schema = options.get("schema")
-    if schema is not None and not schema.strip():
-        raise SourceError('option "schema": a Spark DDL schema ("id BIGINT, total DECIMAL(10,2)")')
-    mode = options.get("schemamode", "failfast").lower()
-    if mode not in MODES:
-        raise SourceError(f'option "schemaMode": failfast or permissive, not {mode!r}')
-    return Spec(
-        store=Store(cfg.store_url, cfg.store.schema_),
-        sync_id=str(src.sync_id),
-        provider=src.provider,
-        stream=stream,
-        collections=tuple(_listed(options.get("collections")) or ("*",)),
-        actions=tuple(_listed(actions)) if actions else None,
-        partitions=_positive(options, "partitions") or 2,
-        split=split,
-        start=start,
-        name=options.get("name"),
-        max_per_trigger=_positive(options, "maxMessagesPerTrigger"),
-        source=src.name,
-        schema=schema,
-        permissive=mode == "permissive",
-    )
-
-
 def _typed(options: dict[str, str], schema: StructType) -> Spec:
     """The spec, with the typed columns of the ``schema`` option (those after the envelope's:
     :meth:`WeirSource.schema`), checked."""
@@ -158,19 +70,6 @@ def _typed(options: dict[str, str], schema: StructType) -> Spec:
     if spec.schema is None:
         return spec
     return replace(spec, typed=typed_fields(schema, ENVELOPE, SourceError))
-
-
-def _listed(text: str | None) -> list[str]:
-    return [p.strip() for p in (text or "").split(",") if p.strip()]
-
-
-def _positive(options: dict[str, str], key: str) -> int | None:
-    text = options.get(key.lower())
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise SourceError(f'option "{key}": a whole number of at least 1, not {text!r}')
-    return int(text)
 
 
 class WeirSource(DataSource):
@@ -228,7 +127,7 @@ class _BatchReader(DataSourceReader):
         self.spec = spec
 
     def partitions(self) -> list[InputPartition]:
-        after, head = _run(_bounds(self.spec))
+        after, head = run(bounds(self.spec))
         return _buckets(self.spec, after, head)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -241,13 +140,13 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.target: int | None = None  # Trigger.AvailableNow: the head when the query began
-        self.noted = -1  # the position last kept in the store
+        self.position = Position(spec)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, self.target = _run(_bounds(self.spec, False))
+        _, self.target = run(bounds(self.spec, False))
 
     def initialOffset(self) -> dict[str, int]:
-        after, _ = _run(_bounds(self.spec))
+        after, _ = run(bounds(self.spec))
         return {"seq": after}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -255,8 +154,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        self._note(start["seq"])
-        head = self.target if self.target is not None else _run(_bounds(self.spec, False))[1]
+        self.position.note(start["seq"])
+        head = self.target if self.target is not None else run(bounds(self.spec, False))[1]
         if isinstance(limit, ReadMaxRows):
             head = min(head, start["seq"] + limit.max_rows)
         return {"seq": max(head, start["seq"])}
@@ -270,48 +169,10 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _batches(self.spec, partition)
 
     def commit(self, end: dict[str, int]) -> None:
-        self._note(end["seq"])
-
-    def _note(self, seq: int) -> None:
-        """Keep the query's position in the store: what it has read and written. Spark calls
-        ``commit`` late and seldom (never at the end of an AvailableNow query); the start of a
-        micro-batch being planned is the end of one that completed, so it is noted too."""
-        if self.spec.name is not None and seq > self.noted:
-            _run(_record(self.spec, seq))
-            self.noted = seq
-
-
-# -- the store ----------------------------------------------------------------------------------
-
-
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def _reader(spec: Spec) -> StreamReader:
-    where = selection(list(spec.collections), spec.actions, [])  # type: ignore[arg-type]
-    name = SPARK_PREFIX + (spec.name or "reader")
-    return StreamReader(spec.store, name, spec.stream, where, spec.sync_id, spec.provider)
-
-
-async def _bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
-    """(where the start option begins: the last seq before it, the stream's head)."""
-    reader = _reader(spec)
-    await reader.open()
-    try:
-        head = await reader.head()
-        return (await reader.start_seq(spec.start) if start else head), head
-    finally:
-        await reader.close()
-
-
-async def _record(spec: Spec, seq: int) -> None:
-    reader = _reader(spec)
-    await reader.open()
-    try:
-        await reader.cursors.put(reader.conn, seq)
-    finally:
-        await reader.close()
+        """What the query has read and written, kept in the store. Spark calls ``commit`` late
+        and seldom (never at the end of an AvailableNow query); the start of a micro-batch being
+        planned is the end of one that completed, so ``latestOffset`` notes it too."""
+        self.position.note(end["seq"])
 
 
 _ARROW = pa.schema([
@@ -346,7 +207,7 @@ def _batches(spec: Spec, part: Bucket) -> Iterator[pa.RecordBatch]:
 def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
     """The bucket's rows, a page at a time, read on an event loop of this task's own."""
     loop = asyncio.new_event_loop()
-    reader = _reader(spec)  # the bucket is picked here: by CRC-32, not a shard's MD5 (5x dearer)
+    reader = reader_of(spec)  # the bucket is picked here: by CRC-32, not a shard's MD5 (5x dearer)
     sid, provider, of, index = spec.sync_id, spec.provider, part.of, part.index
 
     def event(e: Entries, i: int, seq: int) -> tuple[Any, ...] | int:

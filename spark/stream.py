@@ -52,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def stream_command(args: argparse.Namespace) -> int:
     """Run the query until it stops (``--available-now``) or is stopped."""
+    from spark.options import spec_of
     from spark.session import spark_session
-    from spark.source import WeirSource, spec_of
+    from spark.source import WeirSource
 
     options = {
         "config": args.config,

@@ -251,17 +251,24 @@ class Cursors:
     def _whose(self) -> dict[str, Any]:
         return {"n": self.connector, "i": self.incarnation}
 
-    async def put(self, conn: AConn, seq: int) -> None:
-        """Set an unsharded reader's cursor, made when missing (a Spark query's, which no
-        lease or fence guards: Spark runs one batch of a query at a time)."""
-        await conn.execute(
+    async def put(self, conn: AConn, seq: int, holder: str, take: bool) -> bool:
+        """Set an unsharded reader's cursor, made when missing (a Spark query's: Spark runs one
+        batch of a query at a time). ``holder`` names the run that writes it: a run ``take``s
+        the cursor over (a query started again), and after that moves it only while it still
+        holds it. False when another run took it since (a second query of the same name)."""
+        cur = await conn.execute(
             sql.SQL(
-                "INSERT INTO {} (connector, sync_id, stream, seq) VALUES (%s, %s, %s, %s)"
+                "INSERT INTO {} AS c (connector, sync_id, stream, seq, broker_state)"
+                " VALUES (%(key)s, %(sync)s, %(stream)s, %(seq)s, %(state)s)"
                 " ON CONFLICT (connector, sync_id) DO UPDATE SET seq = excluded.seq,"
-                " updated_at = now()"
+                " broker_state = excluded.broker_state, updated_at = now()"
+                " WHERE %(take)s OR c.broker_state->>'holder' IS NOT DISTINCT FROM %(holder)s"
             ).format(self.table),
-            (self.key, self.sync_id, self.stream, seq),
-        )
+            {"key": self.key, "sync": self.sync_id, "stream": self.stream, "seq": seq,
+             "state": orjson.dumps({"holder": holder}).decode(), "take": take,
+             "holder": holder},
+        )  # fmt: skip
+        return cur.rowcount == 1
 
     async def save(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:
         """Move the cursor; CursorGone when the connector was deleted (its making is gone,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.config.connector import SeqStart
-from spark.source import SourceError, spec_of
+from spark.options import spec_of
+from spark.typed import SourceError
 
 
 @pytest.fixture

@@ -1,0 +1,67 @@
+"""Where a Spark query of Weir's streams is, in the store (docs/spark.md “What a query keeps”):
+the stream's bounds a query starts from and reads up to, and a named query's position, the
+cursor ``spark:NAME`` that retention waits for and ``weir status`` lists."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from core.store.cursors import SPARK_PREFIX
+from core.store.reader import StreamReader
+from core.store.selection import selection
+from spark.options import Spec
+from spark.typed import SourceError
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def reader_of(spec: Spec) -> StreamReader:
+    where = selection(list(spec.collections), spec.actions, [])  # type: ignore[arg-type]
+    name = SPARK_PREFIX + (spec.name or "reader")
+    return StreamReader(spec.store, name, spec.stream, where, spec.sync_id, spec.provider)
+
+
+async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
+    """(where the start option begins: the last seq before it, the stream's head)."""
+    reader = reader_of(spec)
+    await reader.open()
+    try:
+        head = await reader.head()
+        return (await reader.start_seq(spec.start) if start else head), head
+    finally:
+        await reader.close()
+
+
+class Position:
+    """A named query's position in the store, kept by one run of it (a query's driver): the
+    run's first note takes the cursor over (the query started again, after a stop or a kill),
+    and a later one fails once another run took it since: two queries of one name would
+    otherwise move one position back and forth, and retention would keep what neither needs."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.holder = uuid.uuid4().hex  # this run
+        self.noted = -1  # the position last kept
+
+    def note(self, seq: int) -> None:
+        if self.spec.name is not None and seq > self.noted:
+            run(self._put(seq))
+            self.noted = seq
+
+    async def _put(self, seq: int) -> None:
+        reader = reader_of(self.spec)
+        await reader.open()
+        try:
+            held = await reader.cursors.put(reader.conn, seq, self.holder, self.noted < 0)
+        finally:
+            await reader.close()
+        if not held:
+            raise SourceError(
+                f"another query named {self.spec.name!r} of source {self.spec.source} started "
+                "since this one and keeps the position now: give each query its own name "
+                "(option name)"
+            )
