@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     BinaryType,
     BooleanType,
     ByteType,
+    CharType,
     DataType,
     DateType,
     DecimalType,
@@ -45,6 +46,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampNTZType,
     TimestampType,
+    VarcharType,
 )
 
 MODES = ("failfast", "permissive")
@@ -81,6 +83,9 @@ def typed_fields(schema: StructType, envelope: list[str], error: type[Exception]
         if not f.nullable:
             raise error(f"{what} NOT NULL: a record may lack it (every field is nullable)")
         wrong = _unsupported(f.dataType)
+        if isinstance(wrong, (CharType, VarcharType)):
+            raise error(f"{what}: write STRING for {wrong.simpleString().upper()} (PySpark's "
+                        "Python data sources cannot return CHAR or VARCHAR columns)")  # fmt: skip
         if wrong is not None:
             raise error(f"{what}: {wrong.simpleString().upper()} is not supported (BOOLEAN, "
                         "TINYINT to BIGINT, FLOAT, DOUBLE, DECIMAL, STRING, BINARY, DATE, "
