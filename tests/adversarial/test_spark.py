@@ -454,11 +454,13 @@ def test_generated_values_read_through_a_schema_equal_the_table(world: World, re
             want = [dict(zip(["id", *_ROW_KEYS], r, strict=True)) for r in cur.fetchall()]
         typed = [{k: r[k] for k in ["id", *_ROW_KEYS]}
                  for r in sorted(got["ok"], key=lambda r: r["id"])]  # fmt: skip
-        for r in [*typed, *want]:
-            if isinstance(r["by"], memoryview):
-                r["by"] = bytes(r["by"])
-            if r["j"] is not None:  # jsonb: compared as JSON, numbers exactly
-                r["j"] = json.loads(r["j"], parse_float=Decimal)
+        for r in want:
+            r["by"] = None if r["by"] is None else bytes(r["by"])
+        for t, w in zip(typed, want, strict=False):  # jsonb: compared as JSON, numbers exactly
+            if w["j"] is not None:
+                w["j"] = json.loads(w["j"], parse_float=Decimal)
+                if not isinstance(w["j"], str):  # STRING takes a string as it is (CI: '\x96')
+                    t["j"] = json.loads(t["j"], parse_float=Decimal)
         assert typed == want
 
     check()
