@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
@@ -48,9 +49,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from core.store.batches import Entries, Version
+from core.store.batches import Entries, Stored, Version
 from core.store.reader import StreamReader
-from spark import sink
+from spark import arrow, sink
 from spark.options import Spec, spec_of
 from spark.position import Position, bounds, reader_of, run
 from spark.typed import Columns, SourceError, typed_fields
@@ -186,13 +187,18 @@ _TIME = pa.timestamp("us", tz="UTC")
 
 def _batches(spec: Spec, part: Bucket) -> Iterator[pa.RecordBatch]:
     """The bucket's rows as Arrow batches, a page each: Spark takes them as they are (rows one
-    by one cost it ~20 times more); with the schema option, its typed columns after them."""
+    by one cost it ~20 times more). The events stream's are made column by column from the
+    stored batches (spark/arrow.py); the records stream's, and rows with the schema option's
+    typed columns after them, from the rows the connectors' reader makes."""
     schema = _ARROW.set(6, pa.field("committed_at", _TIME))
+    same = [pa.scalar(spec.sync_id, pa.string()), pa.scalar(spec.provider, pa.string())]
+    if spec.stream == "events" and spec.typed is None:
+        yield from _event_batches(spec, part, same, schema)
+        return
     typed = None
     if spec.typed is not None:
         typed = Columns(spec.typed, spec.permissive, spec.source)
         schema = pa.schema([*schema, *typed.arrow])
-    same = [pa.scalar(spec.sync_id, pa.string()), pa.scalar(spec.provider, pa.string())]
     for page in _pages(spec, part):
         # A column at a time (zip(*page) cost 1.3 us a row); the source's two, repeated.
         columns = [pa.repeat(v, len(page)) for v in same]
@@ -204,10 +210,59 @@ def _batches(spec: Spec, part: Bucket) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
-    """The bucket's rows, a page at a time, read on an event loop of this task's own."""
+@contextmanager
+def _snapshot(spec: Spec, part: Bucket) -> Iterator[tuple[asyncio.AbstractEventLoop, StreamReader]]:
+    """A reader of the store on an event loop of this task's own, in one snapshot for the
+    check and the read: retention deleting events meanwhile (which the reader would step past)
+    cannot take any from under it."""
     loop = asyncio.new_event_loop()
-    reader = reader_of(spec)  # the bucket is picked here: by CRC-32, not a shard's MD5 (5x dearer)
+    reader = reader_of(spec)
+    try:
+        loop.run_until_complete(reader.open())
+        loop.run_until_complete(reader.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ"))
+        if spec.stream == "events":
+            loop.run_until_complete(_present(reader, part))
+        yield loop, reader
+    finally:
+        loop.run_until_complete(reader.close())
+        loop.close()
+
+
+def _event_batches(spec: Spec, part: Bucket, same: list[pa.Scalar],
+                   schema: pa.Schema) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The events of the bucket, a stored batch at a time."""
+    with _snapshot(spec, part) as (loop, reader):
+        bucket = arrow.bucket_of(part.of, part.index) if part.of > 1 else None
+        select = None if reader.select.everything else reader.select
+
+        def keep(batch: Stored, a: int, b: int) -> list[bool]:
+            coll, rid, action = (col[a:b] for col in batch.scalars[:3])
+            mask = [True] * (b - a) if bucket is None else bucket(coll, rid)
+            if select is not None:
+                record = batch.texts(arrow.RECORD)[a:b]
+                rows = zip(mask, coll, rid, action, record, strict=True)
+                mask = [m and select(c, r, x, t) for m, c, r, x, t in rows]
+            return mask
+
+        after = part.after
+        while after < part.upto:
+            found = loop.run_until_complete(reader.stored_batches(after, part.upto))
+            if not found:
+                return
+            for first, data in found:
+                batch = Stored.of(data)
+                lo, hi = (
+                    max(0, after + 1 - first),
+                    min(len(batch.scalars[0]), part.upto + 1 - first),
+                )
+                keeps = None if bucket is None and select is None else keep
+                yield from arrow.event_batches(batch, first, lo, hi, PAGE, same, schema, keeps)
+                after = first + hi - 1
+
+
+def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
+    """The bucket's rows, a page at a time (the bucket picked by CRC-32, not a shard's MD5: 5x
+    dearer)."""
     sid, provider, of, index = spec.sync_id, spec.provider, part.of, part.index
 
     def event(e: Entries, i: int, seq: int) -> tuple[Any, ...] | int:
@@ -227,13 +282,7 @@ def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
         return (sid, provider, v.coll, v.rid, "delete" if v.deleted else "upsert", v.seq,
                 v.ts or None, v.record.decode(), None, v.deleted)  # fmt: skip
 
-    try:
-        loop.run_until_complete(reader.open())
-        # One snapshot for the check and the read: retention deleting events meanwhile (which
-        # the reader would step past) cannot take any from under it.
-        loop.run_until_complete(reader.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ"))
-        if spec.stream == "events":
-            loop.run_until_complete(_present(reader, part))
+    with _snapshot(spec, part) as (loop, reader):
         after = part.after
         while after < part.upto:  # events: PAGE taken a pass; records: all in one
             pages = reader.pages(after, part.upto, PAGE, event, version)
@@ -252,9 +301,6 @@ def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
                         yield rows
             if spec.stream == "records" or taken < PAGE:
                 return
-    finally:
-        loop.run_until_complete(reader.close())
-        loop.close()
 
 
 async def _present(reader: StreamReader, part: Bucket) -> None:

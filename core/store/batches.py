@@ -42,6 +42,7 @@ from core.redact import said
 FORMAT_RAW, FORMAT_ZLIB = 0, 1
 COMPRESS_FROM = 512  # bytes: smaller batches are stored as they are
 _SCALARS = ("coll", "rid", "action", "lsn", "idx", "ts", "rseq", "version")
+_TEXTS = ("record", "changes", "payload")
 
 
 class Version(NamedTuple):
@@ -60,7 +61,7 @@ class Version(NamedTuple):
 class Entries:
     """A batch's entries, a list per field (see the module's table)."""
 
-    __slots__ = (*_SCALARS, "record", "changes", "payload")
+    __slots__ = (*_SCALARS, *_TEXTS)
 
     def __init__(self) -> None:
         self.coll: list[str] = []
@@ -152,7 +153,7 @@ class Entries:
         return sum(len(t) for col in (self.record, self.changes, self.payload) for t in col if t)
 
     def encode(self) -> bytes:
-        texts = (self.record, self.changes, self.payload)
+        texts = [getattr(self, f) for f in _TEXTS]
         lens = [[-1 if t is None else len(t) for t in col] for col in texts]
         header = orjson.dumps([getattr(self, f) for f in _SCALARS] + lens)
         body = b"".join(t for col in texts for t in col if t is not None)
@@ -163,6 +164,28 @@ class Entries:
 
     @classmethod
     def decode(cls, blob: bytes | memoryview) -> Entries:
+        batch = Stored.of(blob)
+        out = cls()
+        for name, col in zip(_SCALARS, batch.scalars, strict=True):
+            setattr(out, name, col)
+        for k, name in enumerate(_TEXTS):
+            setattr(out, name, batch.texts(k))
+        return out
+
+
+class Stored(NamedTuple):
+    """A batch as it is stored, its texts not yet cut apart: the scalar fields' lists (in
+    ``_SCALARS`` order) and, for each text field (``_TEXTS``), its texts' lengths (-1: None)
+    and where the first begins in ``raw``, the others following it back to back (a reader
+    that takes the texts whole, as Arrow's string columns do, never copies them one by one)."""
+
+    scalars: list[list[Any]]
+    lens: list[list[int]]
+    starts: list[int]
+    raw: bytes
+
+    @classmethod
+    def of(cls, blob: bytes | memoryview) -> Stored:
         blob = bytes(blob)
         if blob[0] == FORMAT_ZLIB:
             raw = zlib.decompress(blob[1:])
@@ -172,21 +195,12 @@ class Entries:
             raise ValueError(said("a store batch in an unknown format (%s)", blob[0]))
         end = 4 + int.from_bytes(raw[:4], "little")
         columns: list[Any] = orjson.loads(raw[4:end])
-        out = cls()
-        for name, col in zip(_SCALARS, columns, strict=False):
-            setattr(out, name, col)
-        at = end
-        for name, lens in zip(
-            ("record", "changes", "payload"), columns[len(_SCALARS) :], strict=True
-        ):
-            ends = list(accumulate((n if n > 0 else 0 for n in lens), initial=at))
-            setattr(
-                out,
-                name,
-                [
-                    None if n < 0 else raw[a:b]
-                    for n, a, b in zip(lens, ends, ends[1:], strict=False)
-                ],
-            )
-            at = ends[-1]
-        return out
+        lens = columns[len(_SCALARS) :]
+        starts = list(accumulate((sum(n for n in col if n > 0) for col in lens), initial=end))
+        return cls(columns[: len(_SCALARS)], lens, starts[:-1], raw)
+
+    def texts(self, k: int) -> list[bytes | None]:
+        """The texts of field ``_TEXTS[k]``, one by one."""
+        lens, raw = self.lens[k], self.raw
+        ends = list(accumulate((n if n > 0 else 0 for n in lens), initial=self.starts[k]))
+        return [None if n < 0 else raw[a:b] for n, a, b in zip(lens, ends, ends[1:], strict=False)]

@@ -298,11 +298,17 @@ class StreamReader:
         if held is not None and held[0] <= after + 1 < held[0] + len(held[1]):
             yield held
             return
-        rows = await (await self.conn.execute(
-            self._events, (self.sync_id, after, upto, BATCHES))).fetchall()  # fmt: skip
-        for first, data in rows:
+        for first, data in await self.stored_batches(after, upto):
             self._held = held = (first, Entries.decode(data))
             yield held
+
+    async def stored_batches(self, after: int, upto: int) -> list[tuple[int, bytes]]:
+        """(first seq, stored data) of the events batches holding seqs in (after, upto], in
+        order, up to ``BATCHES`` of them."""
+        query = self._events
+        return await (
+            await self.conn.execute(query, (self.sync_id, after, upto, BATCHES))
+        ).fetchall()
 
     def _all(self) -> bool:
         """Whether the connector takes every message (no selection, shard or re-split)."""
