@@ -7,8 +7,9 @@ done a row but the bucket's hash, and the selection's test when there is one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from itertools import accumulate
+from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate, compress
+from typing import cast
 from zlib import crc32
 
 import pyarrow as pa
@@ -23,13 +24,14 @@ _LARGE = 2**31  # bytes of texts from which a column needs 64-bit offsets
 def texts(batch: Stored, k: int) -> pa.Array:
     """Text field ``k`` of every entry, over the batch's bytes (None where its length is -1)."""
     lens = batch.lens[k]
-    ends = list(accumulate((n if n > 0 else 0 for n in lens), initial=0))
-    kind, width = (
-        (pa.string(), pa.int32()) if ends[-1] < _LARGE else (pa.large_string(), pa.int64())
-    )
-    valid = None
-    if any(n < 0 for n in lens):
-        valid = pa.array([n >= 0 for n in lens], pa.bool_()).buffers()[1]
+    nulls = lens.count(-1)
+    if nulls == len(lens):  # changes of inserts, say
+        return pa.nulls(len(lens), pa.string())
+    sizes = (n if n > 0 else 0 for n in lens) if nulls else lens
+    ends = list(accumulate(sizes, initial=0))
+    large = ends[-1] >= _LARGE
+    kind, width = (pa.large_string(), pa.int64()) if large else (pa.string(), pa.int32())
+    valid = pa.array([n >= 0 for n in lens], pa.bool_()).buffers()[1] if nulls else None
     data = pa.py_buffer(batch.raw).slice(batch.starts[k], ends[-1])
     return pa.Array.from_buffers(kind, len(lens), [valid, pa.array(ends, width).buffers()[1], data])
 
@@ -40,13 +42,15 @@ def bucket_of(of: int, index: int) -> Callable[[list[str], list[str | None]], li
     prefixes: dict[str, int] = {}
 
     def mask(colls: list[str], rids: list[str | None]) -> list[bool]:
-        out = []
-        for coll, rid in zip(colls, rids, strict=True):
-            start = prefixes.get(coll)
-            if start is None:
-                start = prefixes[coll] = crc32(f"{coll}/".encode())
-            out.append(crc32((rid or "").encode(), start) % of == index)
-        return out
+        for coll in set(colls) - prefixes.keys():
+            prefixes[coll] = crc32(f"{coll}/".encode())
+        ids: Iterable[bytes] = (
+            map(str.encode, cast(list[str], rids))
+            if None not in rids
+            else ((r or "").encode() for r in rids)
+        )
+        starts = map(prefixes.__getitem__, colls)
+        return [crc32(i, p) % of == index for i, p in zip(ids, starts, strict=True)]
 
     return mask
 
@@ -68,21 +72,27 @@ def event_batches(
     record, changes = texts(batch, RECORD), texts(batch, CHANGES)
     for a in range(lo, hi, page):
         b = min(hi, a + page)
-        n = b - a
-        actions = pa.array(action[a:b], pa.string())
+        seqs: Iterable[int] = range(first + a, first + b)
+        part = [coll[a:b], rid[a:b], action[a:b], ts[a:b]]
+        texts_of = [record.slice(a, b - a), changes.slice(a, b - a)]
+        if keep is not None:  # the rows kept, before any is converted
+            mask = keep(batch, a, b)
+            part = [list(compress(col, mask)) for col in part]
+            seqs = compress(seqs, mask)
+            kept = pa.array(mask, pa.bool_())
+            texts_of = [t.filter(kept) for t in texts_of]
+        n = len(part[0])
+        if not n:
+            continue
+        actions = pa.array(part[2], pa.string())
         columns = [
             *(pa.repeat(v, n) for v in same),
-            pa.array(coll[a:b], pa.string()),
-            pa.array(rid[a:b], pa.string()),
+            pa.array(part[0], pa.string()),
+            pa.array(part[1], pa.string()),
             actions,
-            pa.array(range(first + a, first + b), pa.int64()),
-            pa.array(ts[a:b], pa.string()).cast(schema.field(6).type),  # ISO 8601 text, Z: UTC
-            record.slice(a, n).cast(pa.string()),
-            changes.slice(a, n).cast(pa.string()),
+            pa.array(seqs, pa.int64()),
+            pa.array(part[3], pa.string()).cast(schema.field(6).type),  # ISO 8601, Z: UTC
+            *(t.cast(pa.string()) for t in texts_of),
             pc.equal(actions, "delete"),
         ]
-        out = pa.RecordBatch.from_arrays(columns, schema=schema)
-        if keep is not None:
-            out = out.filter(pa.array(keep(batch, a, b), pa.bool_()))
-        if out.num_rows:
-            yield out
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -196,7 +196,8 @@ class Stored(NamedTuple):
         end = 4 + int.from_bytes(raw[:4], "little")
         columns: list[Any] = orjson.loads(raw[4:end])
         lens = columns[len(_SCALARS) :]
-        starts = list(accumulate((sum(n for n in col if n > 0) for col in lens), initial=end))
+        # a length of -1 is a None: it adds nothing
+        starts = list(accumulate((sum(col) + col.count(-1) for col in lens), initial=end))
         return cls(columns[: len(_SCALARS)], lens, starts[:-1], raw)
 
     def texts(self, k: int) -> list[bytes | None]:
