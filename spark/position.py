@@ -40,7 +40,8 @@ class Position:
     """A named query's position in the store, kept by one run of it (a query's driver): the
     run's first note takes the cursor over (the query started again, after a stop or a kill),
     and a later one fails once another run took it since: two queries of one name would
-    otherwise move one position back and forth, and retention would keep what neither needs."""
+    otherwise move one position back and forth, and retention could delete what the one
+    behind has still to read."""
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
