@@ -49,9 +49,11 @@ class Position:
         self.noted = -1  # the position last kept
 
     def note(self, seq: int) -> None:
-        if self.spec.name is not None and seq > self.noted:
-            run(self._put(seq))
-            self.noted = seq
+        """Keep ``seq`` (or the later one kept already); called before each micro-batch too, so
+        a query whose name another run took fails before it reads another batch."""
+        if self.spec.name is not None:
+            run(self._put(max(seq, self.noted)))
+            self.noted = max(seq, self.noted)
 
     async def _put(self, seq: int) -> None:
         reader = reader_of(self.spec)

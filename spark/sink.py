@@ -16,13 +16,13 @@ optional ``deleted`` (boolean) and ``version`` (a whole number).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import orjson
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BooleanType,
@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.steps.payload import dump
+from core.steps.payload import dump, load
 
 BATCH = 1_000  # records a request
 # Seconds between the tries of a post that may pass later: about a minute in all.
@@ -78,6 +78,9 @@ def target_of(options: dict[str, str], schema: StructType) -> Target:
         if takes is not None and not isinstance(f.dataType, takes[0]):
             raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: it takes '
                             f"{takes[1]}")  # fmt: skip
+        if isinstance(f.dataType, MapType) and not isinstance(f.dataType.keyType, StringType):
+            raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: a JSON '
+                            "object's keys are strings (cast the keys to string)")  # fmt: skip
     path = options.get("config")
     if not path:
         raise SinkError('option "config" is required: the path of the weir YAML file')
@@ -140,13 +143,20 @@ def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def _record(row: Any) -> dict[str, Any]:
+    coll, rid = row["collection_id"], row["record_id"]
+    if coll is None or rid is None:
+        raise SinkError(f"a row of collection {coll!r} has no "
+                        f"{'collection_id' if coll is None else 'record_id'}: every row needs "
+                        "both")  # fmt: skip
     data = row["data"]
     if isinstance(data, str):
-        data = orjson.loads(data)
+        try:
+            data = load(data.encode())  # every number as written, as ingest takes it
+        except ValueError as e:
+            raise SinkError(f"record {rid!r} of {coll}: data is not JSON text: {e}") from None
     elif data is not None and not isinstance(data, dict):
         data = data.asDict(recursive=True)  # decimals in it are written as their digits
-    out = {"collection_id": row["collection_id"], "record_id": str(row["record_id"]),
-           "data": data}  # fmt: skip
+    out = {"collection_id": coll, "record_id": str(rid), "data": _spelled(data)}
     fields = row.__fields__
     if "deleted" in fields and row["deleted"] is not None:
         out["deleted"] = bool(row["deleted"])
@@ -156,6 +166,17 @@ def _record(row: Any) -> dict[str, Any]:
     elif version is not None:
         out["version"] = int(version)
     return out
+
+
+def _spelled(v: Any) -> Any:
+    """``v`` with NaN and the infinities as capture writes them: strings, not JSON's null."""
+    if type(v) is float and not math.isfinite(v):
+        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, dict):
+        return {k: _spelled(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_spelled(x) for x in v]
+    return v
 
 
 def write_rows(target: Target, rows: Iterator[Any]) -> Written:

@@ -173,6 +173,8 @@ class StreamReader:
             return start.seq - 1
         assert isinstance(start, TimeStart)
         at: datetime = start.time
+        if at.tzinfo is None:  # UTC: not the store session's time zone, which the query took
+            at = at.replace(tzinfo=UTC)
         if self.stream == "records":
             q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND updated_at >= %s")
             row = await (await self.conn.execute(q.format(self.store.table("record_index")),
@@ -184,7 +186,7 @@ class StreamReader:
                                              (self.sync_id, at))).fetchone()  # fmt: skip
         if row is None:
             return await self.head()
-        when = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+        when = at.timestamp()
         entries = Entries.decode(row[1])
         first = next((i for i, ts in enumerate(entries.ts) if _epoch(ts) >= when), 0)
         return int(row[0]) + first - 1
