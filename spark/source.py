@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
-from zlib import crc32
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -234,12 +233,15 @@ def _event_batches(spec: Spec, part: Bucket, same: list[pa.Scalar],
     with _snapshot(spec, part) as (loop, reader):
         bucket = arrow.bucket_of(part.of, part.index) if part.of > 1 else None
         select = None if reader.select.everything else reader.select
+        records: list[Any] = [None, []]  # the last batch a selection looked at, its records
 
         def keep(batch: Stored, a: int, b: int) -> list[bool]:
             coll, rid, action = (col[a:b] for col in batch.scalars[:3])
             mask = [True] * (b - a) if bucket is None else bucket(coll, rid)
             if select is not None:
-                record = batch.texts(arrow.RECORD)[a:b]
+                if records[0] is not batch:
+                    records[:] = [batch, batch.texts(arrow.RECORD)]
+                record = records[1][a:b]
                 rows = zip(mask, coll, rid, action, record, strict=True)
                 mask = [m and select(c, r, x, t) for m, c, r, x, t in rows]
             return mask
@@ -261,14 +263,13 @@ def _event_batches(spec: Spec, part: Bucket, same: list[pa.Scalar],
 
 
 def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
-    """The bucket's rows, a page at a time (the bucket picked by CRC-32, not a shard's MD5: 5x
-    dearer)."""
+    """The bucket's rows, a page at a time."""
     sid, provider, of, index = spec.sync_id, spec.provider, part.of, part.index
 
     def event(e: Entries, i: int, seq: int) -> tuple[Any, ...] | int:
         """The row of an event of this bucket; of another's, its seq alone."""
         coll, rid = e.coll[i], e.rid[i]
-        if of > 1 and crc32(f"{coll}/{rid or ''}".encode()) % of != index:
+        if of > 1 and arrow.bucket(coll, rid, of) != index:
             return seq
         action, changes = e.action[i], e.changes[i]
         record = e.record[i]
@@ -277,7 +278,7 @@ def _pages(spec: Spec, part: Bucket) -> Iterator[list[tuple[Any, ...]]]:
                 None if changes is None else changes.decode(), action == "delete")  # fmt: skip
 
     def version(v: Version) -> tuple[Any, ...] | int:
-        if of > 1 and crc32(f"{v.coll}/{v.rid or ''}".encode()) % of != index:
+        if of > 1 and arrow.bucket(v.coll, v.rid, of) != index:
             return v.seq
         return (sid, provider, v.coll, v.rid, "delete" if v.deleted else "upsert", v.seq,
                 v.ts or None, v.record.decode(), None, v.deleted)  # fmt: skip
