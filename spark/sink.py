@@ -16,7 +16,6 @@ optional ``deleted`` (boolean) and ``version`` (a whole number).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from core.sources.pg.values import json_float
 from core.steps.payload import dump, load
 
 BATCH = 1_000  # records a request
@@ -170,8 +170,8 @@ def _record(row: Any) -> dict[str, Any]:
 
 def _spelled(v: Any) -> Any:
     """``v`` with NaN and the infinities as capture writes them: strings, not JSON's null."""
-    if type(v) is float and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    if type(v) is float:
+        return json_float(v)
     if isinstance(v, dict):
         return {k: _spelled(x) for k, x in v.items()}
     if isinstance(v, list):

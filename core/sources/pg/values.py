@@ -55,10 +55,17 @@ def to_bool(b: bytes) -> bool:
     return b == b"t"
 
 
+_SPELLED = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def json_float(v: float) -> float | str:
+    """A float as Weir writes it: NaN and the infinities are not JSON numbers, so they are
+    strings spelled as Postgres spells them."""
+    return v if math.isfinite(v) else _SPELLED[repr(v)]
+
+
 def to_float(b: bytes) -> float | str:
-    v = float(b)
-    # NaN and +-Infinity are not JSON numbers: keep Postgres's spelling as a string.
-    return v if math.isfinite(v) else b.decode()
+    return json_float(float(b))
 
 
 def to_json(b: bytes) -> RawJson | str:
