@@ -31,10 +31,12 @@ class Collections:
         self._tables = sql.SQL(
             "SELECT collection_id, key_columns, relid FROM {} WHERE sync_id = %s"
         ).format(collections)
+        # A collection's table set, answering the key its records were made with (none: no row).
         self._set_table = sql.SQL(
-            "INSERT INTO {} (sync_id, collection_id, key_columns, relid) VALUES (%s, %s, %s, %s)"
+            "WITH o AS (SELECT key_columns FROM {0} WHERE sync_id = %s AND collection_id = %s)"
+            " INSERT INTO {0} (sync_id, collection_id, key_columns, relid) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (sync_id, collection_id) DO UPDATE SET key_columns ="
-            " excluded.key_columns, relid = excluded.relid"
+            " excluded.key_columns, relid = excluded.relid RETURNING (SELECT * FROM o)"
         ).format(collections)
         # A collection's columns set, answering those it had (none: no row).
         self._set_shape = sql.SQL(
@@ -69,13 +71,26 @@ class Collections:
                      table_name(*table), changed)  # fmt: skip
             self.request_backfills([table], "its columns changed")
 
-    def set_table(self, collection_id: str, key: tuple[str, ...] | None, relid: int) -> None:
+    def set_table(
+        self, collection_id: str, key: tuple[str, ...] | None, relid: int,
+        table: tuple[str, str] | None = None,
+    ) -> None:  # fmt: skip
         """Store a collection's table as capture sees it now (``key`` None: it is gone), with
-        the next commit."""
+        the next commit. When its records were keyed by other columns (its primary key,
+        replica identity or ``key_columns`` changed; capture saw the old key, or a backfill
+        noted it), ``table`` is backfilled, so that its records are keyed anew and the old
+        ones become tombstones (the backfill's sweep)."""
         if key is None:
             self.conn.execute(self._forget_table, (self.sync_id, collection_id))
-        else:
-            self.conn.execute(self._set_table, (self.sync_id, collection_id, list(key), relid))
+            return
+        ids = (self.sync_id, collection_id)
+        row: Any = self.conn.execute(self._set_table, (*ids, *ids, list(key), relid)).fetchone()
+        before = tuple(row[0]) if row is not None and row[0] else ()
+        if table is not None and before and before != key:
+            log.warning("table %s is keyed by %s now, no longer by %s: its records are keyed "
+                        "anew by a backfill", table_name(*table), ", ".join(key),
+                        ", ".join(before))  # fmt: skip
+            self.request_backfills([table], "the table's key changed")
 
     def request_backfills(
         self, tables: list[tuple[str, str]], reason: str, *, again: bool = True

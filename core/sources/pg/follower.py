@@ -87,17 +87,13 @@ class TableFollower:
             if known == away:
                 self._backfill(rel.schema, rel.table,
                                "the table came back into the source's tables")  # fmt: skip
-            elif known is not None and known[0] and known[0] != key:
-                log.warning("source %s: table %s is keyed by %s now, no longer by %s: its "
-                            "records are keyed anew by a backfill", self.src.name,
-                            table_name(rel.schema, rel.table), ", ".join(key),
-                            ", ".join(known[0]))  # fmt: skip
-                self._backfill(rel.schema, rel.table, "the table's key changed")
-            elif known is not None:  # another table took the name (one renamed to it, say)
+            elif known is not None and known[1] != rel.relid:  # one renamed to it, say
                 self._backfill(rel.schema, rel.table, "another table took the name")
             self.tables[rel.collection_id] = (key, rel.relid)
             self.by_relid[rel.relid] = rel.collection_id
-            self.store.submit("table", (rel.collection_id, key, rel.relid))
+            # A key other than the records' is decided there: the store knows what keyed them.
+            self.store.submit("table", (rel.collection_id, key, rel.relid,
+                                        (rel.schema, rel.table)))  # fmt: skip
         self._reshaped(rel.collection_id, rel.schema, rel.table, rel.shape)
 
     def _renamed(self, before: str, relid: int, schema: str, table: str, *, ignored: bool) -> None:

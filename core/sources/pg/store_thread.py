@@ -19,9 +19,9 @@ class StoreThread:
     Items are ``("write", changes)``, ``("commit", (commit_lsn, end_lsn))``, ``("flush",
     (changes, (commit_lsn, end_lsn)))`` (a write and its commit), ``("advance", end_lsn)``, and
     ``("backfill", ((schema, table), reason))``, ``("drop", (collection, lsn, idx,
-    committed_at))``, ``("table", (collection, key, relid))``, ``("shape", (collection,
-    (schema, table), columns, unseen))`` and ``("refuse", (lsn, idx, collection, action,
-    reason))``, which go with the next commit.
+    committed_at))``, ``("table", (collection, key, relid[, (schema, table)]))``,
+    ``("shape", (collection, (schema, table), columns, unseen))`` and ``("refuse", (lsn, idx,
+    collection, action, reason))``, which go with the next commit.
     On this thread ``on_stored(n)`` runs after each write and ``on_commit(end_lsn)`` after each
     commit or advance. A store error is raised in the capture thread at its next call. At
     most ``DEPTH`` items wait, so memory stays bounded.
