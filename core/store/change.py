@@ -17,8 +17,10 @@ class Change(NamedTuple):
     columns, whose values the WAL left out (unchanged TOAST, a delete carrying only the key);
     ``old_missing`` those whose old value it left out while sending a new one (an old row's
     unchanged TOAST value). The store takes them from the record's version before
-    (``core.store.records.Previous``), and only theirs, so a dropped or renamed column leaves
-    the record at its next version. ``old_record_id`` is set when an update changed the key.
+    (``core.store.records.Previous``), and only theirs, so a dropped column leaves the record
+    at its next version; ``renamed`` pairs a column of ``missing`` with the name that version
+    may hold it under (a rename capture saw). ``old_record_id`` is set when an update changed
+    the key.
     ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
     ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
     the batch number, so that event idempotency keys stay unique).
@@ -36,6 +38,7 @@ class Change(NamedTuple):
     committed_at: str  # ISO-8601
     event_lsn: int | None = None
     old_missing: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal

@@ -83,6 +83,9 @@ class Previous:
         record, changes = ch.record, ch.changes
         if lacks(ch):
             before = self.rows.get(source_of(ch), {})
+            if ch.renamed:
+                before = before | {n: before[w] for n, w in ch.renamed
+                                   if n not in before and w in before}  # fmt: skip
             record = {k: record.get(k, v) for k, v in before.items()
                       if k in record or k in ch.missing} | record  # fmt: skip
             if ch.old_missing:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.sources.pg.pgoutput import UNCHANGED, Tuple
-from core.sources.pg.relations import Relation, change_of
+from core.sources.pg.relations import Relation, change_of, renamed, with_renames
 from core.store.records import Previous
 
 NAMES = ("id", "c1", "c2", "c3")
@@ -48,3 +48,30 @@ def test_changes_and_record_take_what_the_wal_left_out_from_the_version_before(
     previous = Previous([ch], lambda keys: {("public:t", "1"): before} if stored else {})
     assert previous.complete(ch) == (record, changes)
     assert bool(previous.unfilled) == (len(record) < len(NAMES))
+
+
+def _described(names: tuple[str, ...], types: tuple[int, ...], before: Relation | None) -> Relation:
+    rel = Relation(1, "public", "t", "public:t", names, (bytes.decode,) * len(names), (0,),
+                   (0,), types=types)  # fmt: skip
+    rel.was = renamed(before, rel)
+    return rel
+
+
+def test_an_unchanged_value_of_a_renamed_column_is_taken_from_its_old_name() -> None:
+    """A column renamed (twice) while capture follows the table: an update leaving its TOASTed
+    value out takes it from the version before, which holds it under its first name. A last
+    column dropped and another of its type added looks like a rename, harmlessly: an added
+    column's value is sent (no unchanged value of it exists before the row is written)."""
+    first = _described(("id", "big", "a"), (23, 25, 23), None)
+    second = _described(("id", "huge", "a"), (23, 25, 23), first)
+    third = _described(("id", "vast", "a", "b"), (23, 25, 23, 25), second)
+    fourth = _described(("id", "vast", "a", "c"), (23, 25, 23, 25), third)
+    assert second.was == {"huge": "big"} and third.was == {"vast": "big"}
+    assert fourth.was == {"vast": "big", "c": "b"}
+    ch = with_renames(change_of(("U", 1, None, None, [b"1", UNCHANGED, b"2", b"x"]), fourth, 10,
+                                0, ""), fourth)  # fmt: skip
+    before = {"id": 1, "big": "B" * 3000, "a": 1}
+    previous = Previous([ch], lambda keys: {("public:t", "1"): before})
+    record, _ = previous.complete(ch)
+    assert record == {"id": "1", "vast": "B" * 3000, "a": "2", "c": "x"}
+    assert not previous.unfilled

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -57,6 +57,9 @@ class Relation:
     # Reads the database's text as the server sends it (core/sources/pg/encoding.py).
     text: SourceText = UTF8_TEXT
     types: tuple[int, ...] = ()  # each column's type oid
+    # Columns renamed while this session followed the table: each one's name before, which
+    # records made before hold it under (an unchanged TOAST value is taken from there).
+    was: dict[str, str] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[str, ...]:
@@ -179,6 +182,7 @@ class Relations:
             text=self.text,
             types=tuple(c[2] for c in cols),
         )
+        rel.was = renamed(self.by_id.get(relid), rel)
         self.by_id[relid] = rel
         return rel
 
@@ -213,6 +217,7 @@ class Relations:
             )  # fmt: skip
         rel = Relation(relid, schema, table, collection_id_of(schema, table), (), (), (), (),
                        ignored=True, partition=partition)  # fmt: skip
+        rel.was = renamed(self.by_id.get(relid), rel)
         self.by_id[relid] = rel
         return rel
 
@@ -314,6 +319,29 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     return Change(action="delete", collection_id=rel.collection_id,
                   record_id=record_id_for(rel, rec), record=rec, changes=None, missing=missing,
                   old_record_id=None, version=lsn, idx=idx, committed_at=ts)  # fmt: skip
+
+
+def renamed(old: Relation | None, new: Relation) -> dict[str, str]:
+    """The columns of ``new`` renamed since ``old`` described the table (and before), each
+    with its first name: pgoutput names columns only, so a rename is a column in its place
+    with its type and a new name, the old one gone. (A last column dropped and one of its type
+    added looks alike, but an added column holds no unchanged TOAST value to take.)"""
+    if old is None:
+        return {}
+    if old.names == new.names:
+        return old.was
+    known = {n: w for n, w in old.was.items() if n in new.names}
+    if new.types[: len(old.types)] != old.types:  # columns dropped: no place is sure
+        return known
+    places = zip(new.names, old.names, strict=False)  # columns added: at the end
+    return {n: old.was.get(o, o) for n, o in places
+            if n != o and n not in old.names and o not in new.names} | known  # fmt: skip
+
+
+def with_renames(ch: Change, rel: Relation) -> Change:
+    """``ch`` naming where the values it lacks of renamed columns are held before."""
+    was = tuple((n, rel.was[n]) for n in ch.missing if n in rel.was)
+    return ch._replace(renamed=was) if was else ch
 
 
 def other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:

@@ -33,6 +33,7 @@ from core.sources.pg.relations import (
     moved_row,
     old_row,
     other_partition,
+    with_renames,
 )
 from core.sources.pg.store_thread import StoreThread
 from core.store.change import Change, UnstorableChange
@@ -272,6 +273,8 @@ class Stream:
             return
         try:
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
+            if rel.was and ch.missing:
+                ch = with_renames(ch, rel)
         except psycopg.OperationalError:
             raise  # the source went away while its text was learned: reconnect
         except Exception as e:
