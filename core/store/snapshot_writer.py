@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -36,7 +35,7 @@ from core.store.writer import ADD_FAILURE
 
 log = logging.getLogger("weir.store")
 SNAPSHOT_IDX = -1  # the version_idx of rows read from a table: below every captured change
-COMPARE_BATCHES = 64  # store batches decoded at most to compare a chunk's rows with records
+COMPARE_BATCHES = 64  # store batches read at a time to compare a chunk's rows with records
 
 # The ordinals of a chunk's records that the index holds, whether their version is older than
 # the snapshot's, and where the live ones are: params tokens, sync_id, collection, version, idx.
@@ -121,20 +120,23 @@ class SnapshotWriter:
         params = (self.version, SNAPSHOT_IDX, array(tokens), collection_id, self.sync_id)
         found: Any = self.conn.execute(self._indexed, params).fetchall()
         skip = {int(r[0]) - 1 for r in found if not r[1]}
-        live = [(int(r[0]) - 1, int(r[3]), int(r[4])) for r in found if r[1] and not r[2]]
-        # The batches holding most of these records, up to COMPARE_BATCHES: the rows of a
-        # record whose history left it alone in a batch are written as new versions rather than
-        # a batch decoded for each.
-        held = w.batches.load(self.conn, [b for b, _ in Counter(
-            batch for _, batch, _ in live).most_common(COMPARE_BATCHES)])  # fmt: skip
+        # Each live record is compared with its row, its batches read COMPARE_BATCHES at a time
+        # (a table changed a few rows at a time spreads a page's records over many).
+        at: dict[int, list[tuple[int, int]]] = {}  # batch -> (row, position) of its records
+        for r in found:
+            if r[1] and not r[2]:
+                at.setdefault(int(r[3]), []).append((int(r[0]) - 1, int(r[4])))
+        keys = list(at)
         same: list[tuple[str, Version]] = []
-        for i, batch, pos in live:
-            if batch not in held:
-                continue
-            stored = held[batch].version_at(pos)
-            if same_record(stored.record, rows[i][1]):
-                skip.add(i)
-                same.append((tokens[i], stored._replace(version=self.version, idx=SNAPSHOT_IDX)))
+        for first in range(0, len(keys), COMPARE_BATCHES):
+            held = w.batches.load(self.conn, keys[first : first + COMPARE_BATCHES])
+            for batch, entries in held.items():
+                for i, pos in at[batch]:
+                    stored = entries.version_at(pos)
+                    if same_record(stored.record, rows[i][1]):
+                        skip.add(i)
+                        kept = stored._replace(version=self.version, idx=SNAPSHOT_IDX)
+                        same.append((tokens[i], kept))
         return skip, same
 
     def _place(
