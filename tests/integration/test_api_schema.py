@@ -10,6 +10,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error, response_schema_conformance
+from schemathesis.core.errors import InvalidSchema
 
 from tests.helpers.api import TOKEN, api_serving
 from tests.helpers.weir import insert_t
@@ -40,4 +41,13 @@ def test_no_server_errors_across_the_openapi_schema(table: str) -> None:
                     timeout=70,
                 )
 
-            check()
+            for attempt in range(3):
+                try:
+                    check()
+                    break
+                except InvalidSchema:
+                    # Schemathesis' negative mode sometimes cannot fill an array it mutated
+                    # (``steps``' oneOf of four schemas: 1 draw in 200 of POST
+                    # /v1/http-consumers): its own limit, not an answer of the server's.
+                    if mode != GenerationMode.NEGATIVE or attempt == 2:
+                        raise
