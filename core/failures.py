@@ -65,7 +65,7 @@ class Unreachable(Exception):
 BAD_URL = "connection is bad: "  # psycopg's words for a conninfo libpq did not accept
 # What a Postgres server refuses a connection for until someone changes something.
 REFUSED_FOR_GOOD = ("authentication failed", "does not exist", "no pg_hba.conf entry",
-                    "permission denied for database",
+                    "permission denied for database", "does not support SSL",
                     "permission denied to start WAL sender")  # fmt: skip
 
 
@@ -112,6 +112,7 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
     else:
         text = text.rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip()
     missing = re.search(r'database "(.+)" does not exist', text)
+    barred = re.search(r'permission denied for database "(.+)"', text)
     if "password" in text or "authentication" in text:
         check = "the user and password of its url"
     elif "WAL sender" in text:
@@ -122,6 +123,14 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
                      "%s (createdb %s)", missing[1], missing[1])  # fmt: skip
     elif "does not exist" in text:
         check = "the database and user names of its url"
+    elif barred:
+        check = said("that its role may connect: as the database's owner, GRANT CONNECT ON "
+                     "DATABASE %s TO %s", barred[1], _user_of(url))  # fmt: skip
+    elif "does not support SSL" in text:
+        check = (
+            "the sslmode of its url: the server offers no TLS (turn ssl on in the "
+            "server, or ask for sslmode=prefer)"
+        )
     else:
         check = "that PostgreSQL runs there and accepts connections from this host"
     for_good = bool(lines) and any(r in text for r in REFUSED_FOR_GOOD)
