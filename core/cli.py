@@ -33,6 +33,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """The file given as an argument, else as every command takes it (--config, $WEIR_CONFIG)."""
     path = args.file or args.config
     cfg = load_or_exit(path)
+    from core.sources.pg.selected import catalog_problems
+
+    errors, warnings = catalog_problems(cfg)  # against the sources that answer, as run's start
+    for problem in errors:
+        print(f"{path}: {problem}", file=sys.stderr)
+    for problem in warnings:
+        print(f"{path}: warning: {problem}", file=sys.stderr)
+    if errors:
+        return 2
     print(f"{path}: ok ({len(cfg.sources)} sources, {len(cfg.connectors)} connectors, "
           f"{len(cfg.consumers)} consumers)")  # fmt: skip
     return 0

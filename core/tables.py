@@ -7,9 +7,11 @@ A name is taken as written, quoted or not: it is not folded to lower case.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
-from core.redact import said
+from core.redact import Said, said
 
 _PART = r'(?:"((?:[^"]|"")+)"|([^."]+))'
 _TABLE = re.compile(rf"{_PART}\.{_PART}")
@@ -40,3 +42,10 @@ def table_name(schema: str, table: str) -> str:
         '"' + name.replace('"', '""') + '"' if "." in name or '"' in name else name
         for name in (schema, table)
     )
+
+
+def closest(name: str, names: Iterable[str]) -> Said:
+    """`` (did you mean 'X'?)`` of the name of ``names`` closest to ``name``; nothing when none
+    is close."""
+    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return said(" (did you mean %r?)", near[0]) if near else Said("")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
-from core.failures import AWAY, for_good, sources_let_in, wait_for_store
+from core.failures import AWAY, awaited_store, for_good, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks
@@ -95,7 +95,7 @@ def serve(
     from core.runtime.leases import Leases
 
     remember_config(cfg)
-    if not wait_for_store(cfg, stop):
+    if not (wait_for_store(cfg, stop) if worker is not None else awaited_store(cfg, stop)):
         log.info("stopped before the store answered")
         return 0
     store = open_store(cfg)
@@ -269,7 +269,10 @@ class _ThreadWork:
             try:
                 self.body(stop)
             except Exception as e:
-                log.error("%s %s: %s", self.what, self.name, e)
+                if str(e).startswith(f"{self.what} {self.name!r}:"):  # it says whose
+                    log.error("%s", e)
+                else:
+                    log.error("%s %s: %s", self.what, self.name, e)
                 self.error = e
 
         self._thread = threading.Thread(target=run, name=f"{self.what}-{self.name}", daemon=True)

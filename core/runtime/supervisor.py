@@ -51,7 +51,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from core.api.listen import listen
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
-from core.failures import sources_let_in, wait_for_store
+from core.failures import awaited_store, sources_let_in
 from core.metrics import SHARED_DIR
 
 log = logging.getLogger("weir")
@@ -213,7 +213,7 @@ class Supervisor:
         0 after a signal, 1 when a worker failed for good (a source's FATAL error)."""
         from core.store import open_store
 
-        if not wait_for_store(self.cfg, self.stop):
+        if not awaited_store(self.cfg, self.stop):
             log.info("stopped before the store answered")
             return 0
         open_store(self.cfg)  # made or migrated once, here: what stops it is said once, exit 1
@@ -268,8 +268,9 @@ class Supervisor:
         child.proc = None
         self.metrics.dead(pid)
         if status in FAILED_FOR_GOOD:
-            log.error("worker %s (pid %d) %s: failed for good; stopping every worker",
-                      name, pid, describe(status))  # fmt: skip
+            # The worker said why, in one line: this one is no second error to read.
+            log.info("worker %s (pid %d) %s: failed for good; stopping every worker",
+                     name, pid, describe(status))  # fmt: skip
             self.failed = True
             return
         now = time.monotonic()

@@ -10,9 +10,7 @@ Said, not refused: a table may be created after the connector (a followed schema
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 
@@ -20,11 +18,12 @@ from core.config.connector import ConnectorBase
 from core.config.model import ConsumerConfig, WeirConfig
 from core.config.sources import PostgresSource
 from core.ids import collection_id_of
-from core.redact import Said, said
+from core.redact import Said, remember_names, said
 from core.sources.pg import snapshot
 from core.sources.pg.errors import SourceSetupError
 from core.sources.pg.tables import tables_of
 from core.store.selection import glob
+from core.tables import closest
 
 COLUMNS_SQL = """
 SELECT n.nspname, c.relname, a.attname FROM pg_attribute a
@@ -46,6 +45,8 @@ def catalog(src: PostgresSource) -> dict[str, list[str]]:
     known: dict[str, list[str]] = {collection_id_of(s, t): [] for s, t in tables}
     for schema, table, column in rows:
         known[collection_id_of(schema, table)].append(column)
+    # The source's names, not secrets: said as they are (a closest name among them too).
+    remember_names([*known, *(c for columns in known.values() for c in columns)])
     return known
 
 
@@ -60,7 +61,7 @@ def unmatched(
         match = glob([pattern])
         if match is not None and not any(match(c) for c in known):
             problems.append(said("collections: %r matches none of its sources' tables%s",
-                                 pattern, _closest(pattern, known)))  # fmt: skip
+                                 pattern, closest(pattern, known)))  # fmt: skip
     match = glob(collections)
     # the tables it selects; when none (a typo above), any of its sources'
     selected = [cols for c, cols in known.items() if match is None or match(c)] or known.values()
@@ -68,13 +69,8 @@ def unmatched(
     for setting, column in columns:
         if pool and column not in pool:
             problems.append(said("%s %r is in none of the tables it selects%s", Said(setting),
-                                 column, _closest(column, pool)))  # fmt: skip
+                                 column, closest(column, pool)))  # fmt: skip
     return problems
-
-
-def _closest(name: str, names: Any) -> Said:
-    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return said(" (did you mean %r?)", near[0]) if near else Said("")
 
 
 def selection_problems(
@@ -114,3 +110,22 @@ def selection_problems(
         problems += [said("%s %s: %s", Said(what), user.name, p)
                      for p in unmatched(collections, columns, known)]  # fmt: skip
     return problems
+
+
+def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
+    """What the sources that answer say of the file, as ``weir run``'s start would: the tables
+    of ``tables:`` it could not capture (its start stops on them), and the selections that match
+    nothing (it warns of them). A source that does not answer is left to the start."""
+    from core.sources.pg.setup import capturable_tables
+
+    errors: list[Said] = []
+    for src in cfg.sources:
+        if isinstance(src, PostgresSource):
+            try:
+                with snapshot.connect(src.url.get_secret_value(), "weir-validate") as conn:
+                    capturable_tables(conn, src, say=False)
+            except SourceSetupError as e:
+                errors.append(Said(str(e)))
+            except psycopg.Error:
+                continue
+    return errors, selection_problems(cfg, [*cfg.connectors, *cfg.consumers])
