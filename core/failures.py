@@ -157,12 +157,14 @@ STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 25.0  # seconds between attempts to re
 SAY_AGAIN = 25.0  # seconds: a wait is said again this often (within 30 s), for the same reason too
 
 
-def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+def wait_for_store(
+    cfg: WeirConfig, stop: threading.Event, on_wait: Callable[[str], None] | None = None
+) -> bool:
     """Wait until the store answers, or ``stop`` is set (then False). A service often starts
     before its database (systemd, compose): say what it waits for, then retry with backoff,
     saying it again when the reason changes and at least every ``SAY_AGAIN``. A refusal for
     good (a wrong password, a database that does not exist) raises :class:`Unreachable`:
-    ``weir run`` exits 1 with its line.
+    ``weir run`` exits 1 with its line. ``on_wait(why)`` is told each failed attempt's why.
     """
     log = logging.getLogger("weir")
     said, said_at, delay = "", 0.0, STORE_RETRY_FIRST
@@ -172,16 +174,31 @@ def wait_for_store(cfg: WeirConfig, stop: threading.Event) -> bool:
         except Unreachable as e:
             if not away(e):
                 raise
+            if on_wait is not None:
+                on_wait(str(e))
             if str(e) != said or time.monotonic() - said_at >= SAY_AGAIN:
                 log.warning("%s; retrying until it answers", e)
                 said, said_at = str(e), time.monotonic()
-            stop.wait(delay)
+            stop.wait(min(delay, max(0.0, said_at + SAY_AGAIN - time.monotonic())))
             delay = min(delay * 2, STORE_RETRY_MAX)
             continue
         if said:
             log.info("the store answers")
         return True
     return False
+
+
+def awaited_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+    """:func:`wait_for_store` in ``weir run``'s first process: while it waits, the API's port
+    answers probes with why (core/api/waiting.py)."""
+    from core.api.waiting import WaitingProbes
+
+    probes = WaitingProbes(*cfg.api.host_port) if cfg.api is not None else None
+    try:
+        return wait_for_store(cfg, stop, probes.note if probes is not None else None)
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 def sources_let_in(cfg: WeirConfig) -> None:

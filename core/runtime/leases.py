@@ -27,7 +27,8 @@ import uuid
 
 import psycopg
 
-from core.redact import redact
+from core.failures import SAY_AGAIN
+from core.redact import Said, redact
 from core.store import Conn, Store
 from core.store.leases import Owners
 
@@ -52,6 +53,8 @@ class Leases:
         self._rebalanced = time.monotonic()
         self._dropped = False  # the connection went outside alive()
         self._paused_now: set[str] = set()  # connectors paused, as read at the last poll
+        self._who = Said("leases" if group == "all" else f"leases of {group}")  # in log lines
+        self._down_said: float | None = None  # when the store's absence was last said
         self.connectors_version = ""  # of the connectors made over the API, likewise
 
     def alive(self) -> bool:
@@ -67,16 +70,24 @@ class Leases:
             self._owners.heartbeat(self._conn)
             self._paused_now, self.connectors_version = self._owners.operated(self._conn)
             self._share = -(-self.works // self._owners.peers(self._conn))
-            return True
         except psycopg.Error as e:
             if self._conn is not None:  # it was up: every lease went with it
                 self._lost(e)
+            elif self._down_said is None or time.monotonic() - self._down_said >= SAY_AGAIN:
+                log.warning("%s: the store does not answer yet (%s); the work waits", self._who,
+                            type(e).__name__)  # fmt: skip
+                self._down_said = time.monotonic()
             self.close()
             return False
+        if self._down_said is not None:
+            log.info("%s: the store answers again", self._who)
+            self._down_said = None
+        return True
 
     def _lost(self, e: psycopg.Error) -> None:
-        log.warning("leases: lost the store connection (%s); stopping all work",
+        log.warning("%s: lost the store connection (%s); stopping all work", self._who,
                     type(e).__name__)  # fmt: skip
+        self._down_said = time.monotonic()
         self.close()
 
     def take(self, work: str) -> bool:
@@ -149,9 +160,9 @@ class Leases:
             self._conn = None
 
 
-def _parts(work: str) -> tuple[str, str, str]:
+def _parts(work: str) -> tuple[Said, str, Said]:
     """A work's name for a log line: its kind, the config's name as a log argument of its own
     (printed as it is, also when a password is the same word: core/redact.py), and its shard."""
     kind, colon, rest = work.partition(":")
     name, sep, shard = rest.partition("#")
-    return kind + colon, name, sep + shard
+    return Said(kind + colon), name, Said(sep + shard)
