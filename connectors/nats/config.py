@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ssl
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import nkeys
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from core.config.base import Duration, Model, ReadableFile, TlsFiles, check_pair
@@ -97,6 +99,21 @@ class NatsSettings(Model):
         description="the JetStream stream weir nats setup makes, or checks, for the events stream",
     )
 
+    @field_validator("nkey_seed_file")
+    @classmethod
+    def _seed(cls, v: ReadableFile | None) -> ReadableFile | None:
+        """The file holds an NKey seed (as ``nsc`` writes one: ``SU…``): checked at load, as
+        nats-py reads it at each connect, where a bad one would be retried for ever."""
+        if v is not None:
+            seed = bytearray(Path(v).read_bytes().strip())
+            try:
+                nkeys.from_seed(seed).wipe()
+            except Exception as e:  # nkeys' errors name what is wrong, never the seed
+                raise ValueError(said("%s holds no NKey seed: %s", str(v), e)) from None
+            finally:
+                seed[:] = bytes(len(seed))
+        return v
+
     @field_validator("url")
     @classmethod
     def _urls(cls, v: str | list[str]) -> str | list[str]:
@@ -159,6 +176,7 @@ class NatsSettings(Model):
 
     @model_validator(mode="after")
     def _one_auth(self) -> NatsSettings:
+        urls = [self.url] if isinstance(self.url, str) else self.url
         given = [
             name
             for name, v in (
@@ -166,6 +184,7 @@ class NatsSettings(Model):
                 ("token", self.token),
                 ("nkey_seed_file", self.nkey_seed_file),
                 ("creds_file", self.creds_file),
+                ("credentials in url", next((u for u in urls if urlsplit(u).username), None)),
             )
             if v is not None
         ]

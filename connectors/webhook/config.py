@@ -16,10 +16,16 @@ from core.redact import said
 
 
 def _one_line(v: SecretStr) -> SecretStr:
-    """No header can carry a line break: refused here, named by its key, instead of by the
-    HTTP client at every request with the value in its error (YAML's ``|`` adds one)."""
-    if set(v.get_secret_value()) & {"\r", "\n"}:
+    """What no request can carry is refused here, named by its key, instead of by the HTTP
+    client at every request: a line break (YAML's ``|`` adds one), a character beyond ASCII."""
+    text = v.get_secret_value()
+    if set(text) & {"\r", "\n"}:
         raise ValueError("a header value cannot hold a line break (YAML's | adds one: use |-)")
+    if not text.isascii():
+        raise ValueError(
+            "a header value is sent as ASCII and this one holds other characters: "
+            "encode them as the receiver expects (percent-encoding, base64)"
+        )
     return v
 
 
@@ -37,8 +43,8 @@ class WebhookSettings(Model):
     )
     headers: dict[str, Annotated[SecretStr, AfterValidator(_one_line)]] = Field(
         {},
-        description="sent with every request; their values are secrets and hold no line break "
-        "(YAML's `|` adds one, `|-` does not)",
+        description="sent with every request; their values are secrets, ASCII, and hold no line "
+        "break (YAML's `|` adds one, `|-` does not)",
     )
     timeout: Duration = Field(
         timedelta(seconds=10), description="a request not answered within it is retried"
