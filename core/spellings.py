@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import html
 import json
 import re
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
@@ -41,17 +42,30 @@ def _telling(line: str) -> bool:
 
 def _spellings(value: str) -> set[str]:
     """The ways ``value`` may be written in a message: escaped (JSON, also with ``\\/`` as
-    PHP writes it; repr), percent-encoded (every character, or keeping ``/`` as
-    ``urllib.parse.quote`` does, or with ``+`` for spaces) or -decoded, trimmed, its lines."""
+    PHP writes it and ``\\u003c`` for ``<``, ``>`` and ``&`` as Go does; repr; HTML's entities),
+    percent-encoded (every character, or keeping ``/`` as ``urllib.parse.quote`` does, or with
+    ``+`` for spaces) or -decoded, trimmed, its lines."""
     variants = {value, value.strip(), " ".join(value.split())}
     variants |= {line.strip() for line in value.splitlines() if _telling(line.strip())}
     out = set()
     for v in variants | {unquote(v) for v in variants} | {unquote_plus(v) for v in variants}:
         escaped = {json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1]}
         out |= {v, quote(v, safe=""), quote(v), quote_plus(v), quote_plus(v, safe="/")}
-        out |= escaped | {e.replace("/", "\\/") for e in escaped}
-        out |= _quoted(v)
+        out |= escaped | {e.replace("/", "\\/") for e in escaped} | {_go(e) for e in escaped}
+        out |= _quoted(v) | _html(v)
     return {s for s in out if s.strip()}
+
+
+def _go(escaped: str) -> str:
+    """JSON-escaped text as Go's encoding/json writes it (HTML's characters escaped)."""
+    return escaped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _html(v: str) -> set[str]:
+    """``v`` in HTML (an error page's): its ``& < >`` and quotes as entities, named or numbered."""
+    named = html.escape(v)
+    return {named, html.escape(v, quote=False),
+            named.replace("&#x27;", "&#39;").replace("&quot;", "&#34;")}  # fmt: skip
 
 
 def _quoted(v: str) -> set[str]:

@@ -26,7 +26,7 @@ from core.api.consume import Consumers
 from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConfig
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
-from core.redact import masks_in, remember_config, said, shown, unmasked
+from core.redact import Said, masks_in, remember_config, said, shown, unmasked
 from core.sources.pg.selected import selection_problems
 from core.store import Store
 from core.store import connectors as api_connectors
@@ -266,7 +266,9 @@ class Operations:
         if not done:
             raise Conflict(said("a connector named %r exists", c.name))
         remember_config(c)  # its secrets hidden, its names printed whole (as the file's are)
-        log.info("connector %s: %s over the API", c.name, "made" if name is None else "changed")
+        log.info(
+            "connector %s: %s over the API", c.name, Said("made" if name is None else "changed")
+        )
         unmatched = await asyncio.to_thread(selection_problems, self.cfg, [c])
         for problem in unmatched:
             log.warning("%s", problem)
@@ -305,7 +307,7 @@ class Operations:
         await self._connector_named(name)
         async with self.pool.connection() as conn:
             await self.ops.set_paused(conn, name, paused)
-        log.info("connector %s: %s by an operator", name, "paused" if paused else "resumed")
+        log.info("connector %s: %s by an operator", name, Said("paused" if paused else "resumed"))
         return await self.connector(name)
 
     async def failed(self, name: str, limit: int, after: str | None) -> dict[str, Any]:

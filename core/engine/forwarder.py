@@ -32,6 +32,7 @@ from core.engine.session import Session, Source
 from core.engine.sink import Sink
 from core.failures import AWAY, for_good
 from core.metrics import Metrics
+from core.redact import Said
 from core.registry import make_sink
 from core.shards import UNSPLIT, Shard
 from core.store import Store
@@ -105,7 +106,13 @@ class Forwarder:
             self.state = state
             level = logging.WARNING if state == "reconnecting" else logging.INFO  # not silent at
             # WARNING: a refusal a connector that ran before retries (found by an outside tryout)
-            log.log(level, "connector %s: %s%s", self.name, state, f" ({detail})" if detail else "")
+            log.log(
+                level,
+                "connector %s: %s%s",
+                self.name,
+                Said(state),
+                f" ({detail})" if detail else "",
+            )
         self.detail = detail
 
     async def _may_end_the_run(self) -> bool:

@@ -22,7 +22,7 @@ import orjson
 from psycopg import sql
 
 from core.envelope import BrokerMark, earliest
-from core.redact import said
+from core.redact import Said, said
 from core.shards import Resplit, Shard, shard_named, split
 from core.store import AConn, Store
 from core.store.shared import lock_key
@@ -233,9 +233,9 @@ class Cursors:
             (self.sync_id, [s.key(self.connector) for s in old]),
         )
         await self._make(conn, min(seqs), state)
+        made = Said(f"split into {self.shard.of} shards" if self.shard.of > 1 else "unsplit")
         log.info("connector %s: %s (it had %d) from seq %d of source %s", self.connector,
-                 f"split into {self.shard.of} shards" if self.shard.of > 1 else "unsplit", was,
-                 min(seqs), self.sync_id)  # fmt: skip
+                 made, was, min(seqs), self.sync_id)  # fmt: skip
         return Cursor(min(seqs), state)
 
     async def _make(self, conn: AConn, seq: int, state: dict[str, Any]) -> None:

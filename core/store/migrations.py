@@ -14,6 +14,7 @@ import re
 import psycopg
 from psycopg import sql
 
+from core.redact import Said
 from core.store.functions import FUNCTIONS
 from core.store.history import MIGRATIONS
 from core.store.shared import lock_key
@@ -100,7 +101,8 @@ def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target
         for version, description, body in MIGRATIONS:
             if version <= current or version > target:
                 continue
-            log.info("store: applying migration %d (%s) to schema %s", version, description, schema)
+            log.info("store: applying migration %d (%s) to schema %s", version, Said(description),
+                     schema)  # fmt: skip
             conn.execute(render(body, schema))
             if version in CONVERSIONS:
                 CONVERSIONS[version](conn, schema)
