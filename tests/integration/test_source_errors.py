@@ -100,5 +100,8 @@ def test_weir_run_exits_with_the_one_line_error(tmp_path: Path, db_url: str) -> 
         timeout=60,
     )
     assert run.returncode == 1
-    assert "source app: source 'app': table public.missing does not exist" in run.stderr
+    errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, errors  # one line, the source named once
+    assert errors[0].endswith("ERROR weir: source 'app': table public.missing does not exist "
+                              "(check 'tables:' in the config)"), errors  # fmt: skip
     assert db_url not in run.stderr  # the url may hold a password: never logged
