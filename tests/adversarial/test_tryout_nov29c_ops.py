@@ -247,9 +247,9 @@ def test_a_store_down_while_weir_runs_is_said_at_least_every_30s(
 
 def test_a_store_not_answering_at_start_is_said_within_30s(tmp_path: Path) -> None:
     """docs/operations.md “Deployment” (Start order): `weir run` waits for an unreachable store
-    (retries 1 s doubling to 30 s); README: it says so "at least every 30 s". Its first two lines come
-    31 s apart (at 0 s, then after 1+2+4+8+16 s of waits: ``SAY_AGAIN`` is 25 s but is only
-    looked at when a retry ends)."""
+    (retries 1 s doubling to 30 s); README: it says so "at least every 30 s". Its first two
+    lines come 31 s apart (at 0 s, then after 1+2+4+8+16 s of waits: ``SAY_AGAIN`` is 25 s but
+    is only looked at when a retry ends)."""
     db = f"postgresql://postgres@127.0.0.1:{free_port()}/app"  # nothing listens
     config = tmp_path / "weir.yaml"
     config.write_text(yaml.safe_dump(_spec(db, free_port(), "nats://127.0.0.1:4222")))
@@ -447,12 +447,13 @@ def test_config_validate_refuses_a_header_value_no_request_can_carry(tmp_path: P
 def test_a_malformed_nkey_seed_file_stops_weir_run_naming_the_key(
     tmp_path: Path, pg_server: EmbeddedPostgres, nats_server: EmbeddedNats
 ) -> None:
-    """docs/operations.md “Deployment” (Start order): a destination that turns a connector of
-    the file away at its first connect (NATS refusing its credentials) stops `weir run` with one line naming
-    the fix, exit 1. An ``nkey_seed_file`` whose seed is cut short (a copy-paste that lost a
-    character) passes `weir config validate` (``ok``) and `weir run` retries it for ever, every
-    line ``connector n: reconnecting (ValueError: The seed must be exactly 32 bytes long; retry
-    in ...)``, naming neither ``nats.nkey_seed_file`` nor the file: it can never connect."""
+    """docs/operations.md “Deployment” (Start order): a destination that turns a connector of the
+    file away at its first connect (NATS refusing its credentials) stops `weir run` with one
+    line naming the fix, exit 1. An ``nkey_seed_file`` whose seed is cut short (a copy-paste
+    that lost a character) passes `weir config validate` (``ok``) and `weir run` retries it for
+    ever, every line ``connector n: reconnecting (ValueError: The seed must be exactly 32 bytes
+    long; retry in ...)``, naming neither ``nats.nkey_seed_file`` nor the file: it can never
+    connect."""
     seed = tmp_path / "user.nk"
     seed.write_text("SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBUQX\n")
     with fresh_database(pg_server) as db:
