@@ -82,6 +82,26 @@ def test_slot_held_by_another_process(db_url: str) -> None:
             PostgresCapture(src, store_for(src)).session(threading.Event())
 
 
+def test_a_server_without_room_for_replication_is_said_with_the_fix() -> None:
+    """What only a DBA can change is said at start with the fix, not retried for ever: no
+    replication connection let in (max_wal_senders = 0), and every slot taken by others."""
+    with (
+        EmbeddedPostgres(settings={"max_wal_senders": "0"}) as server,
+        pytest.raises(SourceSetupError) as e,
+    ):
+        _prepare(server.url)
+    assert "max_wal_senders is 0" in str(e.value)
+    assert "ALTER SYSTEM SET max_wal_senders = 10" in str(e.value)
+    with EmbeddedPostgres(settings={"max_replication_slots": "1"}) as server:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('someone_elses', 'pgoutput')")
+        with pytest.raises(SourceSetupError) as e:
+            _prepare(server.url)
+        _prepare(server.url, slot="someone_elses")  # a slot of its own there: it fits
+    assert "all 1 replication slots are in use and none is weir_slot" in str(e.value)
+    assert "pg_drop_replication_slot" in str(e.value)
+
+
 def test_weir_run_exits_with_the_one_line_error(tmp_path: Path, db_url: str) -> None:
     cfg = tmp_path / "weir.yaml"
     cfg.write_text(

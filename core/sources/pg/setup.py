@@ -96,7 +96,36 @@ def prepare(
                 level,
             )
         )
+    _replication_room(conn, src)
     return complete_publication(conn, src, follow=True, say=say)
+
+
+def _replication_room(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
+    """The server lets a replication connection in and has a slot for the source: what only a
+    DBA can change (a restart for either setting) is said now, with the fix, not retried."""
+    row: Any = conn.execute(
+        "SELECT current_setting('max_wal_senders')::int,"
+        " current_setting('max_replication_slots')::int,"
+        " (SELECT count(*) FROM pg_replication_slots),"
+        " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)", (src.slot,)
+    ).fetchone()  # fmt: skip
+    senders, slots, used, ours = row
+    if senders == 0:
+        raise SourceSetupError(said(
+            "source %r: max_wal_senders is 0, so the server lets no replication connection in: "
+            "run ALTER SYSTEM SET max_wal_senders = 10; and restart PostgreSQL",
+            src.name))  # fmt: skip
+    if slots == 0:
+        raise SourceSetupError(said(
+            "source %r: max_replication_slots is 0, so the server keeps no slot for capture: "
+            "run ALTER SYSTEM SET max_replication_slots = 10; and restart PostgreSQL",
+            src.name))  # fmt: skip
+    if not ours and used >= slots:
+        raise SourceSetupError(said(
+            "source %r: all %d replication slots are in use and none is %s: drop one no longer "
+            "used (SELECT slot_name, active FROM pg_replication_slots; then SELECT "
+            "pg_drop_replication_slot('NAME')), or raise max_replication_slots and restart "
+            "PostgreSQL", src.name, slots, src.slot))  # fmt: skip
 
 
 def complete_publication(
