@@ -106,13 +106,9 @@ class Forwarder:
             self.state = state
             level = logging.WARNING if state == "reconnecting" else logging.INFO  # not silent at
             # WARNING: a refusal a connector that ran before retries (found by an outside tryout)
-            log.log(
-                level,
-                "connector %s: %s%s",
-                self.name,
-                Said(state),
-                f" ({detail})" if detail else "",
-            )
+            # A connect's detail is the last attempt's error, said already as it reconnected.
+            said = f" ({detail})" if detail and state != "connecting" else ""
+            log.log(level, "connector %s: %s%s", self.name, Said(state), said)
         self.detail = detail
 
     async def _may_end_the_run(self) -> bool:
