@@ -19,8 +19,9 @@ class Change(NamedTuple):
     unchanged TOAST value). The store takes them from the record's version before
     (``core.store.records.Previous``), and only theirs, so a dropped column leaves the record
     at its next version; ``renamed`` pairs a column of ``missing`` with the name that version
-    may hold it under (a rename capture saw). ``old_record_id`` is set when an update changed
-    the key.
+    may hold it under (a rename capture saw), and is None when that version's names cannot be
+    trusted (core/sources/pg/columns.py): nothing is taken from it. ``old_record_id`` is set
+    when an update changed the key.
     ``version``/``idx`` order versions of a record: commit LSN (or producer version) and position.
     ``event_lsn`` is the events stream's commit LSN when it is not ``version`` (HTTP ingest:
     the batch number, so that event idempotency keys stay unique).
@@ -38,7 +39,7 @@ class Change(NamedTuple):
     committed_at: str  # ISO-8601
     event_lsn: int | None = None
     old_missing: tuple[str, ...] = ()
-    renamed: tuple[tuple[str, str], ...] = ()
+    renamed: tuple[tuple[str, str], ...] | None = ()
 
 
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal

@@ -31,6 +31,9 @@ class Collections:
         self._tables = sql.SQL(
             "SELECT collection_id, key_columns, relid FROM {} WHERE sync_id = %s"
         ).format(collections)
+        self._shapes = sql.SQL(
+            "SELECT collection_id, columns FROM {} WHERE sync_id = %s AND columns IS NOT NULL"
+        ).format(collections)
         # A collection's table set, answering the key its records were made with (none: no row).
         self._set_table = sql.SQL(
             "WITH o AS (SELECT key_columns FROM {0} WHERE sync_id = %s AND collection_id = %s)"
@@ -53,6 +56,12 @@ class Collections:
         rows = self.conn.execute(self._tables, (self.sync_id,)).fetchall()
         self.conn.commit()
         return {str(r[0]): (tuple(r[1]), int(r[2])) for r in rows}  # type: ignore[arg-type, call-overload]
+
+    def shapes(self) -> dict[str, tuple[str, ...]]:
+        """Each collection's columns as last noted (``set_shape``), where they were."""
+        rows: Any = self.conn.execute(self._shapes, (self.sync_id,)).fetchall()
+        self.conn.commit()
+        return {str(r[0]): tuple(r[1]) for r in rows}
 
     def set_shape(self, collection_id: str, table: tuple[str, str], shape: tuple[str, ...],
                   unseen: bool) -> None:  # fmt: skip
@@ -116,4 +125,5 @@ def _difference(before: tuple[str, ...], after: tuple[str, ...]) -> str:
     (``name:type oid`` each)."""
     old, new = (dict(c.rsplit(":", 1) for c in shape) for shape in (before, after))
     return ", ".join([f"+{n}" for n in new if n not in old] + [f"-{n}" for n in old if n not in new]
-                     + [f"~{n}" for n in new if n in old and old[n] != new[n]])  # fmt: skip
+                     + [f"~{n}" for n in new if n in old and old[n] != new[n]]
+                     ) or "names moved between columns"  # fmt: skip

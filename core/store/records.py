@@ -83,7 +83,9 @@ class Previous:
         record, changes = ch.record, ch.changes
         if lacks(ch):
             before = self.rows.get(source_of(ch), {})
-            if ch.renamed:
+            if ch.renamed is None:  # its names may be other columns' now: never a guess
+                before = {}
+            elif ch.renamed:  # a version written since the rename holds the name itself
                 before = before | {n: before[w] for n, w in ch.renamed
                                    if n not in before and w in before}  # fmt: skip
             record = {k: record.get(k, v) for k, v in before.items()

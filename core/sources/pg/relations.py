@@ -15,6 +15,7 @@ import psycopg
 
 from core.ids import collection_id_of, record_id_of
 from core.redact import said
+from core.sources.pg import columns
 from core.sources.pg.encoding import UTF8_TEXT, SourceText, source_text
 from core.sources.pg.pgoutput import UNCHANGED, Tuple, Value
 from core.sources.pg.values import TYPES_SQL, Converter, TypeCatalog
@@ -57,9 +58,10 @@ class Relation:
     # Reads the database's text as the server sends it (core/sources/pg/encoding.py).
     text: SourceText = UTF8_TEXT
     types: tuple[int, ...] = ()  # each column's type oid
-    # Columns renamed while this session followed the table: each one's name before, which
-    # records made before hold it under (an unchanged TOAST value is taken from there).
-    was: dict[str, str] = field(default_factory=dict)
+    # Each column's name in the record's versions before, where it is another (a rename), or
+    # None when that cannot be known (core/sources/pg/columns.py).
+    was: dict[str, str] | None = field(default_factory=dict)
+    attnums: tuple[int, ...] | None = None  # the columns' identities, when the catalog agreed
 
     @property
     def shape(self) -> tuple[str, ...]:
@@ -97,6 +99,7 @@ class Relations:
         self.by_id: dict[int, Relation] = {}
         self.wanted = wanted
         self.source = source
+        self.noted: dict[str, tuple[str, ...]] = {}  # the store's shapes, set at session start
 
     def _name(self, name: str) -> str:
         """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``), as a
@@ -182,7 +185,8 @@ class Relations:
             text=self.text,
             types=tuple(c[2] for c in cols),
         )
-        rel.was = renamed(self.by_id.get(relid), rel)
+        rel.attnums = columns.attnums(self.catalog, relid, rel.names, rel.types)
+        rel.was = columns.was(self.by_id.get(relid), rel, self.noted.get(rel.collection_id))
         self.by_id[relid] = rel
         return rel
 
@@ -217,7 +221,6 @@ class Relations:
             )  # fmt: skip
         rel = Relation(relid, schema, table, collection_id_of(schema, table), (), (), (), (),
                        ignored=True, partition=partition)  # fmt: skip
-        rel.was = renamed(self.by_id.get(relid), rel)
         self.by_id[relid] = rel
         return rel
 
@@ -319,29 +322,6 @@ def change_of(msg: tuple[Any, ...], rel: Relation, lsn: int, idx: int, ts: str) 
     return Change(action="delete", collection_id=rel.collection_id,
                   record_id=record_id_for(rel, rec), record=rec, changes=None, missing=missing,
                   old_record_id=None, version=lsn, idx=idx, committed_at=ts)  # fmt: skip
-
-
-def renamed(old: Relation | None, new: Relation) -> dict[str, str]:
-    """The columns of ``new`` renamed since ``old`` described the table (and before), each
-    with its first name: pgoutput names columns only, so a rename is a column in its place
-    with its type and a new name, the old one gone. (A last column dropped and one of its type
-    added looks alike, but an added column holds no unchanged TOAST value to take.)"""
-    if old is None:
-        return {}
-    if old.names == new.names:
-        return old.was
-    known = {n: w for n, w in old.was.items() if n in new.names}
-    if new.types[: len(old.types)] != old.types:  # columns dropped: no place is sure
-        return known
-    places = zip(new.names, old.names, strict=False)  # columns added: at the end
-    return {n: old.was.get(o, o) for n, o in places
-            if n != o and n not in old.names and o not in new.names} | known  # fmt: skip
-
-
-def with_renames(ch: Change, rel: Relation) -> Change:
-    """``ch`` naming where the values it lacks of renamed columns are held before."""
-    was = tuple((n, rel.was[n]) for n in ch.missing if n in rel.was)
-    return ch._replace(renamed=was) if was else ch
 
 
 def other_partition(key: tuple[str, ...], delete: Change, insert: Change) -> bool:

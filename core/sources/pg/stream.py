@@ -22,6 +22,7 @@ import psycopg
 from core.config.sources import PostgresSource
 from core.ids import lsn_to_str
 from core.redact import said
+from core.sources.pg.columns import with_sources
 from core.sources.pg.follow import TABLE_MESSAGES
 from core.sources.pg.follower import TableFollower
 from core.sources.pg.pgoutput import XLOG_HEADER, decode, decode_copy_data, standby_status
@@ -33,7 +34,6 @@ from core.sources.pg.relations import (
     moved_row,
     old_row,
     other_partition,
-    with_renames,
 )
 from core.sources.pg.store_thread import StoreThread
 from core.store.change import Change, UnstorableChange
@@ -148,6 +148,7 @@ class Stream:
         self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
         self.follower = TableFollower(src, catalog, relations, self.store,
                                       writer.collections.tables(), self._drop)  # fmt: skip
+        relations.noted = writer.collections.shapes()  # what a table's records were made with
         self.on_message = {"I": self._change, "U": self._change, "D": self._change,
                            "B": self._begin, "C": self._commit, "T": self._truncate,
                            "R": self._relation, "M": self._logical}  # fmt: skip
@@ -273,8 +274,8 @@ class Stream:
             return
         try:
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
-            if rel.was and ch.missing:
-                ch = with_renames(ch, rel)
+            if ch.missing and rel.was != {}:  # renamed columns, or names not to be trusted
+                ch = with_sources(ch, rel)
         except psycopg.OperationalError:
             raise  # the source went away while its text was learned: reconnect
         except Exception as e:
