@@ -62,10 +62,13 @@ def _go(escaped: str) -> str:
 
 
 def _html(v: str) -> set[str]:
-    """``v`` in HTML (an error page's): its ``& < >`` and quotes as entities, named or numbered."""
+    """``v`` in HTML or XML (an error page's): its ``& < >`` and quotes as entities, named or
+    numbered (Python's, Go's, PHP's, XML's)."""
     named = html.escape(v)
-    return {named, html.escape(v, quote=False),
-            named.replace("&#x27;", "&#39;").replace("&quot;", "&#34;")}  # fmt: skip
+    quotes = (("&#39;", "&#34;"), ("&#039;", "&quot;"), ("&apos;", "&quot;"))  # PHP's, XML's
+    return {named, html.escape(v, quote=False)} | {
+        named.replace("&#x27;", single).replace("&quot;", double) for single, double in quotes
+    }
 
 
 def _quoted(v: str) -> set[str]:
