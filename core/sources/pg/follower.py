@@ -184,6 +184,7 @@ class TableFollower:
             self._backfill(schema, table, "the table joined the publication with rows in it")
             return
         if prefix == REWRITTEN_PREFIX:  # its values changed with no change in the WAL
+            self.relations.rewritten(collection_id_of(schema, table))
             self._backfill(
                 schema,
                 table,

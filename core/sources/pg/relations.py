@@ -58,10 +58,9 @@ class Relation:
     # Reads the database's text as the server sends it (core/sources/pg/encoding.py).
     text: SourceText = UTF8_TEXT
     types: tuple[int, ...] = ()  # each column's type oid
-    # Each column's name in the record's versions before, where it is another (a rename), or
-    # None when that cannot be known (core/sources/pg/columns.py).
-    was: dict[str, str] | None = field(default_factory=dict)
-    attnums: tuple[int, ...] | None = None  # the columns' identities, when the catalog agreed
+    # Each column's other names in the record's versions before, where it had any, or None
+    # when versions before cannot be trusted (core/sources/pg/columns.py).
+    was: columns.Names | None = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[str, ...]:
@@ -99,7 +98,7 @@ class Relations:
         self.by_id: dict[int, Relation] = {}
         self.wanted = wanted
         self.source = source
-        self.noted: dict[str, tuple[str, ...]] = {}  # the store's shapes, set at session start
+        self.identities = columns.Identities()
 
     def _name(self, name: str) -> str:
         """A name pgoutput sent, in the database's encoding (see ``pgoutput._cstring``), as a
@@ -185,10 +184,18 @@ class Relations:
             text=self.text,
             types=tuple(c[2] for c in cols),
         )
-        rel.attnums = columns.attnums(self.catalog, relid, rel.names, rel.types)
-        rel.was = columns.was(self.by_id.get(relid), rel, self.noted.get(rel.collection_id))
+        ids = columns.attnums(self.catalog, relid, rel.names, rel.types)
+        rel.was = self.identities.describe(relid, rel.collection_id, rel.names, rel.types, ids)
         self.by_id[relid] = rel
         return rel
+
+    def rewritten(self, collection: str) -> None:
+        """The table's values changed with no change in the WAL (``ALTER … USING``): no value
+        is taken from its records' versions before, this session."""
+        self.identities.rewritten(collection)
+        for rel in self.by_id.values():
+            if rel.collection_id == collection:
+                rel.was = None
 
     def _partition_key(self, relid: int) -> tuple[str, ...]:
         """The columns a partitioned table is partitioned by (none known for an expression)."""

@@ -146,9 +146,11 @@ class Stream:
         self.store = StoreThread(writer, position.stored, position.confirmed)
         self.txn_mark = (0, 0)  # changes pending and store items when the transaction began
         self.next_tick = 0.0  # when a commit next lets the follower look (a second apart)
-        self.follower = TableFollower(src, catalog, relations, self.store,
-                                      writer.collections.tables(), self._drop)  # fmt: skip
-        relations.noted = writer.collections.shapes()  # what a table's records were made with
+        tables = writer.collections.tables()
+        self.follower = TableFollower(src, catalog, relations, self.store, tables, self._drop)
+        # What the records were made with: the tables' oids and columns.
+        relations.identities.tables = {c: relid for c, (_, relid) in tables.items()}
+        relations.identities.noted = writer.collections.shapes()
         self.on_message = {"I": self._change, "U": self._change, "D": self._change,
                            "B": self._begin, "C": self._commit, "T": self._truncate,
                            "R": self._relation, "M": self._logical}  # fmt: skip
@@ -275,7 +277,7 @@ class Stream:
         try:
             ch = change_of(m, rel, self.txn_lsn, self.idx, self.txn_ts)
             if ch.missing and rel.was != {}:  # renamed columns, or names not to be trusted
-                ch = with_sources(ch, rel)
+                ch = with_sources(ch, rel.was)
         except psycopg.OperationalError:
             raise  # the source went away while its text was learned: reconnect
         except Exception as e:
