@@ -123,6 +123,27 @@ def test_a_legacy_table_name_in_a_sql_ascii_database_does_not_stop_weir(
                      what="the good table's row")  # fmt: skip
 
 
+def test_a_misspelt_table_beside_a_legacy_name_is_named_in_one_line(
+    tmp_path: Path, pg_server: EmbeddedPostgres, db_url: str
+) -> None:
+    """A review of the closest-name hint: ``tables: [public.god]`` in a SQL_ASCII database
+    that also holds a Latin-1 table name (``caf\xe9``). Listing every table for the closest
+    name read the legacy name too, so the one line naming the fix became ``invalid byte
+    sequence for encoding "UTF8": 0xe9``. The legacy name is no candidate; the readable one
+    is."""
+    with sql_ascii_database(pg_server) as url:
+        _legacy(url, b"CREATE TABLE good (id int PRIMARY KEY, v text)",
+                b"CREATE TABLE caf\xe9 (id int PRIMARY KEY, v text)")  # fmt: skip
+        config = tmp_path / "weir.yaml"
+        config.write_text(json.dumps({
+            "store": {"url": db_url}, "connectors": [],
+            "sources": [{"name": "app", "kind": "postgres", "url": url,
+                         "tables": ["public.god"]}]}))  # fmt: skip
+        out = weir("run", "--config", str(config), code=1, timeout=30)
+    assert "invalid byte sequence" not in out and "Traceback" not in out, out
+    assert "table public.god does not exist" in out and "did you mean 'public.good'?" in out, out
+
+
 def test_adding_a_legacy_named_column_in_a_sql_ascii_database_does_not_stop_capture(
     pg_server: EmbeddedPostgres, db_url: str
 ) -> None:

@@ -19,7 +19,14 @@ from core.redact import remember_names, said
 from core.sources.pg.errors import SlotBusyError, SourceSetupError
 from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables
 from core.sources.pg.grants import role_of, say_unreadable
-from core.sources.pg.tables import TABLE_INFO_SQL, table_problem, tables_of, tables_wanted
+from core.sources.pg.tables import (
+    ALL_TABLES_SQL,
+    TABLE_INFO_SQL,
+    readable_tables,
+    table_problem,
+    tables_of,
+    tables_wanted,
+)
 from core.tables import closest, parse_table, table_name
 
 if TYPE_CHECKING:  # for annotations only: a seed task does not import the config models
@@ -50,7 +57,7 @@ def capturable_tables(
         if problem is None:
             tables.append((schema, table))
         elif (schema, table) in listed:
-            near = closest(name, _table_names(conn)) if "does not exist" in problem else ""
+            near = closest(name, _all_tables(conn)) if "does not exist" in problem else ""
             raise SourceSetupError(said("source %r: %s%s", src.name, problem, near))
         elif say and (schema, table) in published:  # Weir cannot leave it out: the DBA's
             log.warning("source %s: %s; it is in publication %s, which Weir does not manage, so "
@@ -63,13 +70,9 @@ def capturable_tables(
     return tables
 
 
-def _table_names(conn: psycopg.Connection[Any]) -> list[str]:
-    """The database's tables (not the system's), as ``schema.table``."""
-    rows = conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
-    ).fetchall()
-    return [table_name(r[0], r[1]) for r in rows]
+def _all_tables(conn: psycopg.Connection[Any]) -> list[str]:
+    """The database's tables (not the system's) a UTF-8 client can name, as ``schema.table``."""
+    return [table_name(*names) for names in readable_tables(conn, ALL_TABLES_SQL)[0]]
 
 
 def prepare(

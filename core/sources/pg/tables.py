@@ -57,30 +57,50 @@ ORDER BY c.relname
 UNREADABLE_NAME = (psycopg.errors.CharacterNotInRepertoire, psycopg.errors.UntranslatableCharacter)
 
 
+# Every table of the database (not the system's), for the closest name to a misspelt one.
+ALL_TABLES_SQL = """
+SELECT {} FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+"""
+
+
+def readable_tables(
+    conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()
+) -> tuple[list[tuple[str, str]], list[tuple[int, Exception]]]:
+    """The (schema, table) names of the tables ``query`` lists (formatted with the columns it
+    reads), and the oid and error of each whose name no UTF-8 client can read: one legacy name
+    must not hide the others (it stopped capture of the whole database)."""
+    try:
+        with conn.transaction():
+            return conn.execute(query.format("n.nspname, c.relname"), params).fetchall(), []
+    except UNREADABLE_NAME:
+        pass
+    names: list[tuple[str, str]] = []
+    unreadable: list[tuple[int, Exception]] = []
+    for (oid,) in conn.execute(query.format("c.oid"), params).fetchall():
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace"
+                                   " n ON n.oid = c.relnamespace WHERE c.oid = %s",
+                                   (oid,)).fetchone()  # fmt: skip
+        except UNREADABLE_NAME as e:
+            unreadable.append((oid, e))
+            continue
+        if row is not None:
+            names.append((row[0], row[1]))
+    return names, unreadable
+
+
 def _schema_tables(conn: psycopg.Connection[Any], src: PostgresSource,
                    schema: str) -> list[tuple[str, str]]:  # fmt: skip
     """The capturable tables of ``schema``, but those whose name no UTF-8 client can read:
-    each is left out, saying so (one legacy name stopped capture of the whole database)."""
-    try:
-        with conn.transaction():
-            return conn.execute(
-                SCHEMA_TABLES_SQL.format("n.nspname, c.relname"), (schema,)
-            ).fetchall()
-    except UNREADABLE_NAME:
-        pass
-    out = []
-    for (oid,) in conn.execute(SCHEMA_TABLES_SQL.format("c.oid"), (schema,)).fetchall():
-        try:
-            with conn.transaction():
-                row = conn.execute("SELECT relname FROM pg_class WHERE oid = %s", (oid,)).fetchone()
-        except UNREADABLE_NAME as e:
-            log.warning("%s", said("source %r: a table of schema %s (oid %d) is left out: its "
-                                   "name has a character no UTF-8 client can read (%s); rename "
-                                   "it to capture it", src.name, schema, oid, e))  # fmt: skip
-            continue
-        if row is not None:
-            out.append((schema, row[0]))
-    return out
+    each is left out, saying so."""
+    names, unreadable = readable_tables(conn, SCHEMA_TABLES_SQL, (schema,))
+    for oid, e in unreadable:
+        log.warning("%s", said("source %r: a table of schema %s (oid %d) is left out: its name "
+                               "has a character no UTF-8 client can read (%s); rename it to "
+                               "capture it", src.name, schema, oid, e))  # fmt: skip
+    return names
 
 
 def tables_of(conn: psycopg.Connection[Any], src: PostgresSource) -> list[tuple[str, str]]:
