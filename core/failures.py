@@ -188,19 +188,6 @@ def wait_for_store(
     return False
 
 
-def awaited_store(cfg: WeirConfig, stop: threading.Event) -> bool:
-    """:func:`wait_for_store` in ``weir run``'s first process: while it waits, the API's port
-    answers probes with why (core/api/waiting.py)."""
-    from core.api.waiting import WaitingProbes
-
-    probes = WaitingProbes(*cfg.api.host_port) if cfg.api is not None else None
-    try:
-        return wait_for_store(cfg, stop, probes.note if probes is not None else None)
-    finally:
-        if probes is not None:
-            probes.close()
-
-
 def sources_let_in(cfg: WeirConfig) -> None:
     """Connect once to each postgres source: one that refuses for good (credentials, a
     database or role that does not exist) raises :class:`Unreachable`, so that ``weir run``

@@ -9,9 +9,24 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.api.listen import listen
+from core.failures import wait_for_store
+
+if TYPE_CHECKING:
+    from core.config.model import WeirConfig
+
+
+def awaited_store(cfg: WeirConfig, stop: threading.Event) -> bool:
+    """:func:`core.failures.wait_for_store` in ``weir run``'s first process: while it waits,
+    the API's port answers probes with why."""
+    probes = WaitingProbes(*cfg.api.host_port) if cfg.api is not None else None
+    try:
+        return wait_for_store(cfg, stop, probes.note if probes is not None else None)
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 class WaitingProbes:

@@ -30,9 +30,10 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core.api.waiting import awaited_store
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
-from core.failures import AWAY, awaited_store, for_good, sources_let_in, wait_for_store
+from core.failures import AWAY, for_good, sources_let_in, wait_for_store
 from core.metrics import Metrics
 from core.redact import remember_config
 from core.runtime.connectors import ConnectorWorks

@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from prometheus_client.multiprocess import mark_process_dead
 
 from core.api.listen import listen
+from core.api.waiting import awaited_store
 from core.config.model import WeirConfig
 from core.config.sources import PostgresSource
-from core.failures import awaited_store, sources_let_in
+from core.failures import sources_let_in
 from core.metrics import SHARED_DIR
 
 log = logging.getLogger("weir")
