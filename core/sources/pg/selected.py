@@ -21,6 +21,7 @@ from core.ids import collection_id_of
 from core.redact import Said, remember_names, said
 from core.sources.pg import snapshot
 from core.sources.pg.errors import SourceSetupError
+from core.sources.pg.setup import capturable_tables
 from core.sources.pg.tables import tables_of
 from core.store.selection import glob
 from core.tables import closest
@@ -116,8 +117,6 @@ def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
     """What the sources that answer say of the file, as ``weir run``'s start would: the tables
     of ``tables:`` it could not capture (its start stops on them), and the selections that match
     nothing (it warns of them). A source that does not answer is left to the start."""
-    from core.sources.pg.setup import capturable_tables
-
     errors: list[Said] = []
     for src in cfg.sources:
         if isinstance(src, PostgresSource):
