@@ -18,7 +18,7 @@ class Change(NamedTuple):
     ``old_missing`` those whose old value it left out while sending a new one (an old row's
     unchanged TOAST value). The store takes them from the record's version before
     (``core.store.records.Previous``), and only theirs, so a dropped column leaves the record
-    at its next version; ``renamed`` pairs a column of ``missing`` with the other names that
+    at its next version; ``held_as`` pairs a column of ``missing`` with the other names that
     version may hold it under (renames capture saw), and is None when that version's names cannot be
     trusted (core/sources/pg/columns.py): nothing is taken from it. ``old_record_id`` is set
     when an update changed the key.
@@ -39,7 +39,7 @@ class Change(NamedTuple):
     committed_at: str  # ISO-8601
     event_lsn: int | None = None
     old_missing: tuple[str, ...] = ()
-    renamed: tuple[tuple[str, tuple[str, ...]], ...] | None = ()
+    held_as: tuple[tuple[str, tuple[str, ...]], ...] | None = ()
 
 
 REFUSED = ("22", "54", "XX")  # error classes of a store write: data, program limit, internal

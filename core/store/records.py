@@ -83,10 +83,10 @@ class Previous:
         record, changes = ch.record, ch.changes
         if lacks(ch):
             before = self.rows.get(source_of(ch), {})
-            if ch.renamed is None:  # its names may be other columns' now: never a guess
+            if ch.held_as is None:  # its names may be other columns' now: never a guess
                 before = {}
-            elif ch.renamed:  # a version holds one of a column's names: it is the column's
-                before = before | {n: before[w] for n, ws in ch.renamed if n not in before
+            elif ch.held_as:  # a version holds one of a column's names: it is the column's
+                before = before | {n: before[w] for n, ws in ch.held_as if n not in before
                                    for w in ws if w in before}  # fmt: skip
             record = {k: record.get(k, v) for k, v in before.items()
                       if k in record or k in ch.missing} | record  # fmt: skip

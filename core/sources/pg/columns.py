@@ -102,8 +102,8 @@ class Identities:
 
 def with_sources(ch: Change, was: Names | None) -> Change:
     """``ch`` saying under which other names versions before may hold the values it lacks
-    (``renamed``), or that none may be taken from them (``renamed`` None)."""
+    (``held_as``), or that none may be taken from them (``held_as`` None)."""
     if was is None:
-        return ch._replace(renamed=None)
+        return ch._replace(held_as=None)
     pairs = tuple((n, was[n]) for n in ch.missing if n in was)
-    return ch._replace(renamed=pairs) if pairs else ch
+    return ch._replace(held_as=pairs) if pairs else ch
