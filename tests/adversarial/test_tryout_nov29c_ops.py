@@ -11,9 +11,8 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -28,6 +27,7 @@ from devkit.server import free_port
 from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers, running, weir
+from tests.helpers.echo import EchoReceiver
 
 TOKEN = "a-token-of-24-characters"
 ROLE, PASSWORD = "weir_cdc", "change-me"  # the README's quickstart
@@ -338,41 +338,20 @@ def _listed(client: httpx.Client, path: str) -> bool:
     return bool(client.get(path).json()["data"])
 
 
-class _Echo:
-    """A webhook receiver that answers 401 with the Authorization header it got, in ``shape``:
-    ``html`` (an HTML error page, the header HTML-escaped) or ``go`` (JSON as Go's
-    encoding/json writes it by default: ``<``, ``>`` and ``&`` as ``\\u003c``, ``\\u003e``,
-    ``\\u0026``)."""
+def _echo_body(shape: str) -> Callable[[str], str]:
+    """A receiver's 401 body of the Authorization header it got, in ``shape``: ``html`` (an
+    HTML error page, the header HTML-escaped) or ``go`` (JSON as Go's encoding/json writes it by
+    default: ``<``, ``>`` and ``&`` as ``\\u003c``, ``\\u003e``, ``\\u0026``)."""
 
-    def __init__(self, shape: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def body(got: str) -> str:
+        if shape == "html":
+            return f"<html><body><p>rejected {html.escape(got)}</p></body></html>"
+        out = json.dumps({"error": f"invalid credentials {got}"})
+        for c, e in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")):
+            out = out.replace(c, e)
+        return out
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                got = self.headers.get("Authorization", "")
-                if shape == "html":
-                    body = f"<html><body><p>rejected {html.escape(got)}</p></body></html>"
-                else:
-                    body = json.dumps({"error": f"invalid credentials {got}"})
-                    for c, e in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")):
-                        body = body.replace(c, e)
-                data = body.encode()
-                self.send_response(401)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return body
 
 
 def test_a_receivers_escaped_echo_of_a_header_secret_is_masked(
@@ -387,7 +366,7 @@ def test_a_receivers_escaped_echo_of_a_header_secret_is_masked(
     Tok\\u003cen\\u003e\\u0026Secret99"}`` and ``rejected Bearer k3y&amp;Pa&quot;ss&#x27;Word77``:
     the secrets, one unescape away."""
     secrets = {"go": "Bearer Tok<en>&Secret99", "html": "Bearer k3y&Pa\"ss'Word77"}
-    echoes = {shape: _Echo(shape) for shape in secrets}
+    echoes = {shape: EchoReceiver(_echo_body(shape)) for shape in secrets}
     try:
         with fresh_database(pg_server) as db:
             with psycopg.connect(db, autocommit=True) as conn:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import random
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -32,6 +31,7 @@ from tests.conftest import fresh_database
 from tests.helpers import stored
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import running, weir
+from tests.helpers.echo import EchoReceiver
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
 
@@ -166,33 +166,8 @@ def _xml(v: str) -> str:
             .replace("<", "&lt;").replace(">", "&gt;"))  # fmt: skip
 
 
-class _EchoOf:
-    """A webhook receiver answering 401 with the Authorization header it got, as ``write``
-    spells it."""
-
-    def __init__(self, write: Callable[[str], str]) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                got = self.headers.get("Authorization", "")
-                data = f"<p>rejected {write(got)}</p>".encode()
-                self.send_response(401)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def _rejected(write: Callable[[str], str], got: str) -> str:
+    return f"<p>rejected {write(got)}</p>"
 
 
 def test_a_receivers_php_or_xml_escaped_echo_of_a_header_secret_is_masked(
@@ -207,7 +182,7 @@ def test_a_receivers_php_or_xml_escaped_echo_of_a_header_secret_is_masked(
     ``rejected Bearer k3y&#039;Php&lt;Word77&gt;``: the secret, one unescape away."""
     secrets = {"php": "Bearer k3y'Php<Word77>", "xml": "Bearer k3y'Xml<Word88>"}
     writes = {"php": _php, "xml": _xml}
-    echoes = {shape: _EchoOf(writes[shape]) for shape in secrets}
+    echoes = {shape: EchoReceiver(partial(_rejected, writes[shape])) for shape in secrets}
     try:
         with fresh_database(pg_server) as db:
             execute(db, "CREATE TABLE t (id int PRIMARY KEY, b text)")
