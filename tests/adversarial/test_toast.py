@@ -14,7 +14,6 @@ neither stream has any of them.
 from __future__ import annotations
 
 import itertools
-import random
 from typing import Any
 
 import psycopg
@@ -22,7 +21,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from tests.helpers import stored
+from tests.helpers import stored, toast
 from tests.helpers.capture import capturing, count_events, pg_source, wait_for
 
 COLUMNS = ("id", "k", "a", "n", "t1", "t2")
@@ -30,16 +29,11 @@ TOASTED = ("t1", "t2")
 IDENTITIES = {"default": "DEFAULT", "full": "FULL", "index": "USING INDEX ti_index_k_key",
               "nothing": "NOTHING"}  # fmt: skip
 KEY = {"default": ("id",), "full": COLUMNS, "index": ("k",), "nothing": ("id",)}  # old key sent
-BIG = 2500  # random bytes, as 5000 hex digits: out of line; small values (<= 30) stay inline
 
 Row = dict[str, Any]
 
 
-def _big(seed: int, size: int = BIG) -> str:
-    return random.Random(seed).randbytes(size).hex()
-
-
-toasted = st.one_of(st.none(), st.text("xyz", max_size=30), st.integers(0, 2**32).map(_big))
+toasted = st.one_of(st.none(), st.text("xyz", max_size=30), st.integers(0, 2**32).map(toast.big))
 VALUES = {"a": st.none() | st.text("abc é", max_size=20),
           "n": st.none() | st.integers(-(2**31), 2**31 - 1),
           "t1": toasted, "t2": toasted}  # fmt: skip
@@ -126,7 +120,7 @@ op = st.tuples(st.sampled_from(["insert", "update", "same", "key", "delete"]), s
 # Every action on each identity, on rows the store has no version of (the oldest: inserted
 # before capture), on one inserted and changed in the same transaction, and on one whose
 # version is stored (``-1``: the newest row).
-_V = {"a": "new", "n": 1, "t1": _big(7), "t2": None}
+_V = {"a": "new", "n": 1, "t1": toast.big(7), "t2": None}
 EVERY = [(ident, statements) for ident in sorted(IDENTITIES) for statements in (
     [("same", 0, _V, {"a"}, "t1")], [("update", 0, _V, {"a"}, "t1")],
     [("key", 1, _V, {"a"}, "t1")], [("delete", 0, _V, {"a"}, "t1")],
@@ -189,7 +183,7 @@ def test_unchanged_toast_values_on_both_streams(adv_db: str) -> None:
                     "k": i + 10**6,
                     "a": "old",
                     "n": i,
-                    "t1": _big(i, 100_000),
+                    "t1": toast.big(i, 100_000),
                     "t2": "s",
                 }  # t1: 200 kB, as reported
                 conn.execute(f"INSERT INTO {t.name} VALUES (%s, %s, %s, %s, %s, %s)",

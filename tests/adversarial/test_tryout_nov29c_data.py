@@ -5,7 +5,6 @@ code it was written against, as its docstring tells what was seen."""
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ import psycopg
 
 from devkit.embedded import EmbeddedNats
 from tests.adversarial.stack import Stack
-from tests.helpers import stored
+from tests.helpers import stored, toast
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
@@ -77,15 +76,6 @@ def test_a_backfill_of_unchanged_rows_sends_no_record_again_when_their_history_i
     assert not resent, f"{len(resent)} of 1000 unchanged records got a new seq (sent again)"
 
 
-def _big(seed: int, n: int = 2500) -> str:
-    return random.Random(seed).randbytes(n).hex()
-
-
-def _rows(url: str, table: str) -> dict[str, dict[str, Any]]:
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return {str(r["id"]): dict(r) for r in cur.execute(f"SELECT * FROM {table}").fetchall()}
-
-
 def test_an_update_after_a_toasted_column_is_renamed_holds_its_value_on_the_events_stream(
     db_url: str, nats_server: EmbeddedNats
 ) -> None:
@@ -100,12 +90,12 @@ def test_an_update_after_a_toasted_column_is_renamed_holds_its_value_on_the_even
             "ALTER TABLE tr ALTER COLUMN big SET STORAGE EXTERNAL")  # fmt: skip
     stack = Stack(db_url, nats_server, None)
     with stack.running():
-        execute(db_url, "INSERT INTO tr VALUES (1, %s, 1)", params=(_big(1),))
+        execute(db_url, "INSERT INTO tr VALUES (1, %s, 1)", params=(toast.big(1),))
         stack.sync()
         execute(db_url, "ALTER TABLE tr RENAME COLUMN big TO huge",
                 "UPDATE tr SET a = 2 WHERE id = 1")  # fmt: skip
         stack.sync()
-        want = _rows(db_url, "tr")["1"]
+        want = toast.rows(db_url, "tr")["1"]
         update = [e for e in stack.events("public:tr") if e["action"] == "update"]
     assert len(update) == 1
     got = update[0]["record"]

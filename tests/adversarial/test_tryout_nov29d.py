@@ -4,7 +4,6 @@ of README.md / docs/ and fails on the code it was written against, as its docstr
 from __future__ import annotations
 
 import contextlib
-import random
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,23 +27,12 @@ from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart
     quickstart_pg,
 )
 from tests.conftest import fresh_database
-from tests.helpers import stored
+from tests.helpers import stored, toast
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import running, weir
 from tests.helpers.echo import EchoReceiver
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
-
-
-def _big(seed: int, n: int = 2500) -> str:
-    return random.Random(seed).randbytes(n).hex()
-
-
-def _row(url: str, table: str, rid: int) -> dict[str, Any]:
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute(f"SELECT * FROM {table} WHERE id = %s", (rid,)).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 def _short(rec: dict[str, Any] | None) -> dict[str, Any]:
@@ -68,14 +56,8 @@ def _last_update(url: str, collection: str) -> dict[str, Any]:
     return ups[-1]["record"] if ups else {}
 
 
-def _toast_table(url: str, table: str) -> None:
-    execute(url, f"CREATE TABLE {table} (id int PRIMARY KEY, a text, b text, c int)",
-            f"ALTER TABLE {table} ALTER COLUMN a SET STORAGE EXTERNAL",
-            f"ALTER TABLE {table} ALTER COLUMN b SET STORAGE EXTERNAL")  # fmt: skip
-
-
 def _check_same(url: str, table: str) -> None:
-    want = _row(url, table, 1)
+    want = toast.row(url, table, 1)
     event = _last_update(url, f"public:{table}")
     rec = _rec(url, f"public:{table}", "1")
     problems = []
@@ -95,9 +77,9 @@ def test_two_toasted_columns_whose_names_are_swapped_keep_their_own_values(db_ur
     capture follows the table, then ``UPDATE ... SET c``: the event and the records stream give
     ``a`` the value of the old ``a`` (the column now called ``b``) and ``b`` the old ``b``:
     each column holds the OTHER column's value."""
-    _toast_table(db_url, "sw")
+    toast.table(db_url, "sw")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO sw VALUES (1, %s, %s, 0)", params=(_big(1), _big(2)))
+        execute(db_url, "INSERT INTO sw VALUES (1, %s, %s, 0)", params=(toast.big(1), toast.big(2)))
         wait_for(lambda: stored.live_count(db_url, "public:sw") == 1, what="the insert")
         execute(db_url, "ALTER TABLE sw RENAME COLUMN a TO tmp",
                 "ALTER TABLE sw RENAME COLUMN b TO a",
@@ -113,9 +95,9 @@ def test_a_column_dropped_and_another_renamed_to_its_name_keeps_its_own_value(
     """Same promise ("never a guess"). ``ALTER TABLE dr DROP COLUMN a; ALTER TABLE dr RENAME
     COLUMN b TO a`` (the new column replaces the old one), then an update of ``c``: ``a`` is
     filled with the DROPPED column's last value, not the value the row holds."""
-    _toast_table(db_url, "dr")
+    toast.table(db_url, "dr")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO dr VALUES (1, %s, %s, 0)", params=(_big(3), _big(4)))
+        execute(db_url, "INSERT INTO dr VALUES (1, %s, %s, 0)", params=(toast.big(3), toast.big(4)))
         wait_for(lambda: stored.live_count(db_url, "public:dr") == 1, what="the insert")
         execute(db_url, "ALTER TABLE dr DROP COLUMN a", "ALTER TABLE dr RENAME COLUMN b TO a",
                 "UPDATE dr SET c = 1 WHERE id = 1")  # fmt: skip
@@ -131,10 +113,10 @@ def test_names_swapped_while_weir_is_stopped_are_not_filled_from_the_other_colum
     are swapped while Weir is stopped; after its restart an update of ``c`` gets ``a`` and
     ``b`` from the store's version under the SAME names, i.e. each other's values (the records
     stream is made right by a later backfill; the event stays wrong)."""
-    _toast_table(db_url, "ws")
+    toast.table(db_url, "ws")
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        execute(db_url, "INSERT INTO ws VALUES (1, %s, %s, 0)", params=(_big(5), _big(6)))
+        execute(db_url, "INSERT INTO ws VALUES (1, %s, %s, 0)", params=(toast.big(5), toast.big(6)))
         wait_for(lambda: stored.live_count(db_url, "public:ws") == 1, what="the insert")
     execute(db_url, "ALTER TABLE ws RENAME COLUMN a TO tmp", "ALTER TABLE ws RENAME COLUMN b TO a",
             "ALTER TABLE ws RENAME COLUMN tmp TO b")  # fmt: skip
@@ -144,7 +126,7 @@ def test_names_swapped_while_weir_is_stopped_are_not_filled_from_the_other_colum
         event = _last_update(db_url, "public:ws")
         time.sleep(10)  # room for a backfill that would make the records stream right again
         rec = _rec(db_url, "public:ws", "1")
-    want = _row(db_url, "ws", 1)
+    want = toast.row(db_url, "ws", 1)
     wrong = {f"event {k}": _short(event)[k] for k in ("a", "b")
              if k in event and event[k] != want[k]}  # fmt: skip
     wrong |= {f"record {k}": _short(rec)[k] for k in ("a", "b") if k in rec and rec[k] != want[k]}

@@ -12,31 +12,15 @@ renamed then dropped) is read under that name once another column takes it.
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
 import psycopg
 
-from tests.helpers import stored
+from tests.helpers import stored, toast
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
-
-
-def _big(seed: int, n: int = 2500) -> str:
-    return random.Random(seed).randbytes(n).hex()
-
-
-def _row(url: str, table: str, rid: int) -> dict[str, Any]:
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute(f"SELECT * FROM {table} WHERE id = %s", (rid,)).fetchone()
-    assert row is not None
-    return dict(row)
-
-
-def _short(v: Any) -> Any:
-    return v[:12] + "…" if isinstance(v, str) and len(v) > 16 else v
 
 
 def _updates(url: str, table: str) -> list[dict[str, Any]]:
@@ -49,16 +33,10 @@ def _wrong(url: str, table: str, want: dict[str, Any], rec: dict[str, Any] | Non
     event = _updates(url, table)[-1]["record"]
     for k, v in want.items():
         if k in event and event[k] != v:
-            out.append(f"event {k}={_short(event[k])}, the row's {_short(v)}")
+            out.append(f"event {k}={toast.short(event[k])}, the row's {toast.short(v)}")
         if rec and k in rec and rec[k] != v:
-            out.append(f"record {k}={_short(rec[k])}, the row's {_short(v)}")
+            out.append(f"record {k}={toast.short(rec[k])}, the row's {toast.short(v)}")
     return out
-
-
-def _toast_table(url: str, table: str, cols: str = "a text, b text, c int") -> None:
-    execute(url, f"CREATE TABLE {table} (id int PRIMARY KEY, {cols})",
-            f"ALTER TABLE {table} ALTER COLUMN a SET STORAGE EXTERNAL",
-            f"ALTER TABLE {table} ALTER COLUMN b SET STORAGE EXTERNAL")  # fmt: skip
 
 
 def _record_now(url: str, table: str) -> dict[str, Any] | None:
@@ -71,17 +49,17 @@ def test_a_value_rewritten_by_alter_type_using_is_not_filled_from_before(db_url:
     change is decoded); then ``UPDATE ty SET c = 1`` leaves the unchanged TOASTed ``a`` out. The
     event's ``a`` must be the row's (upper case) or left out: it is the value before the rewrite
     (a later backfill makes the records stream right; the event sent stays wrong)."""
-    _toast_table(db_url, "ty")
+    toast.table(db_url, "ty")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO ty VALUES (1, %s, %s, 0)", params=(_big(1), _big(2)))
+        execute(db_url, "INSERT INTO ty VALUES (1, %s, %s, 0)", params=(toast.big(1), toast.big(2)))
         wait_for(lambda: stored.live_count(db_url, "public:ty") == 1, what="the insert")
         execute(db_url, "ALTER TABLE ty ALTER COLUMN a TYPE text USING upper(a)",
                 "UPDATE ty SET c = 1 WHERE id = 1")  # fmt: skip
         wait_for(lambda: bool(_updates(db_url, "ty")), what="the update")
         time.sleep(8)  # room for a backfill that would make the records stream right again
         rec = _record_now(db_url, "ty")
-    want = _row(db_url, "ty", 1)
-    assert want["a"] == _big(1).upper()
+    want = toast.row(db_url, "ty", 1)
+    assert want["a"] == toast.big(1).upper()
     wrong = _wrong(db_url, "ty", {"a": want["a"], "b": want["b"]}, rec)
     assert not wrong, wrong
 
@@ -89,16 +67,16 @@ def test_a_value_rewritten_by_alter_type_using_is_not_filled_from_before(db_url:
 def test_a_type_changed_with_using_is_not_filled_from_the_old_type(db_url: str) -> None:
     """``ALTER COLUMN a TYPE varchar USING 'v' || a`` (a new type, same attnum), then an update
     of ``c``: ``a`` must hold the row's varchar value or be left out."""
-    _toast_table(db_url, "tv")
+    toast.table(db_url, "tv")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO tv VALUES (1, %s, %s, 0)", params=(_big(3), _big(4)))
+        execute(db_url, "INSERT INTO tv VALUES (1, %s, %s, 0)", params=(toast.big(3), toast.big(4)))
         wait_for(lambda: stored.live_count(db_url, "public:tv") == 1, what="the insert")
         execute(db_url, "ALTER TABLE tv ALTER COLUMN a TYPE varchar USING 'v' || a",
                 "ALTER TABLE tv ALTER COLUMN a SET STORAGE EXTERNAL",
                 "UPDATE tv SET c = 1 WHERE id = 1")  # fmt: skip
         wait_for(lambda: bool(_updates(db_url, "tv")), what="the update")
         rec = _record_now(db_url, "tv")
-    want = _row(db_url, "tv", 1)
+    want = toast.row(db_url, "tv", 1)
     wrong = _wrong(db_url, "tv", {"a": want["a"], "b": want["b"]}, rec)
     assert not wrong, wrong
 
@@ -106,17 +84,17 @@ def test_a_type_changed_with_using_is_not_filled_from_the_old_type(db_url: str) 
 def test_a_value_rewritten_while_weir_is_stopped_is_not_filled_from_before(db_url: str) -> None:
     """The same rewrite (same name, type and place) while Weir is stopped; after its restart an
     update of ``c``: ``a`` must be the row's or left out."""
-    _toast_table(db_url, "ts")
+    toast.table(db_url, "ts")
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        execute(db_url, "INSERT INTO ts VALUES (1, %s, %s, 0)", params=(_big(5), _big(6)))
+        execute(db_url, "INSERT INTO ts VALUES (1, %s, %s, 0)", params=(toast.big(5), toast.big(6)))
         wait_for(lambda: stored.live_count(db_url, "public:ts") == 1, what="the insert")
     execute(db_url, "ALTER TABLE ts ALTER COLUMN b TYPE text USING upper(b)")
     with serving(cfg, first=False):
         execute(db_url, "UPDATE ts SET c = 1 WHERE id = 1")
         wait_for(lambda: bool(_updates(db_url, "ts")), what="the update")
         rec = _record_now(db_url, "ts")
-    want = _row(db_url, "ts", 1)
+    want = toast.row(db_url, "ts", 1)
     wrong = _wrong(db_url, "ts", {"a": want["a"], "b": want["b"]}, rec)
     assert not wrong, wrong
 
@@ -135,7 +113,7 @@ def test_a_column_dropped_and_added_again_while_stopped_keeps_no_old_value(db_ur
             "ALTER TABLE da ALTER COLUMN b SET STORAGE EXTERNAL", _RANDOM_HEX)  # fmt: skip
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        execute(db_url, "INSERT INTO da VALUES (1, 'x', %s)", params=(_big(7),))
+        execute(db_url, "INSERT INTO da VALUES (1, 'x', %s)", params=(toast.big(7),))
         wait_for(lambda: stored.live_count(db_url, "public:da") == 1, what="the insert")
     execute(db_url, "ALTER TABLE da DROP COLUMN b",
             "ALTER TABLE da ADD COLUMN b text DEFAULT big_hex()")  # fmt: skip
@@ -143,8 +121,8 @@ def test_a_column_dropped_and_added_again_while_stopped_keeps_no_old_value(db_ur
         execute(db_url, "UPDATE da SET a = 'y' WHERE id = 1")
         wait_for(lambda: bool(_updates(db_url, "da")), what="the update")
         rec = _record_now(db_url, "da")
-    want = _row(db_url, "da", 1)
-    assert want["b"] != _big(7)
+    want = toast.row(db_url, "da", 1)
+    assert want["b"] != toast.big(7)
     wrong = _wrong(db_url, "da", {"b": want["b"]}, rec)
     assert not wrong, wrong
 
@@ -156,11 +134,11 @@ def test_renames_spread_over_two_restarts_do_not_fill_from_another_column(db_url
     the record last written before both still holds ``a`` = today's ``x`` column's value. An
     update of ``c`` of that record must not give ``a`` the value of ``x``."""
     n = 300
-    _toast_table(db_url, "rr")
+    toast.table(db_url, "rr")
     cfg = weir_config(db_url, [])
     with serving(cfg):
         with psycopg.connect(db_url) as conn:
-            rows = [(i, _big(i), _big(-i)) for i in range(1, n + 1)]
+            rows = [(i, toast.big(i), toast.big(-i)) for i in range(1, n + 1)]
             conn.cursor().executemany("INSERT INTO rr VALUES (%s, %s, %s, 0)", rows)
         wait_for(lambda: stored.live_count(db_url, "public:rr") == n, what="the inserts")
     execute(db_url, "ALTER TABLE rr RENAME COLUMN a TO x")
@@ -173,10 +151,10 @@ def test_renames_spread_over_two_restarts_do_not_fill_from_another_column(db_url
         wait_for(lambda: any(e["record_id"] == str(n) for e in _updates(db_url, "rr")),
                  what="the second update")  # fmt: skip
         row = stored.record(db_url, "public:rr", str(n))
-    want = _row(db_url, "rr", n)
+    want = toast.row(db_url, "rr", n)
     event = [e for e in _updates(db_url, "rr") if e["record_id"] == str(n)][-1]["record"]
     rec = row["record"] if row else {}
-    wrong = [f"{w} {k}={_short(got[k])}, the row's {_short(v)}"
+    wrong = [f"{w} {k}={toast.short(got[k])}, the row's {toast.short(v)}"
              for w, got in (("event", event), ("record", rec))
              for k, v in want.items() if k in got and got[k] != v]  # fmt: skip
     assert not wrong, wrong
@@ -193,19 +171,19 @@ _ROUND_TRIP = (
 
 
 def _round_trip(db_url: str, *steps: str) -> None:
-    _toast_table(db_url, "rt")
+    toast.table(db_url, "rt")
     with serving(weir_config(db_url, [])):
         execute(db_url, "INSERT INTO rt VALUES (1, %s, %s, 0), (2, %s, %s, 0)",
-                params=(_big(11), _big(12), _big(13), _big(14)))  # fmt: skip
+                params=(toast.big(11), toast.big(12), toast.big(13), toast.big(14)))  # fmt: skip
         wait_for(lambda: stored.live_count(db_url, "public:rt") == 2, what="the inserts")
         execute(db_url, *steps)
         wait_for(lambda: any(e["record"].get("c") == 3 for e in _updates(db_url, "rt")),
                  what="the last update")  # fmt: skip
         rec = _record_now(db_url, "rt")
-    want = _row(db_url, "rt", 1)
-    assert want["x"] == _big(12)
+    want = toast.row(db_url, "rt", 1)
+    assert want["x"] == toast.big(12)
     event = [e for e in _updates(db_url, "rt") if e["record"].get("c") == 3][-1]["record"]
-    wrong = [f"{w} {k}={_short(got[k])}, the row's {_short(v)}"
+    wrong = [f"{w} {k}={toast.short(got[k])}, the row's {toast.short(v)}"
              for w, got in (("event", event), ("record", rec or {}))
              for k, v in want.items() if k in got and got[k] != v]  # fmt: skip
     assert not wrong, wrong
@@ -229,10 +207,10 @@ def test_a_renamed_column_dropped_then_its_name_given_to_another(db_url: str) ->
     no value is taken. With a describe between the steps: ``a→x`` (row 1 updated: its version
     holds ``x``), ``DROP COLUMN x`` (row 2 updated), ``b→x``, then an update of row 1's ``c``:
     ``x`` must be B1 or left out, not the dropped column's A1."""
-    _toast_table(db_url, "rd")
+    toast.table(db_url, "rd")
     with serving(weir_config(db_url, [])):
         execute(db_url, "INSERT INTO rd VALUES (1, %s, %s, 0), (2, %s, %s, 0)",
-                params=(_big(15), _big(16), _big(17), _big(18)))  # fmt: skip
+                params=(toast.big(15), toast.big(16), toast.big(17), toast.big(18)))  # fmt: skip
         wait_for(lambda: stored.live_count(db_url, "public:rd") == 2, what="the inserts")
         execute(db_url, "ALTER TABLE rd RENAME COLUMN a TO x", "UPDATE rd SET c = 1 WHERE id = 1")
         wait_for(lambda: bool(_updates(db_url, "rd")), what="update 1")
@@ -242,9 +220,9 @@ def test_a_renamed_column_dropped_then_its_name_given_to_another(db_url: str) ->
         wait_for(lambda: any(e["record"].get("c") == 3 for e in _updates(db_url, "rd")),
                  what="the last update")  # fmt: skip
         rec = _record_now(db_url, "rd")
-    want = _row(db_url, "rd", 1)
+    want = toast.row(db_url, "rd", 1)
     event = [e for e in _updates(db_url, "rd") if e["record"].get("c") == 3][-1]["record"]
-    wrong = [f"{w} {k}={_short(got[k])}, the row's {_short(v)}"
+    wrong = [f"{w} {k}={toast.short(got[k])}, the row's {toast.short(v)}"
              for w, got in (("event", event), ("record", rec or {}))
              for k, v in want.items() if k in got and got[k] != v]  # fmt: skip
     assert not wrong, wrong

@@ -3,13 +3,12 @@ left out, never hold another value than the table's at that commit."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.helpers import stored
+from tests.helpers import stored, toast
 from tests.helpers.capture import wait_for
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
@@ -28,29 +27,10 @@ _LIMIT_3 = (
 )
 
 
-def _big(seed: int, n: int = 2500) -> str:
-    return random.Random(seed).randbytes(n).hex()
-
-
 def _one(conn: psycopg.Connection[Any], query: str) -> Any:
     row = conn.execute(query).fetchone()
     assert row is not None
     return row[0]
-
-
-def _short(v: Any) -> Any:
-    return v[:12] + "…" if isinstance(v, str) and len(v) > 16 else v
-
-
-def _rows(url: str, table: str) -> dict[str, dict[str, Any]]:
-    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return {str(r["id"]): dict(r) for r in cur.execute(f"SELECT * FROM {table}")}
-
-
-def _toast_table(url: str, table: str, cols: str = "a text, b text, c int") -> None:
-    execute(url, f"CREATE TABLE {table} (id int PRIMARY KEY, {cols})",
-            f"ALTER TABLE {table} ALTER COLUMN a SET STORAGE EXTERNAL",
-            f"ALTER TABLE {table} ALTER COLUMN b SET STORAGE EXTERNAL")  # fmt: skip
 
 
 def _events(url: str, table: str) -> list[dict[str, Any]]:
@@ -60,20 +40,20 @@ def _events(url: str, table: str) -> list[dict[str, Any]]:
 def _wrong(url: str, table: str, since: int, cols: tuple[str, ...] = ("a", "b")) -> list[str]:
     """Each event after the first ``since`` of the table (not deletes), and each live record,
     against the row it names now."""
-    rows = _rows(url, table)
+    rows = toast.rows(url, table)
     out = []
     for e in _events(url, table)[since:]:
         if e["action"] == "delete":
             continue
         want = rows.get(e["record_id"], {})
-        out += [f"{e['action']} event {e['record_id']} {k}={_short(v)}, "
-                f"the row's {_short(want.get(k))}"
+        out += [f"{e['action']} event {e['record_id']} {k}={toast.short(v)}, "
+                f"the row's {toast.short(want.get(k))}"
                 for k, v in e["record"].items()
                 if k in cols and k in want and want[k] != v]  # fmt: skip
     for rid, want in rows.items():
         row = stored.record(url, f"public:{table}", rid)
         rec = row["record"] if row else {}
-        out += [f"record {rid} {k}={_short(v)}, the row's {_short(want.get(k))}"
+        out += [f"record {rid} {k}={toast.short(v)}, the row's {toast.short(want.get(k))}"
                 for k, v in (rec or {}).items()
                 if k in cols and k in want and want[k] != v]  # fmt: skip
     return out
@@ -83,11 +63,11 @@ def test_two_tables_swapping_names(db_url: str) -> None:
     """``t1`` and ``t2`` (same columns, row 1 in each with its own TOASTed ``a``) swap names in
     one transaction, then ``UPDATE t1 SET c = 1 WHERE id = 1``: ``a`` left out by the WAL must
     be the row's (the table now named t1 is the one that was t2), not old t1's row 1's."""
-    _toast_table(db_url, "t1")
-    _toast_table(db_url, "t2")
+    toast.table(db_url, "t1")
+    toast.table(db_url, "t2")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO t1 VALUES (1, %s, %s, 0)", params=(_big(1), _big(2)))
-        execute(db_url, "INSERT INTO t2 VALUES (1, %s, %s, 0)", params=(_big(3), _big(4)))
+        execute(db_url, "INSERT INTO t1 VALUES (1, %s, %s, 0)", params=(toast.big(1), toast.big(2)))
+        execute(db_url, "INSERT INTO t2 VALUES (1, %s, %s, 0)", params=(toast.big(3), toast.big(4)))
         wait_for(
             lambda: (
                 stored.live_count(db_url, "public:t1") == 1
@@ -115,14 +95,20 @@ def test_a_table_dropped_and_recreated_from_another_schema(db_url: str) -> None:
     """``DROP TABLE dt`` and a table of the same shape, filled in an unfollowed schema, moved in
     with ``SET SCHEMA public`` (its rows never decoded as public.dt's), then an update of ``c``:
     ``a`` must be the new row's or left out, not the dropped table's row 1's."""
-    _toast_table(db_url, "dt")
+    toast.table(db_url, "dt")
     execute(db_url, "CREATE SCHEMA other")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO dt VALUES (1, %s, %s, 0)", params=(_big(13), _big(14)))
+        execute(
+            db_url, "INSERT INTO dt VALUES (1, %s, %s, 0)", params=(toast.big(13), toast.big(14))
+        )
         wait_for(lambda: stored.live_count(db_url, "public:dt") == 1, what="the insert")
         n = len(_events(db_url, "dt"))
-        _toast_table(db_url, "other.dt")
-        execute(db_url, "INSERT INTO other.dt VALUES (1, %s, %s, 0)", params=(_big(15), _big(16)))
+        toast.table(db_url, "other.dt")
+        execute(
+            db_url,
+            "INSERT INTO other.dt VALUES (1, %s, %s, 0)",
+            params=(toast.big(15), toast.big(16)),
+        )
         execute(
             db_url,
             "BEGIN; DROP TABLE dt; ALTER TABLE other.dt SET SCHEMA public; COMMIT",
@@ -152,11 +138,13 @@ def test_a_partition_swapped_under_a_published_root(db_url: str) -> None:
         "ALTER TABLE pq ALTER COLUMN b SET STORAGE EXTERNAL",
     )
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO pp VALUES (1, %s, %s, 0)", params=(_big(17), _big(18)))
+        execute(
+            db_url, "INSERT INTO pp VALUES (1, %s, %s, 0)", params=(toast.big(17), toast.big(18))
+        )
         execute(
             db_url,
             "INSERT INTO pq (id, a, b, c) VALUES (1, %s, %s, 0)",
-            params=(_big(19), _big(20)),
+            params=(toast.big(19), toast.big(20)),
         )
         wait_for(lambda: stored.live_count(db_url, "public:pp") == 1, what="the insert")
         n = len(_events(db_url, "pp"))
@@ -184,7 +172,7 @@ def _composite(db_url: str, table: str, ddl: str) -> list[str]:
         execute(
             db_url,
             f"INSERT INTO {table} VALUES (1, ROW(%s, %s), 'b', 0)",
-            params=(_big(21), _big(22)),
+            params=(toast.big(21), toast.big(22)),
         )
         wait_for(lambda: stored.live_count(db_url, f"public:{table}") == 1, what="the insert")
         execute(db_url, ddl, f"UPDATE {table} SET c = 1 WHERE id = 1")
@@ -197,8 +185,8 @@ def _composite(db_url: str, table: str, ddl: str) -> list[str]:
         want = _one(conn, f"SELECT a::text FROM {table} WHERE id = 1")
     return (
         [
-            f"event a={_short(ev['a'])} ({len(ev['a'])} chars), "
-            f"the row's {_short(want)} ({len(want)} chars)"
+            f"event a={toast.short(ev['a'])} ({len(ev['a'])} chars), "
+            f"the row's {toast.short(want)} ({len(want)} chars)"
         ]
         if "a" in ev and ev["a"] != want
         else []
