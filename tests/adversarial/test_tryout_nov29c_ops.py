@@ -28,9 +28,10 @@ from tests.conftest import fresh_database
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers, running, weir
 from tests.helpers.echo import EchoReceiver
+from tests.helpers.quickstart import PASSWORD, ROLE, quickstart_server
+from tests.helpers.quickstart import db_url as _db
 
 TOKEN = "a-token-of-24-characters"
-ROLE, PASSWORD = "weir_cdc", "change-me"  # the README's quickstart
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) ")
 
 
@@ -50,31 +51,8 @@ def quickstart_pg() -> Iterator[EmbeddedPostgres]:
     """The README's quickstart as a DBA runs it: database ``app`` and its tables belong to
     the role ``app``; Weir's role ``weir_cdc`` logs in with a password, owns ``weir_store``,
     has SELECT on the tables, and the publication is made by the tables' owner."""
-    with EmbeddedPostgres() as pg:
-        hba = pg.data / "pg_hba.conf"
-        hba.write_text(f"host all {ROLE} 127.0.0.1/32 scram-sha-256\n"
-                       f"host replication {ROLE} 127.0.0.1/32 scram-sha-256\n"
-                       + hba.read_text())  # fmt: skip
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            conn.execute("CREATE ROLE app LOGIN")
-            conn.execute("CREATE DATABASE app OWNER app")
-            conn.execute(f"CREATE ROLE {ROLE} LOGIN REPLICATION PASSWORD '{PASSWORD}'")
-            conn.execute(f"CREATE DATABASE weir_store OWNER {ROLE}")
-            conn.execute("SELECT pg_reload_conf()")
-        with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
-            conn.execute("SET ROLE app")
-            conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text)")
-            conn.execute("CREATE TABLE orders (id int PRIMARY KEY, user_id int, total numeric)")
-            conn.execute("CREATE PUBLICATION weir_pub FOR TABLE public.users, public.orders "
-                         "WITH (publish_via_partition_root = true)")  # fmt: skip
-            conn.execute("RESET ROLE")
-            conn.execute(f"GRANT SELECT ON public.users, public.orders TO {ROLE}")
+    with quickstart_server() as pg:
         yield pg
-
-
-def _db(pg: EmbeddedPostgres, db: str, user: str = "postgres", password: str = "") -> str:
-    login = f"{user}:{password}" if password else user
-    return f"postgresql://{login}@127.0.0.1:{pg.port}/{db}"
 
 
 def _quickstart_config(tmp: Path, nats_url: str, **changes: object) -> Path:

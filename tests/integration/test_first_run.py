@@ -26,60 +26,25 @@ from devkit.server import free_port
 from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, answers, weir
+from tests.helpers.quickstart import (
+    PASSWORD,
+    ROLE,
+    quickstart,
+    quickstart_server,
+)
+from tests.helpers.quickstart import db_url as _db
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-ROLE, PASSWORD = "weir_cdc", "change-me"  # the quickstart's
 AUTH = {"Authorization": "Bearer a-token-of-24-characters"}
-
-
-def quickstart() -> dict[str, str]:
-    """The quickstart's code blocks by language (sql, yaml, sh), as the README writes them;
-    the blocks of one language one after the other."""
-    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    blocks: dict[str, str] = {}
-    for lang, code in re.findall(r"```(\w+)\n(.*?)```", section, re.S):
-        blocks[lang] = blocks.get(lang, "") + code
-    return blocks
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[EmbeddedPostgres, EmbeddedNats]]:
     """A server whose database ``app`` and its tables belong to the role ``app``, where Weir's
     role logs in with a password; the DBA's SQL of the quickstart run on it as written."""
-    with EmbeddedPostgres() as pg, EmbeddedNats() as ns:
-        hba = pg.data / "pg_hba.conf"
-        hba.write_text(f"host all {ROLE} 127.0.0.1/32 scram-sha-256\n"
-                       f"host replication {ROLE} 127.0.0.1/32 scram-sha-256\n"
-                       + hba.read_text())  # fmt: skip
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            conn.execute("CREATE ROLE app LOGIN")
-            conn.execute("CREATE DATABASE app OWNER app")
-            conn.execute("SELECT pg_reload_conf()")
+    with quickstart_server() as pg, EmbeddedNats() as ns:
         with psycopg.connect(_db(pg, "app"), autocommit=True) as conn:
-            conn.execute("SET ROLE app")
-            conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text)")
-            conn.execute("CREATE TABLE orders (id int PRIMARY KEY, user_id int, total numeric)")
             conn.execute("INSERT INTO users VALUES (1, 'ann')")
-            for statement in _statements(quickstart()["sql"]):
-                if statement.startswith("CREATE PUBLICATION"):  # as the tables' owner
-                    conn.execute(statement)
-            conn.execute("RESET ROLE")
-            for statement in _statements(quickstart()["sql"]):
-                if not statement.startswith("CREATE PUBLICATION"):  # as a superuser
-                    conn.execute(statement)
         yield pg, ns
-
-
-def _db(pg: EmbeddedPostgres, db: str, user: str = "postgres", password: str = "") -> str:
-    login = f"{user}:{password}" if password else user
-    return f"postgresql://{login}@127.0.0.1:{pg.port}/{db}"
-
-
-def _statements(sql: str) -> list[str]:
-    """The SQL statements, without comments and psql's commands (``\\c app``: the test's
-    connection is to app already)."""
-    lines = [line for line in sql.splitlines() if not line.lstrip().startswith(("--", "\\"))]
-    return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
 
 
 def _config(tmp_path: Path, ns: EmbeddedNats, **source: object) -> str:
