@@ -231,6 +231,7 @@ class Operations:
             self.cfg.sources_of(c)
         except UnknownSourceError as e:
             raise InvalidField(str(e), loc=("body", "sources")) from None
+        added: list[str] = []  # the sources a change adds: read from the change on
         if name is not None:
             was = await self._connector_named(name)  # NotFound
             if (was.type, was.stream) != (c.type, c.stream):
@@ -254,6 +255,8 @@ class Operations:
                 stored = await api_connectors.raw(self.store, conn, name) or {}
             raw = unmasked(raw, self.described(was)["config"], stored)
             c = CONNECTOR.validate_python(raw)  # what is stored: the secrets put back
+            before = {s.name for s in self.cfg.sources_of(was)}  # read from their cursors
+            added = [s.name for s in self.cfg.sources_of(c) if s.name not in before]
         if (at := masks_in(raw)) is not None:
             raise InvalidField(
                 "a masked value where a secret goes: send the secret itself, or the value as "
@@ -262,7 +265,7 @@ class Operations:
             )
         async with self.pool.connection() as conn:
             done = await api_connectors.put(self.store, conn, c.name, orjson.dumps(raw).decode(),
-                                            new=name is None)  # fmt: skip
+                                            new=name is None, added=added)  # fmt: skip
         if not done:
             raise Conflict(said("a connector named %r exists", c.name))
         remember_config(c)  # its secrets hidden, its names printed whole (as the file's are)

@@ -209,21 +209,35 @@ class ConnectorBase(Model):
     # Each source's [events seq, records seq] when it was made over the API: where its
     # start_position end starts (None: where its first start finds the streams).
     _heads: dict[str, list[int]] | None = PrivateAttr(None)
+    # The same of each source a change over the API added, at the change: read from there on.
+    _added: dict[str, list[int]] | None = PrivateAttr(None)
 
     @property
     def incarnation(self) -> int | None:
         return self._incarnation
 
-    def made(self, incarnation: int, heads: dict[str, list[int]] | None = None) -> Self:
+    def made(self, incarnation: int, heads: dict[str, list[int]] | None = None,
+             added: dict[str, list[int]] | None = None) -> Self:  # fmt: skip
         """This connector as the making ``incarnation`` of it over the API, made when its
-        sources' streams ended at ``heads``."""
+        sources' streams ended at ``heads``; ``added``: where those of the sources changes
+        added ended at the change."""
         c = self.model_copy()
-        c._incarnation, c._heads = incarnation, heads
+        c._incarnation, c._heads, c._added = incarnation, heads, added
         return c
 
     def head_when_made(self, sync_id: str) -> int | None:
         """Where the source's stream ended when the connector was made over the API."""
-        got = (self._heads or {}).get(sync_id)
+        return self._head(self._heads, sync_id)
+
+    def start_for(self, sync_id: str) -> StartPosition:
+        """Where the connector's first cursor of a source starts: after the seq the source's
+        stream had reached when a change over the API added the source (a change applies from
+        there on), else at ``start_position``."""
+        added = self._head(self._added, sync_id)
+        return self.start_position if added is None else SeqStart(seq=added + 1)
+
+    def _head(self, heads: dict[str, list[int]] | None, sync_id: str) -> int | None:
+        got = (heads or {}).get(sync_id)
         return None if got is None else got[0 if self.stream == "events" else 1]
 
     # The route fields the connector's type takes in its steps (core/config/steps.py).

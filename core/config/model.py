@@ -275,17 +275,15 @@ class WeirConfig(Model):
             raise UnknownSourceError(said("no source named %s", ", ".join(unknown)))
         return [s for s in self.sources if names is None or s.name in names]
 
-    def with_stored(
-        self, stored: list[tuple[int, dict[str, Any], dict[str, list[int]] | None]]
-    ) -> WeirConfig:
+    def with_stored(self, stored: list[tuple[int, dict[str, Any], Any, Any]]) -> WeirConfig:
         """This config with the connectors made over the API (core/store/connectors.py: each
         one's id and config) after the file's. One that no longer fits the file (the file now
         declares its name, or no longer a source it reads) is left out, with a warning."""
         extra = []
         names = {c.name for c in self.connectors}
-        for incarnation, raw, heads in stored:
+        for incarnation, raw, heads, added in stored:
             try:
-                c = CONNECTOR.validate_python(raw).made(incarnation, heads)
+                c = CONNECTOR.validate_python(raw).made(incarnation, heads, added)
                 if c.name in names:
                     raise ValueError("the config file declares a connector of that name")
                 self.sources_of(c)

@@ -175,7 +175,8 @@ class Session:
         for lane in self.lanes:
             while True:
                 try:
-                    cur = await lane.reader.cursor(self.cfg.start_position, self.fw.had)
+                    cur = await lane.reader.cursor(self.cfg.start_for(lane.reader.sync_id),
+                                                   self.fw.had)  # fmt: skip
                     break
                 except Resplitting as e:  # an old split's shard still runs: it may stop soon
                     self.fw.set_state("waiting", str(e))

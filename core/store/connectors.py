@@ -26,22 +26,24 @@ VERSION = "SELECT count(*)::text || '/' || coalesce(max(changed_at)::text, '') F
 
 DELETE_WAIT = 30.0  # seconds a delete waits for the connector's sessions to end (drains)
 
-# each connector's id (its making), config, and the heads of its sources when it was made
-Stored = list[tuple[int, dict[str, Any], dict[str, list[int]] | None]]
+# Each connector's id (its making), config, the heads of its sources when it was made, and those
+# of the sources changes added, at the change (by sync id: [events seq, records seq]).
+Heads = dict[str, list[int]] | None
+Stored = list[tuple[int, dict[str, Any], Heads, Heads]]
 
 
 class StillSending(Exception):
     """A deleted connector's session did not end within ``DELETE_WAIT``."""
 
 
-LOAD = "SELECT id, config, heads FROM {} ORDER BY name"
+LOAD = "SELECT id, config, heads, added FROM {} ORDER BY name"
 
 
 def _load(store: Store) -> Stored:
     with store.connect(autocommit=True) as conn:
         rows: list[Any] = conn.execute(sql.SQL(LOAD).format(store.table("api_connectors"))
                                        ).fetchall()  # fmt: skip
-    return [(int(i), dict(c), h) for i, c, h in rows]
+    return [(int(i), dict(c), h, a) for i, c, h, a in rows]
 
 
 def with_api_connectors(cfg: WeirConfig, store: Store) -> WeirConfig:
@@ -56,12 +58,12 @@ def clashes(cfg: WeirConfig, store: Store) -> list[str]:
     """Connectors the file declares that were made over the API too: the store's cursors and
     marks of that name are the API-made one's, which ``weir run`` refuses to mix up."""
     declared = {c.name for c in cfg.connectors}
-    return sorted(str(c.get("name")) for _, c, _ in _load(store) if c.get("name") in declared)
+    return sorted(str(c.get("name")) for _, c, _, _ in _load(store) if c.get("name") in declared)
 
 
 async def aload(store: Store, conn: AConn) -> Stored:
     q = sql.SQL(LOAD).format(store.table("api_connectors"))
-    return [(int(i), dict(c), h) for i, c, h in await (await conn.execute(q)).fetchall()]
+    return [(int(i), dict(c), h, a) for i, c, h, a in await (await conn.execute(q)).fetchall()]
 
 
 async def raw(store: Store, conn: AConn, name: str) -> dict[str, Any] | None:
@@ -71,15 +73,21 @@ async def raw(store: Store, conn: AConn, name: str) -> dict[str, Any] | None:
     return dict(row[0]) if row else None
 
 
-async def put(store: Store, conn: AConn, name: str, config: str, new: bool) -> bool:
+async def put(store: Store, conn: AConn, name: str, config: str, new: bool,
+              added: list[str] | None = None) -> bool:  # fmt: skip
     """Store a connector's config: a ``new`` one (False when the name is taken), a connector
     of its own (a new id) that starts afresh, or over the one of that name, which keeps its
-    id and so its cursors (False when there is none)."""
+    id and so its cursors (False when there is none); the change notes the heads of the
+    sources it ``added`` (their names), where the connector starts reading them."""
     t = store.table("api_connectors")
     async with conn.transaction():
         if not new:
-            q = sql.SQL("UPDATE {} SET config = %s, changed_at = now() WHERE name = %s").format(t)
-            return int((await conn.execute(q, (config, name))).rowcount) == 1
+            q = sql.SQL(
+                "UPDATE {} SET config = %s, changed_at = now(), added = coalesce(added, '{{}}')"
+                " || coalesce((SELECT jsonb_object_agg(sync_id::text, jsonb_build_array("
+                "events_seq, records_seq)) FROM {} WHERE name = ANY(%s)), '{{}}') WHERE name = %s"
+            ).format(t, store.table("sources"))
+            return int((await conn.execute(q, (config, added or [], name))).rowcount) == 1
         q = sql.SQL(
             "INSERT INTO {} (name, config, heads) SELECT %s, %s, (SELECT jsonb_object_agg("
             "sync_id::text, jsonb_build_array(events_seq, records_seq)) FROM {})"

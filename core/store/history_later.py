@@ -156,4 +156,15 @@ DROP INDEX {s}.consumer_messages_visible;
 ALTER TABLE {s}.api_connectors ADD COLUMN heads jsonb;
 """,
     ),
+    (
+        18,
+        "where a source added to a connector by a change starts",
+        """
+-- Each source a change over the API added to a connector, and its heads (events seq, records
+-- seq) at the change: the connector reads it from there on, whatever its start_position (it
+-- was read from the start_position: its history sent after the change, found by an outside
+-- tryout).
+ALTER TABLE {s}.api_connectors ADD COLUMN added jsonb;
+""",
+    ),
 ]
