@@ -8,8 +8,9 @@ secret.
   value of ``password=``, ``token=``, ``api_key=`` and their kind become ``***``.
 - **By field**, in a config as the API shows it (:func:`shown`): ``SecretStr`` fields are
   ``**********``, and so is a string under a key that names a credential (librdkafka's
-  ``sasl.password``); every other value is shown as it is (URL passwords masked by shape), so
-  what is read can be sent back.
+  ``sasl.password``); every other value is shown as it is (a URL's password, token and
+  ``token=`` masked by shape; a filter's or step's text is data), and what is read can be sent
+  back: a mask sent back where it was shown, in objects and lists, keeps the secret.
 - **By value**, in text Weir did not write (:func:`redact`): exception messages, what a remote
   answered, the values a log line carries (its arguments, as they print: core/logs.py), config
   and API error messages, failed-list errors, status details. Every secret Weir was given
@@ -57,17 +58,20 @@ _NATS_TOKEN = re.compile(r"(?i)(?<![\w+.-])(?P<head>(?:nats|tls|wss?)://)(?P<tok
 _CREDENTIAL_KEY = re.compile(r"(?i)(?:password|passwd|secret|token|credentials?|api_?key|\.pem)$")
 
 
-def redact_urls(text: str) -> str:
-    """``text`` with every URL's password, NATS URL's token and ``password=`` value masked (by
-    shape)."""
+def redact_urls(text: str, key_values: bool = True) -> str:
+    """``text`` with every URL's password, NATS URL's token and (``key_values``) ``password=``
+    value masked (by shape)."""
     text = _USERINFO.sub(lambda m: m.group("head") + MASK + "@", text)
     text = _NATS_TOKEN.sub(lambda m: m.group("head") + MASK + "@", text)
-    return _KEY_VALUE.sub(lambda m: m.group(1) + MASK, text)
+    return _KEY_VALUE.sub(lambda m: m.group(1) + MASK, text) if key_values else text
 
 
 def _redact_value(value: str) -> str:
-    """A config value (whole) with the password of the user info it holds masked."""
-    return redact_urls(USERINFO_VALUE.sub(lambda m: m.group("head") + MASK + "@", value))
+    """A config value (whole) with the password of the user info it holds masked, and when it
+    is a URL its ``token=`` and kin too: a filter's or a step's text (``token=plain``) is
+    data, shown as it is."""
+    value = USERINFO_VALUE.sub(lambda m: m.group("head") + MASK + "@", value)
+    return redact_urls(value, key_values="://" in value)
 
 
 class Secrets:
@@ -351,6 +355,10 @@ def unmasked(new: Any, was_shown: Any, was: Any) -> Any:
     if isinstance(new, dict) and isinstance(was_shown, dict) and isinstance(was, dict):
         return {k: unmasked(v, was_shown.get(k), was.get(k)) if k in was else v
                 for k, v in new.items()}  # fmt: skip
+    if isinstance(new, list) and isinstance(was_shown, list) and isinstance(was, list):
+        # by place: a cluster's URLs, filters, steps
+        n = min(len(was), len(was_shown))
+        return [unmasked(v, was_shown[i], was[i]) if i < n else v for i, v in enumerate(new)]
     if isinstance(new, str) and new == was_shown and was is not None and new != was:
         return was
     return new

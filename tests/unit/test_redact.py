@@ -32,6 +32,7 @@ from core.redact import (
     said,
     secrets_of,
     shown,
+    unmasked,
 )
 from core.spellings import MAX_CUTS
 
@@ -256,6 +257,22 @@ def test_a_config_is_shown_masked_by_field_not_by_value() -> None:
     assert shown(dumped) == {"name": "secretnats", "nats": {"namespace": "secret",
         "url": "nats://u:***@h:1", "password": SECRET_MASK}, "kafka": {"librdkafka": {
         "sasl.password": SECRET_MASK, "client.id": "secret"}}}  # fmt: skip
+
+
+def test_data_in_a_config_is_shown_as_it_is_and_a_masked_list_round_trips() -> None:
+    """A filter's or a step's text shaped like ``token=x`` is data (shown as it is; a URL's
+    ``?token=`` is masked), and masks sent back where they were shown, inside lists too (a
+    NATS cluster's URLs, found by an outside tryout), are the secrets again."""
+    was = {"filters": [{"value": "token=plain"}], "webhook": {"url": "https://h/x?token=t0k"},
+           "nats": {"url": ["nats://u:pw1@a:1", "nats://u:pw2@b:1"]}}  # fmt: skip
+    seen = shown(was)
+    assert seen == {"filters": [{"value": "token=plain"}],
+                    "webhook": {"url": "https://h/x?token=***"},
+                    "nats": {"url": ["nats://u:***@a:1", "nats://u:***@b:1"]}}  # fmt: skip
+    assert unmasked(seen, seen, was) == was
+    more = {**seen, "nats": {"url": [*seen["nats"]["url"], "nats://u:***@c:1"]}}
+    assert unmasked(more, seen, was)["nats"]["url"][2] == "nats://u:***@c:1"  # never guessed
+    assert masks_in(unmasked(more, seen, was)) == ("nats", "url", "2")
 
 
 def test_a_url_password_that_starts_with_a_slash_and_holds_a_quote_is_a_secret() -> None:
