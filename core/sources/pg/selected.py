@@ -17,11 +17,12 @@ import psycopg
 from core.config.connector import ConnectorBase
 from core.config.model import ConsumerConfig, WeirConfig
 from core.config.sources import PostgresSource
+from core.failures import Unreachable, away, reach_postgres
 from core.ids import collection_id_of
-from core.redact import Said, remember_names, said
+from core.redact import Said, first_line, remember_names, said
 from core.sources.pg import snapshot
 from core.sources.pg.errors import SourceSetupError
-from core.sources.pg.setup import capturable_tables
+from core.sources.pg.setup import capturable_tables, left_out
 from core.sources.pg.tables import tables_of
 from core.store.selection import glob
 from core.tables import closest
@@ -114,17 +115,28 @@ def selection_problems(
 
 
 def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
-    """What the sources that answer say of the file, as ``weir run``'s start would: the tables
-    of ``tables:`` it could not capture (its start stops on them), and the selections that match
-    nothing (it warns of them). A source that does not answer is left to the start."""
+    """What the sources that answer say of the file, as ``weir run``'s start would: a refusal
+    for good (a wrong password, a database that does not exist), a publication Weir does not
+    manage that is missing, the tables of ``tables:`` it could not capture (its start stops on
+    them); and the tables that publication leaves out and the selections that match nothing
+    (it warns of them). A source that does not answer (yet) is left to the start."""
     errors: list[Said] = []
+    warnings: list[Said] = []
     for src in cfg.sources:
-        if isinstance(src, PostgresSource):
-            try:
-                with snapshot.connect(src.url.get_secret_value(), "weir-validate") as conn:
-                    capturable_tables(conn, src, say=False)
-            except SourceSetupError as e:
-                errors.append(Said(str(e)))
-            except psycopg.Error:
-                continue
-    return errors, selection_problems(cfg, [*cfg.connectors, *cfg.consumers])
+        if not isinstance(src, PostgresSource):
+            continue
+        url = src.url.get_secret_value()
+        try:
+            reach_postgres(url, f"source {src.name}")
+            with snapshot.connect(url, "weir-validate") as conn:
+                tables = capturable_tables(conn, src, say=False)
+                if not src.create_publication and (why := left_out(conn, src, tables)[1]):
+                    warnings.append(why)
+        except Unreachable as e:
+            if not away(e):
+                errors.append(Said(first_line(e)))
+        except SourceSetupError as e:
+            errors.append(Said(str(e)))
+        except psycopg.Error:
+            continue
+    return errors, warnings + selection_problems(cfg, [*cfg.connectors, *cfg.consumers])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from core.redact import remember_names, said
+from core.redact import Said, remember_names, said
 from core.sources.pg.errors import SlotBusyError, SourceSetupError
 from core.sources.pg.follow import BACKFILL_PREFIX, follow_tables
 from core.sources.pg.grants import role_of, say_unreadable
@@ -169,14 +169,14 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[tup
     return {(str(s), str(t)) for s, t in rows}
 
 
-def _ensure_publication(
+def left_out(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
-) -> list[tuple[str, str]]:
-    pub = sql.Identifier(src.publication)
-    row = conn.execute(
-        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
-    ).fetchone()
-    if row is None and not src.create_publication:
+) -> tuple[list[tuple[str, str]], Said | None]:
+    """Of ``tables``, those the publication Weir does not manage (``create_publication:
+    false``) leaves out, and the line that says so with the fix; SourceSetupError when it
+    does not exist."""
+    if conn.execute("SELECT FROM pg_publication WHERE pubname = %s",
+                    (src.publication,)).fetchone() is None:  # fmt: skip
         raise SourceSetupError(
             said(
                 "source %r: publication %r does not exist and create_publication "
@@ -187,8 +187,31 @@ def _ensure_publication(
         )
     published = published_tables(conn, src.publication)
     missing = [t for t in tables if t not in published]
-    if src.create_publication:
-        _leave(conn, src)
+    if not missing:
+        return [], None
+    names = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in missing).as_string(conn)
+    return missing, said(
+        "source %s: not capturing %s: not in publication %s, which Weir does not manage "
+        "(create_publication: false): ALTER PUBLICATION %s ADD TABLE %s (Weir backfills it then)",
+        src.name, Said(", ".join(table_name(s, t) for s, t in missing)), src.publication,
+        Said(sql.Identifier(src.publication).as_string(conn)), Said(names))  # fmt: skip
+
+
+def _ensure_publication(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    if not src.create_publication:  # the DBA's: only looked at
+        missing, says = left_out(conn, src, tables)
+        if says is not None:
+            log.warning("%s", says)
+        return missing
+    pub = sql.Identifier(src.publication)
+    row = conn.execute(
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
+    ).fetchone()
+    published = published_tables(conn, src.publication)
+    missing = [t for t in tables if t not in published]
+    _leave(conn, src)
     # ONLY: a table's inheritance children are tables of their own (a partitioned table's
     # partitions are not, and ONLY does not apply to it).
     kinds = {
@@ -238,20 +261,12 @@ def _ensure_publication(
             ) from None
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
-    if src.create_publication and not row[0]:
+    if not row[0]:
         conn.execute(
             sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub)
         )
         log.info("source %s: publication %s now publishes partitions under their tables",
                  src.name, src.publication)  # fmt: skip
-    if missing and not src.create_publication:
-        names = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in missing).as_string(conn)
-        log.warning("source %s: not capturing %s: not in publication %s, which Weir does not "
-                    "manage (create_publication: false): ALTER PUBLICATION %s ADD TABLE %s (Weir "
-                    "backfills it then)",
-                    src.name, ", ".join(table_name(s, t) for s, t in missing), src.publication,
-                    pub.as_string(conn), names)  # fmt: skip
-        return missing
     if missing:
         # A table joining a publication that capture reads already may hold rows nothing
         # captured: the message, read in order by capture, asks for its backfill.
