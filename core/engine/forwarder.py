@@ -90,6 +90,7 @@ class Forwarder:
         self.detail = ""
         self.said = False  # that start_position no longer applies
         self.had = False  # its cursors: a later session finding none stops (ConnectorGone)
+        self.reached = False  # a session of this process reached its broker
         self.suspects = Suspects()  # kept across sessions: they charge a lost connection
 
     def _store_reader(self, src: Source) -> Reader:
@@ -113,10 +114,11 @@ class Forwarder:
 
     async def _may_end_the_run(self) -> bool:
         """A refusal for good ends ``weir run`` only for a connector of the file that never
-        ran: it has no cursor, neither loaded by a session of this process (``had``) nor saved
-        before. One that ran (a worker restarted, or a new ``weir run`` after its password
-        changed on the broker) retries, as it would have, saying why in ``weir status``."""
-        if self.had or self.cfg.incarnation is not None:
+        reached its broker, neither in a session of this process (``reached``) nor before (a
+        cursor with a broker mark). One that did (a worker restarted, or a new ``weir run``
+        after its password changed on the broker) retries, as it would have, saying why in
+        ``weir status``."""
+        if self.reached or self.cfg.incarnation is not None:
             return False
         if self.store is None:
             return True

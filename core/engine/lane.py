@@ -31,7 +31,8 @@ class Lane:
         # stored after that mark, so it is the one saved until the cursor passed them all.
         self.floor: tuple[BrokerMark, int] | None = None
         self.saved: tuple[int, Any] | None = None
-        self.loaded = False  # the saved cursor is read: only then may it be written
+        self.mark: BrokerMark | None = None  # the saved cursor's broker mark, as loaded
+        self.loaded = False  # the saved cursor is read back: only then may it be written
 
     def settle(self, seq: int) -> None:
         self.settled.add(seq)

@@ -57,6 +57,7 @@ class Host(Protocol):
     detail: str
     said: bool  # that start_position no longer applies
     had: bool  # its cursors: a session finding none then stops (ConnectorGone)
+    reached: bool  # a session reached its broker (a refusal then may not end the run)
     suspects: Suspects  # the messages that lost a connection, and how often
     step_timeout: float  # how long one call of a function of its steps may run
 
@@ -115,11 +116,16 @@ class Session:
         # connect would otherwise show no reason most of the time).
         last = fw.detail.rsplit("; retry in", 1)[0] if fw.state == "reconnecting" else ""
         fw.set_state("connecting", f"last attempt: {last}" if last else "")
-        await self.sink.connect()
         for lane in self.lanes:
             if not await self._open(lane):
                 return
-        await self._resume()
+        # The cursors first: where the connector starts is where its first start found the
+        # streams, and its lag counts from there, also while its broker does not answer yet.
+        if not await self._load():
+            return
+        await self.sink.connect()
+        fw.reached = True
+        await self._read_back()
         fw.set_state("streaming")
         next_save = time.monotonic() + SAVE_EVERY
         next_poll = time.monotonic() + POLL
@@ -168,10 +174,8 @@ class Session:
         opening.result()  # its error, if it failed
         return True
 
-    async def _resume(self) -> None:
-        """Load the cursors and read back what the broker took after their marks."""
-        marks: list[BrokerMark] = []
-        unmarked: list[Lane] = []
+    async def _load(self) -> bool:
+        """Load (or make) the lanes' cursors; False when asked to stop first."""
         for lane in self.lanes:
             while True:
                 try:
@@ -183,21 +187,25 @@ class Session:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.stop.wait(), POLL)
                     if self.stop.is_set():
-                        return
-            lane.fetched, lane.loaded = cur.seq, True
-            if cur.mark is None:
-                unmarked.append(lane)
+                        return False
+            lane.fetched, lane.mark = cur.seq, cur.mark
             if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
                 self.fw.said = True
                 log.info("connector %s: going on from its saved position (seq %d of source %s); "
                          "start_position applies to a connector's first start only",
                          self.fw.name, cur.seq, lane.reader.sync_id)  # fmt: skip
-            if cur.mark is not None:
-                marks.append(cur.mark)
         self.fw.had = True
-        for lane in unmarked:  # where the broker is before anything is sent: the read-back
-            lane.saved = lane.state(self.mark)  # after a crash before the first save starts here
-            await lane.reader.save(*lane.saved)
+        return True
+
+    async def _read_back(self) -> None:
+        """Read back what the broker took after the cursors' marks (the broker connected)."""
+        marks = [lane.mark for lane in self.lanes if lane.mark is not None]
+        for lane in self.lanes:
+            lane.loaded = True  # its cursor may be written from here on, its mark the broker's
+            if lane.mark is None:  # where the broker is before anything is sent: the read-back
+                # after a crash before the first save starts here
+                lane.saved = lane.state(self.mark)
+                await lane.reader.save(*lane.saved)
         if not marks or self.readable is None:
             return
         since = earliest(marks)

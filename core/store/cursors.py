@@ -78,12 +78,14 @@ def fence_key(store: Store, cursor_key: str, sync_id: str) -> str:
 
 
 def started(store: Store, connector: str) -> bool:
-    """Whether ``connector`` has a saved cursor of any shard: it ran before, in this process,
-    a worker since restarted or an earlier ``weir run``."""
+    """Whether a session of ``connector`` reached its broker before (in this process, a worker
+    since restarted or an earlier ``weir run``): a cursor of any shard holds a broker mark
+    (one is made without, at the first start, before the broker is asked)."""
     with store.connect(autocommit=True) as conn:
         row = conn.execute(
             sql.SQL(
-                "SELECT EXISTS (SELECT FROM {} WHERE connector = %s OR left(connector, %s) = %s)"
+                "SELECT EXISTS (SELECT FROM {} WHERE (connector = %s OR left(connector, %s) = %s)"
+                " AND broker_state IS NOT NULL)"
             ).format(store.table("cursors")),
             (connector, len(connector) + 1, connector + "#"),
         ).fetchone()  # fmt: skip
