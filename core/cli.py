@@ -128,9 +128,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 print(f"weir backfill: stopped in {table} after {result.rows_read:,} rows; "
                       "run it again to resume", file=sys.stderr)  # fmt: skip
                 return 1
-            newer = result.rows_read - result.rows_written
+            kept = result.rows_read - result.rows_written
             print(f"{table}: {result.rows_read:,} rows read, {result.rows_written:,} written "
-                  f"({newer:,} were older than the stream's version)")  # fmt: skip
+                  f"({kept:,} not: equal to their record, or older than its version)")  # fmt: skip
     except source_problems() as e:
         print(f"weir backfill: {first_line(e)}", file=sys.stderr)
         return 1

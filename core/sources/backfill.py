@@ -39,7 +39,7 @@ log = logging.getLogger("weir.backfill")
 class BackfillResult:
     table: str
     rows_read: int
-    rows_written: int  # the others were already replaced by a newer live change
+    rows_written: int  # the others equal their record, or a newer live change replaced them
     finished: bool
 
 

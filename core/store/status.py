@@ -57,7 +57,7 @@ class BackfillStatus:
     table: str  # schema.table
     rows_read: int
     rows_total: int  # rows in the table when the backfill started
-    rows_written: int  # the others were older than a live change
+    rows_written: int  # the others equal their record, or were older than a live change
     finished: bool
     idle_seconds: float  # since the backfill last wrote a page (or finished)
     requested: str | None = None  # why capture asked for it, while it waits to start

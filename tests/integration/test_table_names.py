@@ -20,7 +20,7 @@ from tests.helpers.weir import serving, store_events
 DOTTED, SPACED = 'public."my.table"', '"My Schema".orders'
 
 
-NONE_OLDER = "(0 were older than the stream's version)"
+NONE_OLDER = "(0 not: equal to their record, or older than its version)"
 
 
 def test_quoted_table_names_are_captured_and_backfilled(tmp_path: Path, db_url: str) -> None:
