@@ -71,14 +71,17 @@ BEGIN
     IF TG_EVENT = 'table_rewrite' THEN  -- its rows change, and the WAL has no change of theirs
         touched := ARRAY[coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
                                   pg_event_trigger_table_rewrite_oid())];
-    ELSIF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed: the rows' text changes, no row
-        IF current_query() !~* 'rename[[:space:]]+value' THEN  -- no other form changes a row
+    ELSIF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed, a composite's attributes
+        -- added or dropped: the rows' text changes, no row does
+        IF current_query() !~* '(rename[[:space:]]+value|(add|drop)[[:space:]]+attribute)'
+        THEN  -- no other form changes a row
             RETURN;
         END IF;
         touched := ARRAY(  -- the published tables with a column of it (or of a type made of it)
             WITH RECURSIVE used(oid) AS (
-                SELECT d.objid FROM pg_event_trigger_ddl_commands() d
-                WHERE d.classid = 'pg_type'::regclass
+                SELECT coalesce(c.reltype, d.objid) FROM pg_event_trigger_ddl_commands() d
+                LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
+                WHERE d.classid = 'pg_type'::regclass OR c.relkind = 'c'  -- a composite's
               UNION
                 SELECT x.oid FROM used u, LATERAL (
                     SELECT ty.oid FROM pg_type ty  -- its domains and arrays
@@ -87,6 +90,7 @@ BEGIN
                     JOIN pg_class c ON c.oid = a.attrelid
                     WHERE a.atttypid = u.oid AND c.relkind = 'c' AND NOT a.attisdropped
                     UNION ALL SELECT r.rngtypid FROM pg_range r WHERE r.rngsubtype = u.oid
+                    UNION ALL SELECT r.rngmultitypid FROM pg_range r WHERE r.rngtypid = u.oid
                 ) x
             )
             SELECT DISTINCT c.oid FROM pg_publication_tables p
@@ -94,6 +98,17 @@ BEGIN
             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
             WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u));
+    ELSIF TG_TAG = 'ALTER TABLE' AND current_query() ~* '(attach|detach)[[:space:]]+partition'
+    THEN  -- its root's rows change (its rows come or go), and the WAL has no change of theirs
+        FOR t IN
+            SELECT DISTINCT n.nspname, c.relname, c.oid FROM pg_event_trigger_ddl_commands() d
+            JOIN pg_class c ON c.oid = coalesce(pg_partition_root(d.objid), d.objid)
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE d.classid = 'pg_class'::regclass
+        LOOP  -- and the command goes on below (a published table attached, say)
+            PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
+                t.nspname, t.relname, t.oid::text)::text);
+        END LOOP;
     END IF;
     IF touched IS NOT NULL THEN  -- each table whose rows changed without a change in the WAL
         FOR t IN
