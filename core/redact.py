@@ -355,13 +355,26 @@ def unmasked(new: Any, was_shown: Any, was: Any) -> Any:
     if isinstance(new, dict) and isinstance(was_shown, dict) and isinstance(was, dict):
         return {k: unmasked(v, was_shown.get(k), was.get(k)) if k in was else v
                 for k, v in new.items()}  # fmt: skip
+    if isinstance(new, list) and not isinstance(was_shown, list):  # one value made a list
+        was_shown, was = [was_shown], [was]
     if isinstance(new, list) and isinstance(was_shown, list) and isinstance(was, list):
-        # by place: a cluster's URLs, filters, steps
-        n = min(len(was), len(was_shown))
-        return [unmasked(v, was_shown[i], was[i]) if i < n else v for i, v in enumerate(new)]
+        # a cluster's URLs, filters, steps: an item as it was shown is the one it was shown
+        # for, kept in place or moved (when no other was shown alike); else by place
+        pairs = list(zip(was_shown, was, strict=False))
+        return [unmasked(v, *_shown_as(v, i, pairs)) for i, v in enumerate(new)]
     if isinstance(new, str) and new == was_shown and was is not None and new != was:
         return was
     return new
+
+
+def _shown_as(item: Any, place: int, pairs: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The (shown, stored) pair of a list that ``item``, at ``place`` in the list sent back,
+    was shown as: the one at its place if alike, else the only one alike, else the one at its
+    place (or none)."""
+    alike = [i for i, (shown, _) in enumerate(pairs) if shown == item]
+    if place in alike or len(alike) != 1:
+        return pairs[place] if place < len(pairs) else (None, None)
+    return pairs[alike[0]]
 
 
 def masks_in(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:

@@ -229,11 +229,15 @@ class ConnectorBase(Model):
         """Where the source's stream ended when the connector was made over the API."""
         return self._head(self._heads, sync_id)
 
+    def added_at(self, sync_id: str) -> int | None:
+        """The seq the source's stream had reached when a change over the API last added the
+        source to the connector (a change applies from there on); None when none did."""
+        return self._head(self._added, sync_id)
+
     def start_for(self, sync_id: str) -> StartPosition:
-        """Where the connector's first cursor of a source starts: after the seq the source's
-        stream had reached when a change over the API added the source (a change applies from
-        there on), else at ``start_position``."""
-        added = self._head(self._added, sync_id)
+        """Where the connector's first cursor of a source starts: after :meth:`added_at`, else
+        at ``start_position``."""
+        added = self.added_at(sync_id)
         return self.start_position if added is None else SeqStart(seq=added + 1)
 
     def _head(self, heads: dict[str, list[int]] | None, sync_id: str) -> int | None:

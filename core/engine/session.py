@@ -189,6 +189,9 @@ class Session:
                     if self.stop.is_set():
                         return False
             lane.fetched, lane.mark = cur.seq, cur.mark
+            added = self.cfg.added_at(lane.reader.sync_id)
+            if added is not None and cur.seq < added:  # a cursor from before the source was
+                lane.fetched = added  # taken out and added again: from the change on
             if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
                 self.fw.said = True
                 log.info("connector %s: going on from its saved position (seq %d of source %s); "

@@ -273,6 +273,14 @@ def test_data_in_a_config_is_shown_as_it_is_and_a_masked_list_round_trips() -> N
     more = {**seen, "nats": {"url": [*seen["nats"]["url"], "nats://u:***@c:1"]}}
     assert unmasked(more, seen, was)["nats"]["url"][2] == "nats://u:***@c:1"  # never guessed
     assert masks_in(unmasked(more, seen, was)) == ("nats", "url", "2")
+    urls, shown_urls = was["nats"]["url"], seen["nats"]["url"]
+    assert unmasked(shown_urls[::-1], shown_urls, urls) == urls[::-1]  # moved
+    assert unmasked(shown_urls[1:], shown_urls, urls) == urls[1:]  # one taken out
+    assert unmasked(shown_urls[:1], shown_urls[0], urls[0]) == urls[:1]  # one made a list
+    alike = ["nats://u:pw1@a:1", "nats://v:pw2@a:1"]
+    assert shown(alike) == ["nats://u:***@a:1", "nats://v:***@a:1"]
+    twins = ["nats://u:pw1@a:1", "nats://u:pw2@a:1"]  # shown alike: only by place
+    assert unmasked(shown(twins)[::-1], shown(twins), twins) == twins
 
 
 def test_a_url_password_that_starts_with_a_slash_and_holds_a_quote_is_a_secret() -> None:

@@ -22,7 +22,12 @@ from core.ids import collection_id_of
 from core.redact import Said, first_line, remember_names, said
 from core.sources.pg import snapshot
 from core.sources.pg.errors import SourceSetupError
-from core.sources.pg.setup import capturable_tables, left_out
+from core.sources.pg.setup import (
+    capturable_tables,
+    left_out,
+    publication_problem,
+    slot_problem,
+)
 from core.sources.pg.tables import tables_of
 from core.store.selection import glob
 from core.tables import closest
@@ -116,10 +121,11 @@ def selection_problems(
 
 def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
     """What the sources that answer say of the file, as ``weir run``'s start would: a refusal
-    for good (a wrong password, a database that does not exist), a publication Weir does not
-    manage that is missing, the tables of ``tables:`` it could not capture (its start stops on
-    them); and the tables that publication leaves out and the selections that match nothing
-    (it warns of them). A source that does not answer (yet) is left to the start."""
+    for good (a wrong password, a database that does not exist), the tables of ``tables:`` it
+    could not capture, a publication that is missing (the DBA's) or that the role may not make,
+    a slot it may not make or use (its start stops on them); and the tables the DBA's
+    publication leaves out and the selections that match nothing (it warns of them). A source
+    that does not answer (yet) is left to the start."""
     errors: list[Said] = []
     warnings: list[Said] = []
     for src in cfg.sources:
@@ -130,8 +136,12 @@ def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
             reach_postgres(url, f"source {src.name}")
             with snapshot.connect(url, "weir-validate") as conn:
                 tables = capturable_tables(conn, src, say=False)
-                if not src.create_publication and (why := left_out(conn, src, tables)[1]):
+                problems = [slot_problem(conn, src)]
+                if src.create_publication:
+                    problems.append(publication_problem(conn, src, tables))
+                elif why := left_out(conn, src, tables)[1]:
                     warnings.append(why)
+                errors += [p for p in problems if p is not None]
         except Unreachable as e:
             if not away(e):
                 errors.append(Said(first_line(e)))

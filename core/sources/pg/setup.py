@@ -197,6 +197,69 @@ def left_out(
         Said(sql.Identifier(src.publication).as_string(conn)), Said(names))  # fmt: skip
 
 
+def _listed(conn: psycopg.Connection[Any], tables: list[tuple[str, str]]) -> sql.Composable:
+    """``tables`` as a publication lists them: ONLY a table's own rows (its inheritance
+    children are tables of their own; a partitioned table's partitions are not, and ONLY does
+    not apply to it)."""
+    kinds = {
+        (r[0], r[1]): r[2]
+        for r in conn.execute(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([s for s, _ in tables], [t for _, t in tables]),
+        ).fetchall()
+    }
+    return sql.SQL(", ").join(
+        sql.SQL("ONLY {}" if kinds.get((s, t)) == "r" else "{}").format(sql.Identifier(s, t))
+        for s, t in tables
+    )
+
+
+def _create(src: PostgresSource, listed: sql.Composable | None) -> sql.Composed:
+    """The publication's CREATE: a partitioned table is one collection, its partitions' rows
+    published under it."""
+    return sql.SQL("CREATE PUBLICATION {}{} WITH (publish_via_partition_root = true)").format(
+        sql.Identifier(src.publication),
+        sql.SQL(" FOR TABLE {}").format(listed) if listed is not None else sql.SQL(""),
+    )
+
+
+def publication_problem(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> Said | None:
+    """Why Weir cannot make the source's publication of ``tables`` (``create_publication``,
+    and none yet): what its role lacks, with the fix; None when it can, or one exists."""
+    if conn.execute("SELECT FROM pg_publication WHERE pubname = %s",
+                    (src.publication,)).fetchone() is not None:  # fmt: skip
+        return None
+    row = conn.execute(
+        "SELECT has_database_privilege(current_database(), 'CREATE'), (SELECT n.nspname || '.'"
+        " || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE"
+        " (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])) AND NOT"
+        " pg_has_role(c.relowner, 'USAGE') ORDER BY 1 LIMIT 1)",
+        ([s for s, _ in tables], [t for _, t in tables]),
+    ).fetchone()
+    assert row is not None
+    may_create, not_owned = row
+    if may_create and not_owned is None:
+        return None
+    me, made = role_of(conn), _create(src, _listed(conn, tables) if tables else None)
+    if not_owned is None:  # it owns the tables: CREATE on the database is missing
+        db = sql.Identifier(conn.info.dbname).as_string(conn)
+        why = said("permission denied for database %s", conn.info.dbname)
+        fix = said("as the database's owner run GRANT CREATE ON DATABASE %s TO %s; or have it "
+                   "made (%s) and set create_publication: false", Said(db), me,
+                   Said(made.as_string(conn)))  # fmt: skip
+    else:
+        why = said("must be owner of table %s", not_owned)
+        fix = said("as the tables' owner run %s; and set create_publication: false (or make "
+                   "the role own the tables, with CREATE on the database)",
+                   Said(made.as_string(conn)))  # fmt: skip
+    return said("source %r: role %s cannot create publication %s (%s): %s",
+                src.name, me, src.publication, why, fix)  # fmt: skip
+
+
 def _ensure_publication(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
 ) -> list[tuple[str, str]]:
@@ -212,53 +275,11 @@ def _ensure_publication(
     published = published_tables(conn, src.publication)
     missing = [t for t in tables if t not in published]
     _leave(conn, src)
-    # ONLY: a table's inheritance children are tables of their own (a partitioned table's
-    # partitions are not, and ONLY does not apply to it).
-    kinds = {
-        (r[0], r[1]): r[2]
-        for r in conn.execute(
-            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-            ([s for s, _ in missing], [t for _, t in missing]),
-        ).fetchall()
-    }
-    idents = sql.SQL(", ").join(
-        sql.SQL("ONLY {}" if kinds.get((s, t)) == "r" else "{}").format(sql.Identifier(s, t))
-        for s, t in missing
-    )
-    # A partitioned table is one collection: its partitions' rows are published under it.
-    via_root = sql.SQL("WITH (publish_via_partition_root = true)")
+    idents = _listed(conn, missing)
     if row is None:
-        listed = sql.SQL(" FOR TABLE {}").format(idents) if missing else sql.SQL("")
-        create = sql.SQL("CREATE PUBLICATION {}{} {}").format(pub, listed, via_root)
-        try:
-            conn.execute(create)
-        except psycopg.errors.InsufficientPrivilege as e:
-            me, why, made = role_of(conn), str(e).strip().splitlines()[0], create.as_string(conn)
-            owns = conn.execute(
-                "SELECT coalesce(bool_and(pg_has_role(c.relowner, 'USAGE')), true) FROM pg_class c"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                ([s for s, _ in missing], [t for _, t in missing]),
-            ).fetchone()
-            if owns and owns[0]:  # it owns the tables: CREATE on the database is missing
-                db = sql.Identifier(conn.info.dbname).as_string(conn)
-                fix = (said("as the database's owner run GRANT CREATE ON DATABASE %s TO %s; "
-"or have it made (%s) and set create_publication: false", db, me, made))  # fmt: skip
-            else:
-                fix = (said("as the tables' owner run %s; and set create_publication: false "
-"(or make the role own the tables, with CREATE on the database)", made))  # fmt: skip
-            raise SourceSetupError(
-                said(
-                    "source %r: role %s cannot create publication %s (%s): %s",
-                    src.name,
-                    me,
-                    src.publication,
-                    why,
-                    fix,
-                )
-            ) from None
+        if (why := publication_problem(conn, src, missing)) is not None:
+            raise SourceSetupError(why)
+        conn.execute(_create(src, idents if missing else None))
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
     if not row[0]:
@@ -307,44 +328,45 @@ def _leave(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
                  ", ".join(table_name(s, t) for s, t in leaving), src.publication)  # fmt: skip
 
 
-def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> bool:
-    """Create the replication slot when missing (returns True then); refuse a slot Weir cannot
-    use."""
+def slot_problem(conn: psycopg.Connection[Any], src: PostgresSource) -> Said | None:
+    """Why capture cannot use the source's replication slot: one its role may not create (no
+    REPLICATION), one of another plugin or database; None when it can."""
     row = conn.execute(
-        "SELECT plugin, active_pid, database = current_database() FROM pg_replication_slots "
-        "WHERE slot_name = %s",
+        "SELECT plugin, database = current_database() FROM pg_replication_slots"
+        " WHERE slot_name = %s",
         (src.slot,),
     ).fetchone()
     if row is None:
-        try:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
-        except psycopg.errors.InsufficientPrivilege:
-            me = role_of(conn)
-            raise SourceSetupError(
-                said(
-                    "source %r: role %s may not create replication slot %s (it has "
-                    "no REPLICATION): as a superuser, ALTER ROLE %s REPLICATION",
-                    src.name,
-                    me,
-                    src.slot,
-                    me,
-                )
-            ) from None
+        may = conn.execute("SELECT rolreplication OR rolsuper FROM pg_roles"
+                           " WHERE rolname = current_user").fetchone()  # fmt: skip
+        if may is not None and may[0]:
+            return None
+        me = role_of(conn)
+        return said("source %r: role %s may not create replication slot %s (it has no "
+                    "REPLICATION): as a superuser, ALTER ROLE %s REPLICATION",
+                    src.name, me, src.slot, me)  # fmt: skip
+    plugin, same_db = row
+    if plugin == "pgoutput" and same_db:
+        return None
+    return said("source %r: replication slot %r exists but %s: give this source another slot "
+                "name or drop that slot", src.name, src.slot,
+                said("belongs to another database") if not same_db
+                else said("uses plugin %r", plugin))  # fmt: skip
+
+
+def ensure_slot(conn: psycopg.Connection[Any], src: PostgresSource) -> bool:
+    """Create the replication slot when missing (returns True then); refuse a slot Weir cannot
+    use."""
+    if (why := slot_problem(conn, src)) is not None:
+        raise SourceSetupError(why)
+    row = conn.execute(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot,)
+    ).fetchone()
+    if row is None:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
         log.info("source %s: created replication slot %s", src.name, src.slot)
         return True
-    plugin, active_pid, same_db = row
-    if plugin != "pgoutput" or not same_db:
-        raise SourceSetupError(
-            said(
-                "source %r: replication slot %r exists but %s: give this source another slot "
-                "name or drop that slot",
-                src.name,
-                src.slot,
-                said("belongs to another database")
-                if not same_db
-                else said("uses plugin %r", plugin),
-            )
-        )
+    (active_pid,) = row
     if active_pid is not None:
         raise SlotBusyError(
             said(
