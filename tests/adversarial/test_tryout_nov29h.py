@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
@@ -18,29 +17,13 @@ from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart
     _quickstart_config,
     quickstart_pg,
 )
+from tests.adversarial.test_tryout_nov29g import _push, _sent
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
 from tests.helpers.api import api_serving
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
 from tests.helpers.quickstart import ROLE
-
-
-def _push(client: httpx.Client, ids: range) -> None:
-    r = client.post(
-        "/v1/sources/stripe/records",
-        json={
-            "records": [
-                {"collection_id": "charges", "record_id": str(i), "data": {"v": i}} for i in ids
-            ]
-        },
-    )
-    assert r.status_code == 200, r.text
-
-
-def _sent(hooks: WebhookHarness, c: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(d.payload["metadata"]["collection_id"], d.payload["metadata"]["record_id"])
-            for d in hooks.read(c)]  # fmt: skip
 
 
 def _charges(hooks: WebhookHarness, c: dict[str, Any]) -> list[str]:
