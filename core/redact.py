@@ -357,6 +357,8 @@ def unmasked(new: Any, was_shown: Any, was: Any) -> Any:
                 for k, v in new.items()}  # fmt: skip
     if isinstance(new, list) and not isinstance(was_shown, list):  # one value made a list
         was_shown, was = [was_shown], [was]
+    elif isinstance(was_shown, list) and isinstance(was, list) and not isinstance(new, list):
+        return unmasked([new], was_shown, was)[0]  # a list made one of its values
     if isinstance(new, list) and isinstance(was_shown, list) and isinstance(was, list):
         # a cluster's URLs, filters, steps: an item as it was shown is the one it was shown
         # for, kept in place or moved (when no other was shown alike); else by place

@@ -71,17 +71,19 @@ BEGIN
     IF TG_EVENT = 'table_rewrite' THEN  -- its rows change, and the WAL has no change of theirs
         touched := ARRAY[coalesce(pg_partition_root(pg_event_trigger_table_rewrite_oid()),
                                   pg_event_trigger_table_rewrite_oid())];
-    ELSIF TG_TAG = 'ALTER TYPE' THEN  -- an enum's label renamed, a composite's attributes
-        -- added or dropped: the rows' text changes, no row does
-        IF current_query() !~* '(rename[[:space:]]+value|(add|drop)[[:space:]]+attribute)'
-        THEN  -- no other form changes a row
-            RETURN;
-        END IF;
-        touched := ARRAY(  -- the published tables with a column of it (or of a type made of it)
+    ELSIF TG_TAG IN ('ALTER TYPE', 'ALTER TABLE') THEN
+        -- Rows whose text changes with no change in the WAL: those of a column of a type it
+        -- altered (a composite's attributes, a table's row type; an enum's label renamed, not
+        -- one added) or of a type made of it, and a partitioned table's (a partition attached
+        -- or detached). Known by the objects it altered, not its text (a procedure's DDL, a
+        -- script of many): every form is taken as one (a backfill more, never a value wrong),
+        -- but an enum's, which only RENAME VALUE changes.
+        touched := ARRAY(
             WITH RECURSIVE used(oid) AS (
-                SELECT coalesce(c.reltype, d.objid) FROM pg_event_trigger_ddl_commands() d
-                LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
-                WHERE d.classid = 'pg_type'::regclass OR c.relkind = 'c'  -- a composite's
+                SELECT ty.oid FROM pg_event_trigger_ddl_commands() d JOIN pg_type ty
+                ON (d.classid = 'pg_type'::regclass AND ty.oid = d.objid)
+                   OR (d.classid = 'pg_class'::regclass AND ty.typrelid = d.objid)
+                WHERE ty.typtype <> 'e' OR current_query() ~* 'rename[[:space:]]+value'
               UNION
                 SELECT x.oid FROM used u, LATERAL (
                     SELECT ty.oid FROM pg_type ty  -- its domains and arrays
@@ -93,22 +95,26 @@ BEGIN
                     UNION ALL SELECT r.rngmultitypid FROM pg_range r WHERE r.rngtypid = u.oid
                 ) x
             )
-            SELECT DISTINCT c.oid FROM pg_publication_tables p
+            SELECT c.oid FROM pg_publication_tables p
             JOIN pg_namespace n ON n.nspname = p.schemaname
             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-            WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u));
-    ELSIF TG_TAG = 'ALTER TABLE' AND current_query() ~* '(attach|detach)[[:space:]]+partition'
-    THEN  -- its root's rows change (its rows come or go), and the WAL has no change of theirs
+            WHERE p.pubname = {pub} AND a.atttypid IN (SELECT u.oid FROM used u)
+          UNION
+            SELECT coalesce(pg_partition_root(c.oid), c.oid)
+            FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid
+            WHERE d.classid = 'pg_class'::regclass AND c.relkind = 'p');
         FOR t IN
-            SELECT DISTINCT n.nspname, c.relname, c.oid FROM pg_event_trigger_ddl_commands() d
-            JOIN pg_class c ON c.oid = coalesce(pg_partition_root(d.objid), d.objid)
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE d.classid = 'pg_class'::regclass
-        LOOP  -- and the command goes on below (a published table attached, say)
+            SELECT n.nspname, c.relname, c.oid FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY (touched)
+        LOOP
             PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
                 t.nspname, t.relname, t.oid::text)::text);
         END LOOP;
+        IF TG_TAG = 'ALTER TYPE' THEN
+            RETURN;
+        END IF;
+        touched := NULL;  -- the command goes on below (a published table attached, say)
     END IF;
     IF touched IS NOT NULL THEN  -- each table whose rows changed without a change in the WAL
         FOR t IN

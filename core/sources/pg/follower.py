@@ -188,8 +188,8 @@ class TableFollower:
             self._backfill(
                 schema,
                 table,
-                "its values changed with no change in the WAL (ALTER TABLE … USING, ALTER "
-                "TYPE … RENAME VALUE or ADD/DROP ATTRIBUTE, a partition attached or detached)",
+                "its values changed with no change in the WAL (ALTER TABLE … USING, an enum "
+                "label renamed, a composite type altered, a partition attached or detached)",
             )
             return
         if prefix == ALTERED_PREFIX:

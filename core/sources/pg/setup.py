@@ -336,15 +336,15 @@ def slot_problem(conn: psycopg.Connection[Any], src: PostgresSource) -> Said | N
         " WHERE slot_name = %s",
         (src.slot,),
     ).fetchone()
-    if row is None:
-        may = conn.execute("SELECT rolreplication OR rolsuper FROM pg_roles"
-                           " WHERE rolname = current_user").fetchone()  # fmt: skip
-        if may is not None and may[0]:
-            return None
+    may = conn.execute("SELECT rolreplication OR rolsuper FROM pg_roles"
+                       " WHERE rolname = current_user").fetchone()  # fmt: skip
+    if may is None or not may[0]:  # to make a slot, and to read one
         me = role_of(conn)
-        return said("source %r: role %s may not create replication slot %s (it has no "
-                    "REPLICATION): as a superuser, ALTER ROLE %s REPLICATION",
-                    src.name, me, src.slot, me)  # fmt: skip
+        return said("source %r: role %s may not %s replication slot %s (it has no "
+                    "REPLICATION): as a superuser, ALTER ROLE %s REPLICATION", src.name, me,
+                    Said("create" if row is None else "read"), src.slot, me)  # fmt: skip
+    if row is None:
+        return None
     plugin, same_db = row
     if plugin == "pgoutput" and same_db:
         return None
