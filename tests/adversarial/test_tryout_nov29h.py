@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart_pg: a fixture)
@@ -73,8 +74,9 @@ def test_a_source_removed_then_added_again_is_read_from_the_change_that_adds_it(
 # --- secrets: a config read over the API and sent back round-trips ----------------------------
 
 
+@pytest.mark.parametrize("as_list", [True, False], ids=["a-list", "its-one-url"])
 def test_a_server_taken_out_of_a_nats_cluster_list_keeps_the_others_secrets(
-    table: str, nats_server: EmbeddedNats
+    table: str, nats_server: EmbeddedNats, as_list: bool
 ) -> None:
     """docs/configuration.md “Secrets”: "a config read and sent back round-trips: a mask sent
     back where it was shown, in an object or a list (a NATS cluster's URLs), keeps the
@@ -85,7 +87,8 @@ def test_a_server_taken_out_of_a_nats_cluster_list_keeps_the_others_secrets(
     is refused: 422 ``body.nats.url.0: a masked value where a secret goes``; likewise
     the two swapped, or a new server put first. core/redact.py ``unmasked`` matches a list's
     masks by place only, so any change of the list but an append makes the user retype every
-    password of the cluster."""
+    password of the cluster. The same sent as ``url``'s one value (``url`` takes a URL or a
+    list; the ninth tryout): 422 too."""
     port = nats_server.url.rsplit(":", 1)[1]
     one, two = f"nats://u:pw-one@127.0.0.1:{port}", f"nats://u:pw-two@localhost:{port}"
     c = {"name": "cluster", "type": "nats", "stream": "events", "nats": {"url": [one, two]}}
@@ -95,13 +98,14 @@ def test_a_server_taken_out_of_a_nats_cluster_list_keeps_the_others_secrets(
         shown = client.get("/v1/connectors/cluster/config").json()["config"]
         masked_two = shown["nats"]["url"][1]
         assert masked_two == two.replace("pw-two", "***"), shown  # holds
+        sent = [masked_two] if as_list else masked_two
         r = client.put("/v1/connectors/cluster",
-                       json={**shown, "nats": {**shown["nats"], "url": [masked_two]}})  # fmt: skip
+                       json={**shown, "nats": {**shown["nats"], "url": sent}})  # fmt: skip
         assert r.status_code == 200, r.text
         with psycopg.connect(table) as conn:
             stored = conn.execute("SELECT config FROM weir.api_connectors WHERE name = 'cluster'"
                                   ).fetchone()[0]  # fmt: skip
-        assert stored["nats"]["url"] == [two], stored
+        assert stored["nats"]["url"] == ([two] if as_list else two), stored
 
 
 # --- first run: `weir config validate` tells what `weir run` will refuse ---------------------

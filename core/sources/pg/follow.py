@@ -104,17 +104,6 @@ BEGIN
             SELECT coalesce(pg_partition_root(c.oid), c.oid)
             FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid
             WHERE d.classid = 'pg_class'::regclass AND c.relkind = 'p');
-        FOR t IN
-            SELECT n.nspname, c.relname, c.oid FROM pg_class c
-            JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY (touched)
-        LOOP
-            PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
-                t.nspname, t.relname, t.oid::text)::text);
-        END LOOP;
-        IF TG_TAG = 'ALTER TYPE' THEN
-            RETURN;
-        END IF;
-        touched := NULL;  -- the command goes on below (a published table attached, say)
     END IF;
     IF touched IS NOT NULL THEN  -- each table whose rows changed without a change in the WAL
         FOR t IN
@@ -124,7 +113,10 @@ BEGIN
             PERFORM pg_logical_emit_message(true, {rewritten}, json_build_array(
                 t.nspname, t.relname, t.oid::text)::text);
         END LOOP;
-        RETURN;
+        IF TG_EVENT <> 'ddl_command_end' OR TG_TAG <> 'ALTER TABLE' THEN
+            RETURN;
+        END IF;
+        touched := NULL;  -- an ALTER TABLE goes on below (a published table attached, say)
     END IF;
     IF TG_EVENT = 'sql_drop' THEN  -- a captured table dropped: its records are gone with it
         FOR t IN
