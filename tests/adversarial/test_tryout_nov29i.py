@@ -57,8 +57,8 @@ def _updated(url: str, table: str, c: int) -> dict[str, Any]:
 
 @pytest.mark.xfail(strict=True, reason=(
     "a partition dropped: its root's rows go with no change in the WAL, and the trigger no "
-    "longer knows its root when it hears of the drop; backfill the root (docs/design.md “Known "
-    "limits”)"))  # fmt: skip
+    "longer knows its root when it hears of the drop; backfill the root "
+    "(docs/design.md “Known limits”)"))  # fmt: skip
 def test_a_partition_dropped_leaves_its_rows_live_in_the_roots_records(db_url: str) -> None:
     """docs/design.md “Values the WAL leaves out” / “Known limits”: the event trigger tells
     capture of "a partition attached or detached" and "a partition attached or detached makes
