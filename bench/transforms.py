@@ -5,9 +5,10 @@ Cases, each over the same 20,000 events-stream payloads as Weir stores them (a 1
 record):
 - ``filter_select``: a filter (`action != "delete" and record.total > 100`) and a select of five
   fields (`transform: {keep: [...]}`), as Steps run them: the payload read, both steps, the
-  payload written; ``filter_select_steps_only``: the two compiled closures alone on the read
-  message; ``jmespath``: the same filter and select as one compiled jmespath expression on the
-  read message; ``simpleeval``: the filter by simpleeval on it (no select);
+  payload written; ``filter_select_jsonb``: the same with a jsonb column's value in each record
+  (written with Postgres' spaces); ``filter_select_steps_only``: the two compiled closures
+  alone on the read message; ``jmespath``: the same filter and select as one compiled jmespath
+  expression on the read message; ``simpleeval``: the filter by simpleeval on it (no select);
 - ``filter_only``: the filter alone (the payload is not written again);
 - ``route``: a NATS subject template (`orders.{record.tenant}`);
 - ``function``: a Python function (module:function) that drops two fields;
@@ -52,7 +53,11 @@ ROUTE = "orders.{record.tenant}"
 FUNCTION = "bench_fn:shape"
 
 
-def messages(n: int) -> list[Message]:
+# A jsonb column's value as Postgres writes it (spaces after ',' and ':')
+JSONB = orjson.Fragment(b'{"size": 42, "price": 9.99, "tags": ["a", "b"], "dims": {"w": 1.5}}')
+
+
+def messages(n: int, jsonb: bool = False) -> list[Message]:
     out = []
     for i in range(n):
         rec = {
@@ -67,6 +72,8 @@ def messages(n: int) -> list[Message]:
             "items": i % 5,
             "flag": i % 2 == 0,
         }
+        if jsonb:
+            rec["attrs"] = JSONB
         payload = orjson.dumps(
             {
                 "record": rec,
@@ -134,6 +141,7 @@ def main() -> None:
             "status: status, total: total, created_at: created_at}")  # fmt: skip
         us = {
             "filter_select": per_message(fs.one, msgs),
+            "filter_select_jsonb": per_message(fs.one, messages(args.messages, jsonb=True)),
             "filter_select_steps_only": per_message(steps_only, parsed),
             "jmespath": per_message(lambda m: found.search([m]), parsed),
             "filter_only": per_message(steps([{"filter": FILTER}]).one, msgs),
