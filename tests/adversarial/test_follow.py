@@ -440,6 +440,27 @@ def test_a_role_that_cannot_create_the_publication_is_told_what_to_do(db_url: st
     assert "set create_publication: false" in str(e.value)
 
 
+def test_a_role_that_does_not_own_a_table_is_told_which_by_its_name(db_url: str) -> None:
+    """CREATE on the database is not enough either: the line names the table it does not own
+    as a config names it (a dotted name quoted), and the owner's statement."""
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    execute(db_url, "CREATE ROLE not_owner LOGIN REPLICATION",
+            f'GRANT CREATE ON DATABASE "{dbname}" TO not_owner',
+            'CREATE TABLE "my.t" (id int PRIMARY KEY)',
+            'GRANT SELECT ON "my.t" TO not_owner')  # fmt: skip
+    try:
+        cfg = weir_config(db_url.replace("postgres@", "not_owner@"), [], schemas=[],
+                          tables=['public."my.t"'], store={"url": db_url})  # fmt: skip
+        with pytest.raises(SourceSetupError) as e:
+            prepare(cfg)
+    finally:
+        execute(db_url, "DROP OWNED BY not_owner", "DROP ROLE not_owner")
+    said = str(e.value)
+    assert 'cannot create publication weir_pub (must be owner of table public."my.t"): as the ' \
+           "tables' owner run CREATE PUBLICATION \"weir_pub\" FOR TABLE ONLY " \
+           '"public"."my.t"' in said, said  # fmt: skip
+
+
 def test_an_update_leaving_out_a_value_the_store_never_had(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

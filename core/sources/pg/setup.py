@@ -169,14 +169,22 @@ def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[tup
     return {(str(s), str(t)) for s, t in rows}
 
 
+def _via_root(conn: psycopg.Connection[Any], src: PostgresSource) -> bool | None:
+    """Whether the source's publication publishes partitions under their tables; None when
+    it does not exist."""
+    row = conn.execute(
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
+    ).fetchone()
+    return None if row is None else bool(row[0])
+
+
 def left_out(
     conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
 ) -> tuple[list[tuple[str, str]], Said | None]:
     """Of ``tables``, those the publication Weir does not manage (``create_publication:
     false``) leaves out, and the line that says so with the fix; SourceSetupError when it
     does not exist."""
-    if conn.execute("SELECT FROM pg_publication WHERE pubname = %s",
-                    (src.publication,)).fetchone() is None:  # fmt: skip
+    if _via_root(conn, src) is None:
         raise SourceSetupError(
             said(
                 "source %r: publication %r does not exist and create_publication "
@@ -230,12 +238,16 @@ def publication_problem(
 ) -> Said | None:
     """Why Weir cannot make the source's publication of ``tables`` (``create_publication``,
     and none yet): what its role lacks, with the fix; None when it can, or one exists."""
-    if conn.execute("SELECT FROM pg_publication WHERE pubname = %s",
-                    (src.publication,)).fetchone() is not None:  # fmt: skip
-        return None
+    return None if _via_root(conn, src) is not None else _may_not_create(conn, src, tables)
+
+
+def _may_not_create(
+    conn: psycopg.Connection[Any], src: PostgresSource, tables: list[tuple[str, str]]
+) -> Said | None:
+    """What the role lacks to create the publication of ``tables``, with the fix; or None."""
     row = conn.execute(
-        "SELECT has_database_privilege(current_database(), 'CREATE'), (SELECT n.nspname || '.'"
-        " || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE"
+        "SELECT has_database_privilege(current_database(), 'CREATE'), (SELECT ARRAY[n.nspname,"
+        " c.relname] FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE"
         " (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])) AND NOT"
         " pg_has_role(c.relowner, 'USAGE') ORDER BY 1 LIMIT 1)",
         ([s for s, _ in tables], [t for _, t in tables]),
@@ -252,7 +264,7 @@ def publication_problem(
                    "made (%s) and set create_publication: false", Said(db), me,
                    Said(made.as_string(conn)))  # fmt: skip
     else:
-        why = said("must be owner of table %s", not_owned)
+        why = said("must be owner of table %s", Said(table_name(*not_owned)))
         fix = said("as the tables' owner run %s; and set create_publication: false (or make "
                    "the role own the tables, with CREATE on the database)",
                    Said(made.as_string(conn)))  # fmt: skip
@@ -269,26 +281,24 @@ def _ensure_publication(
             log.warning("%s", says)
         return missing
     pub = sql.Identifier(src.publication)
-    row = conn.execute(
-        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (src.publication,)
-    ).fetchone()
+    via_root = _via_root(conn, src)
     published = published_tables(conn, src.publication)
     missing = [t for t in tables if t not in published]
     _leave(conn, src)
-    idents = _listed(conn, missing)
-    if row is None:
-        if (why := publication_problem(conn, src, missing)) is not None:
+    idents = _listed(conn, missing) if missing else None
+    if via_root is None:
+        if (why := _may_not_create(conn, src, missing)) is not None:
             raise SourceSetupError(why)
-        conn.execute(_create(src, idents if missing else None))
+        conn.execute(_create(src, idents))
         log.info("source %s: created publication %s", src.name, src.publication)
         return []
-    if not row[0]:
+    if not via_root:
         conn.execute(
             sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub)
         )
         log.info("source %s: publication %s now publishes partitions under their tables",
                  src.name, src.publication)  # fmt: skip
-    if missing:
+    if idents is not None:
         # A table joining a publication that capture reads already may hold rows nothing
         # captured: the message, read in order by capture, asks for its backfill.
         with conn.transaction():
