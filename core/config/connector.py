@@ -234,12 +234,6 @@ class ConnectorBase(Model):
         source to the connector (a change applies from there on); None when none did."""
         return self._head(self._added, sync_id)
 
-    def start_for(self, sync_id: str) -> StartPosition:
-        """Where the connector's first cursor of a source starts: after :meth:`added_at`, else
-        at ``start_position``."""
-        added = self.added_at(sync_id)
-        return self.start_position if added is None else SeqStart(seq=added + 1)
-
     def _head(self, heads: dict[str, list[int]] | None, sync_id: str) -> int | None:
         got = (heads or {}).get(sync_id)
         return None if got is None else got[0 if self.stream == "events" else 1]

@@ -26,9 +26,9 @@ import random
 from collections.abc import Callable, Sequence
 
 from core.config.connector import ConnectorBase
-from core.engine.ports import Commits, Reader
+from core.engine.ports import Commits, Reader, Source
 from core.engine.rules import Suspects
-from core.engine.session import Session, Source
+from core.engine.session import Session
 from core.engine.sink import Sink
 from core.failures import AWAY, for_good
 from core.metrics import Metrics

@@ -1,14 +1,21 @@
-"""What the forwarding engine needs from the store, as contracts: a reader of one source's
+"""What the forwarding engine needs, as contracts: from the store, a reader of one source's
 stream (core/store/reader.py's ``StreamReader`` in production) and commit notifications
-(``Notifier``). Unit tests give the engine in-memory doubles of both (tests/helpers/).
+(``Notifier``), which unit tests give as in-memory doubles (tests/helpers/); from the connector
+a session runs for, its ``Host`` (core/engine/forwarder.py's ``Forwarder``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from core.config.connector import ConnectorBase
+from core.config.sources import HttpSource, PostgresSource
+from core.engine.rules import Suspects
+from core.engine.sink import Sink
 from core.envelope import Message
+from core.metrics import Metrics
 from core.store.cursors import Cursor
 
 
@@ -68,3 +75,30 @@ class Commits(Protocol):
     heads: dict[str, tuple[int, int]]
 
     def subscribe(self, sync_id: str, callback: Callable[[], None]) -> None: ...
+
+
+Source = PostgresSource | HttpSource
+
+
+class Host(Protocol):
+    """What a session takes from and keeps in the connector it runs for, across its sessions
+    (core/engine/forwarder.py's ``Forwarder``)."""
+
+    cfg: ConnectorBase
+    name: str  # in logs, metrics and weir status
+    metrics: Metrics
+    sources: Sequence[Source]
+    notifier: Commits
+    open_sink: Callable[[ConnectorBase], Sink]
+    open_reader: Callable[[Source], Reader]
+    kick: asyncio.Event  # something to do: a batch finished, a source committed
+    notified: bool  # a commit came since the session last read
+    state: str
+    detail: str
+    said: bool  # that start_position no longer applies
+    had: bool  # its cursors: a session finding none then stops (ConnectorGone)
+    reached: bool  # a session reached its broker (a refusal then may not end the run)
+    suspects: Suspects  # the messages that lost a connection, and how often
+    step_timeout: float  # how long one call of a function of its steps may run
+
+    def set_state(self, state: str, detail: str = "") -> None: ...

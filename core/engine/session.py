@@ -14,17 +14,13 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Protocol
 
-from core.config.connector import ConnectorBase
-from core.config.sources import HttpSource, PostgresSource
+from core.config.connector import SeqStart
 from core.engine.lane import Lane
-from core.engine.ports import Commits, Reader
-from core.engine.rules import Groups, Suspects
-from core.engine.sink import BatchError, FatalError, ReadBack, Sink
+from core.engine.ports import Host
+from core.engine.rules import Groups
+from core.engine.sink import BatchError, FatalError, ReadBack
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
-from core.metrics import Metrics
 from core.redact import said
 from core.steps.run import Steps, enrich_sources
 from core.store.cursors import FenceLost, Resplitting
@@ -37,31 +33,6 @@ POLL = 1.0  # seconds between store polls when no notification arrives
 REPLAYS = 500  # failed messages asked to be retried, taken per source and poll
 SAVE_EVERY = 0.1  # seconds between cursor saves
 FENCE_SAID = 1.0  # seconds a session waits for its fence before its state says so
-Source = PostgresSource | HttpSource
-
-
-class Host(Protocol):
-    """What a session takes from and keeps in the connector it runs for, across its sessions
-    (core/engine/forwarder.py's ``Forwarder``)."""
-
-    cfg: ConnectorBase
-    name: str  # in logs, metrics and weir status
-    metrics: Metrics
-    sources: Sequence[Source]
-    notifier: Commits
-    open_sink: Callable[[ConnectorBase], Sink]
-    open_reader: Callable[[Source], Reader]
-    kick: asyncio.Event  # something to do: a batch finished, a source committed
-    notified: bool  # a commit came since the session last read
-    state: str
-    detail: str
-    said: bool  # that start_position no longer applies
-    had: bool  # its cursors: a session finding none then stops (ConnectorGone)
-    reached: bool  # a session reached its broker (a refusal then may not end the run)
-    suspects: Suspects  # the messages that lost a connection, and how often
-    step_timeout: float  # how long one call of a function of its steps may run
-
-    def set_state(self, state: str, detail: str = "") -> None: ...
 
 
 class Session:
@@ -177,10 +148,14 @@ class Session:
     async def _load(self) -> bool:
         """Load (or make) the lanes' cursors; False when asked to stop first."""
         for lane in self.lanes:
+            # A source a change over the API added starts after the head noted at the change:
+            # its first cursor there, and a cursor left from before it was taken out and
+            # added again passed over to it.
+            added = self.cfg.added_at(lane.reader.sync_id)
+            start = self.cfg.start_position if added is None else SeqStart(seq=added + 1)
             while True:
                 try:
-                    cur = await lane.reader.cursor(self.cfg.start_for(lane.reader.sync_id),
-                                                   self.fw.had)  # fmt: skip
+                    cur = await lane.reader.cursor(start, self.fw.had)
                     break
                 except Resplitting as e:  # an old split's shard still runs: it may stop soon
                     self.fw.set_state("waiting", str(e))
@@ -188,10 +163,7 @@ class Session:
                         await asyncio.wait_for(self.stop.wait(), POLL)
                     if self.stop.is_set():
                         return False
-            lane.fetched, lane.mark = cur.seq, cur.mark
-            added = self.cfg.added_at(lane.reader.sync_id)
-            if added is not None and cur.seq < added:  # a cursor from before the source was
-                lane.fetched = added  # taken out and added again: from the change on
+            lane.fetched, lane.mark = max(cur.seq, added or 0), cur.mark
             if not cur.new and "start_position" in self.cfg.model_fields_set and not self.fw.said:
                 self.fw.said = True
                 log.info("connector %s: going on from its saved position (seq %d of source %s); "
