@@ -130,7 +130,7 @@ def test_versions_are_not_trusted_after_a_type_change_a_rewrite_or_columns_chang
     ids = columns.Identities()
     ids.noted = {"public:t": ("id:23", "a:25", "c:23")}
     assert _described(ids, ("id", "a", "c"), (23, 25, 23), (1, 2, 3)).was == {}
-    ids.rewritten("public:t")
+    ids.distrust(1)
     assert _described(ids, ("id", "a", "c"), (23, 25, 23), (1, 2, 3)).was is None
     ids = columns.Identities()
     ids.noted = {"public:t": ("id:23", "b:25", "a:25", "c:23")}

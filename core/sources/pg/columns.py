@@ -55,18 +55,17 @@ class Identities:
         self.tables: dict[str, int] = {}  # collection -> the table (oid) its records are of
         self._last: dict[int, tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...] | None]] = {}
         self._ids: dict[int, dict[str, int]] = {}  # relid -> name -> attnum (or place: -1-i)
-        self._unsure: set[int] = set()
-        self._rewritten: set[str] = set()
+        self._unsure: set[int] = set()  # tables not trusted for the rest of the session
 
-    def rewritten(self, collection: str) -> None:
-        """The table's values changed with no change in the WAL: versions before are not its."""
-        self._rewritten.add(collection)
+    def distrust(self, relid: int) -> None:
+        """Versions before are not the table's (its values changed with no change in the WAL)."""
+        self._unsure.add(relid)
 
     def describe(self, relid: int, collection: str, names: tuple[str, ...],
                  types: tuple[int, ...], ids: tuple[int, ...] | None) -> Names | None:  # fmt: skip
         """A description of the table: each column's other names, or None (not trusted)."""
-        if relid in self._unsure or collection in self._rewritten:
-            return self._unsure_of(relid)
+        if relid in self._unsure:
+            return None
         if self.tables.setdefault(collection, relid) != relid:
             self.tables[collection] = relid
             return self._unsure_of(relid)  # the name's records are another table's
@@ -96,7 +95,7 @@ class Identities:
                 if n in names and len(had[c]) > 1}  # fmt: skip
 
     def _unsure_of(self, relid: int) -> Names | None:
-        self._unsure.add(relid)
+        self.distrust(relid)
         return None
 
 

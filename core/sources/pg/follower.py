@@ -184,7 +184,8 @@ class TableFollower:
             self._backfill(schema, table, "the table joined the publication with rows in it")
             return
         if prefix == REWRITTEN_PREFIX:  # its values changed with no change in the WAL
-            self.relations.rewritten(collection_id_of(schema, table))
+            if why and why[0].isdigit():  # its oid, which the trigger sends
+                self.relations.rewritten(int(why[0]))
             self._backfill(
                 schema,
                 table,

@@ -189,13 +189,12 @@ class Relations:
         self.by_id[relid] = rel
         return rel
 
-    def rewritten(self, collection: str) -> None:
+    def rewritten(self, relid: int) -> None:
         """The table's values changed with no change in the WAL (``ALTER … USING``): no value
-        is taken from its records' versions before, this session."""
-        self.identities.rewritten(collection)
-        for rel in self.by_id.values():
-            if rel.collection_id == collection:
-                rel.was = None
+        is taken from its records' versions before, this session (its description says so)."""
+        self.identities.distrust(relid)
+        if (rel := self.by_id.get(relid)) is not None:
+            rel.was = None
 
     def _partition_key(self, relid: int) -> tuple[str, ...]:
         """The columns a partitioned table is partitioned by (none known for an expression)."""
