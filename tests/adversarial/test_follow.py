@@ -421,41 +421,40 @@ def test_a_table_made_while_another_transaction_holds_the_publication(db_url: st
                  what="x2 added by capture and backfilled")  # fmt: skip
 
 
-def test_a_role_that_cannot_create_the_publication_is_told_what_to_do(db_url: str) -> None:
-    """Owning the tables is not enough: CREATE PUBLICATION needs CREATE on the database."""
-    execute(db_url, "CREATE ROLE owner_only LOGIN REPLICATION",
-            "CREATE TABLE t (id int PRIMARY KEY)", "ALTER TABLE t OWNER TO owner_only")  # fmt: skip
+def _refused_start(db_url: str, role: str, table: str, *grants: str) -> str:
+    """Why ``prepare`` (weir run's start) refuses ``role``, given ``grants``, its source
+    capturing ``table``."""
+    execute(db_url, f"CREATE ROLE {role} LOGIN REPLICATION", *grants)
     try:
-        cfg = weir_config(db_url.replace("postgres@", "owner_only@"), [], schemas=[],
-                          tables=["public.t"], store={"url": db_url})  # fmt: skip
+        cfg = weir_config(db_url.replace("postgres@", f"{role}@"), [], schemas=[],
+                          tables=[table], store={"url": db_url})  # fmt: skip
         with pytest.raises(SourceSetupError) as e:
             prepare(cfg)
     finally:
-        execute(db_url, "DROP OWNED BY owner_only", "DROP ROLE owner_only")
-    assert str(e.value).startswith(
+        execute(db_url, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+    return str(e.value)
+
+
+def test_a_role_that_cannot_create_the_publication_is_told_what_to_do(db_url: str) -> None:
+    """Owning the tables is not enough: CREATE PUBLICATION needs CREATE on the database."""
+    said = _refused_start(db_url, "owner_only", "public.t", "CREATE TABLE t (id int PRIMARY KEY)",
+                          "ALTER TABLE t OWNER TO owner_only")  # fmt: skip
+    assert said.startswith(
         "source 'app': role owner_only cannot create publication weir_pub (permission"
     )
-    assert "as the database's owner run GRANT CREATE ON DATABASE " in str(e.value)
-    assert "TO owner_only; or have it made (CREATE PUBLICATION" in str(e.value)
-    assert "set create_publication: false" in str(e.value)
+    assert "as the database's owner run GRANT CREATE ON DATABASE " in said
+    assert "TO owner_only; or have it made (CREATE PUBLICATION" in said
+    assert "set create_publication: false" in said
 
 
 def test_a_role_that_does_not_own_a_table_is_told_which_by_its_name(db_url: str) -> None:
     """CREATE on the database is not enough either: the line names the table it does not own
     as a config names it (a dotted name quoted), and the owner's statement."""
     dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
-    execute(db_url, "CREATE ROLE not_owner LOGIN REPLICATION",
-            f'GRANT CREATE ON DATABASE "{dbname}" TO not_owner',
-            'CREATE TABLE "my.t" (id int PRIMARY KEY)',
-            'GRANT SELECT ON "my.t" TO not_owner')  # fmt: skip
-    try:
-        cfg = weir_config(db_url.replace("postgres@", "not_owner@"), [], schemas=[],
-                          tables=['public."my.t"'], store={"url": db_url})  # fmt: skip
-        with pytest.raises(SourceSetupError) as e:
-            prepare(cfg)
-    finally:
-        execute(db_url, "DROP OWNED BY not_owner", "DROP ROLE not_owner")
-    said = str(e.value)
+    said = _refused_start(db_url, "not_owner", 'public."my.t"',
+                          f'GRANT CREATE ON DATABASE "{dbname}" TO not_owner',
+                          'CREATE TABLE "my.t" (id int PRIMARY KEY)',
+                          'GRANT SELECT ON "my.t" TO not_owner')  # fmt: skip
     assert 'cannot create publication weir_pub (must be owner of table public."my.t"): as the ' \
            "tables' owner run CREATE PUBLICATION \"weir_pub\" FOR TABLE ONLY " \
            '"public"."my.t"' in said, said  # fmt: skip

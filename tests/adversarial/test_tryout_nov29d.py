@@ -79,8 +79,7 @@ def test_two_toasted_columns_whose_names_are_swapped_keep_their_own_values(db_ur
     each column holds the OTHER column's value."""
     toast.table(db_url, "sw")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO sw VALUES (1, %s, %s, 0)", params=(toast.big(1), toast.big(2)))
-        wait_for(lambda: stored.live_count(db_url, "public:sw") == 1, what="the insert")
+        toast.insert(db_url, "sw", 1, 2)
         execute(db_url, "ALTER TABLE sw RENAME COLUMN a TO tmp",
                 "ALTER TABLE sw RENAME COLUMN b TO a",
                 "ALTER TABLE sw RENAME COLUMN tmp TO b",
@@ -97,8 +96,7 @@ def test_a_column_dropped_and_another_renamed_to_its_name_keeps_its_own_value(
     filled with the DROPPED column's last value, not the value the row holds."""
     toast.table(db_url, "dr")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO dr VALUES (1, %s, %s, 0)", params=(toast.big(3), toast.big(4)))
-        wait_for(lambda: stored.live_count(db_url, "public:dr") == 1, what="the insert")
+        toast.insert(db_url, "dr", 3, 4)
         execute(db_url, "ALTER TABLE dr DROP COLUMN a", "ALTER TABLE dr RENAME COLUMN b TO a",
                 "UPDATE dr SET c = 1 WHERE id = 1")  # fmt: skip
         wait_for(lambda: _updated(db_url, "public:dr"), what="the update")
@@ -116,8 +114,7 @@ def test_names_swapped_while_weir_is_stopped_are_not_filled_from_the_other_colum
     toast.table(db_url, "ws")
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        execute(db_url, "INSERT INTO ws VALUES (1, %s, %s, 0)", params=(toast.big(5), toast.big(6)))
-        wait_for(lambda: stored.live_count(db_url, "public:ws") == 1, what="the insert")
+        toast.insert(db_url, "ws", 5, 6)
     execute(db_url, "ALTER TABLE ws RENAME COLUMN a TO tmp", "ALTER TABLE ws RENAME COLUMN b TO a",
             "ALTER TABLE ws RENAME COLUMN tmp TO b")  # fmt: skip
     with serving(cfg, first=False):

@@ -51,8 +51,7 @@ def test_a_value_rewritten_by_alter_type_using_is_not_filled_from_before(db_url:
     (a later backfill makes the records stream right; the event sent stays wrong)."""
     toast.table(db_url, "ty")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO ty VALUES (1, %s, %s, 0)", params=(toast.big(1), toast.big(2)))
-        wait_for(lambda: stored.live_count(db_url, "public:ty") == 1, what="the insert")
+        toast.insert(db_url, "ty", 1, 2)
         execute(db_url, "ALTER TABLE ty ALTER COLUMN a TYPE text USING upper(a)",
                 "UPDATE ty SET c = 1 WHERE id = 1")  # fmt: skip
         wait_for(lambda: bool(_updates(db_url, "ty")), what="the update")
@@ -69,8 +68,7 @@ def test_a_type_changed_with_using_is_not_filled_from_the_old_type(db_url: str) 
     of ``c``: ``a`` must hold the row's varchar value or be left out."""
     toast.table(db_url, "tv")
     with serving(weir_config(db_url, [])):
-        execute(db_url, "INSERT INTO tv VALUES (1, %s, %s, 0)", params=(toast.big(3), toast.big(4)))
-        wait_for(lambda: stored.live_count(db_url, "public:tv") == 1, what="the insert")
+        toast.insert(db_url, "tv", 3, 4)
         execute(db_url, "ALTER TABLE tv ALTER COLUMN a TYPE varchar USING 'v' || a",
                 "ALTER TABLE tv ALTER COLUMN a SET STORAGE EXTERNAL",
                 "UPDATE tv SET c = 1 WHERE id = 1")  # fmt: skip
@@ -87,8 +85,7 @@ def test_a_value_rewritten_while_weir_is_stopped_is_not_filled_from_before(db_ur
     toast.table(db_url, "ts")
     cfg = weir_config(db_url, [])
     with serving(cfg):
-        execute(db_url, "INSERT INTO ts VALUES (1, %s, %s, 0)", params=(toast.big(5), toast.big(6)))
-        wait_for(lambda: stored.live_count(db_url, "public:ts") == 1, what="the insert")
+        toast.insert(db_url, "ts", 5, 6)
     execute(db_url, "ALTER TABLE ts ALTER COLUMN b TYPE text USING upper(b)")
     with serving(cfg, first=False):
         execute(db_url, "UPDATE ts SET c = 1 WHERE id = 1")

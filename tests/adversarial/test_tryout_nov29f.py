@@ -46,6 +46,13 @@ def _wrong(url: str, table: str, since: int, cols: tuple[str, ...] = ("a", "b"))
     return out
 
 
+def _updated(url: str, table: str, c: int) -> dict[str, Any]:
+    """The record of the newest event of ``table`` whose ``c`` is ``c`` (waited for)."""
+    wait_for(lambda: any(e["record"].get("c") == c for e in _events(url, table)),
+             what=f"the update of {table}")  # fmt: skip
+    return [e for e in _events(url, table) if e["record"].get("c") == c][-1]["record"]
+
+
 def test_two_tables_swapping_names(db_url: str) -> None:
     """``t1`` and ``t2`` (same columns, row 1 in each with its own TOASTed ``a``) swap names in
     one transaction, then ``UPDATE t1 SET c = 1 WHERE id = 1``: ``a`` left out by the WAL must
@@ -85,10 +92,7 @@ def test_a_table_dropped_and_recreated_from_another_schema(db_url: str) -> None:
     toast.table(db_url, "dt")
     execute(db_url, "CREATE SCHEMA other")
     with serving(weir_config(db_url, [])):
-        execute(
-            db_url, "INSERT INTO dt VALUES (1, %s, %s, 0)", params=(toast.big(13), toast.big(14))
-        )
-        wait_for(lambda: stored.live_count(db_url, "public:dt") == 1, what="the insert")
+        toast.insert(db_url, "dt", 13, 14)
         n = len(_events(db_url, "dt"))
         toast.table(db_url, "other.dt")
         execute(
@@ -101,9 +105,7 @@ def test_a_table_dropped_and_recreated_from_another_schema(db_url: str) -> None:
             "BEGIN; DROP TABLE dt; ALTER TABLE other.dt SET SCHEMA public; COMMIT",
             "UPDATE dt SET c = 1 WHERE id = 1",
         )
-        wait_for(
-            lambda: any(e["record"].get("c") == 1 for e in _events(db_url, "dt")), what="the update"
-        )
+        _updated(db_url, "dt", 1)
     wrong = _wrong(db_url, "dt", n)
     assert not wrong, wrong
 
@@ -113,16 +115,7 @@ def test_a_partition_swapped_under_a_published_root(db_url: str) -> None:
     ``a`` A); in one transaction ``DETACH pp1`` and ``ATTACH`` a table ``pq`` (columns in another
     order) holding row 1 with ``a`` B; then ``UPDATE pp SET c = 1 WHERE id = 1``: ``a`` must be
     B or left out, not A (a row that left the root with no change in the WAL)."""
-    execute(
-        db_url,
-        "CREATE TABLE pp (id int PRIMARY KEY, a text, b text, c int) PARTITION BY RANGE (id)",
-        "CREATE TABLE pp1 PARTITION OF pp FOR VALUES FROM (1) TO (100)",
-        "ALTER TABLE pp1 ALTER COLUMN a SET STORAGE EXTERNAL",
-        "ALTER TABLE pp1 ALTER COLUMN b SET STORAGE EXTERNAL",
-        "CREATE TABLE pq (c int, b text, a text, id int PRIMARY KEY)",
-        "ALTER TABLE pq ALTER COLUMN a SET STORAGE EXTERNAL",
-        "ALTER TABLE pq ALTER COLUMN b SET STORAGE EXTERNAL",
-    )
+    toast.partitioned(db_url, "c int, b text, a text, id int PRIMARY KEY")
     with serving(weir_config(db_url, [])):
         execute(
             db_url, "INSERT INTO pp VALUES (1, %s, %s, 0)", params=(toast.big(17), toast.big(18))
@@ -140,9 +133,7 @@ def test_a_partition_swapped_under_a_published_root(db_url: str) -> None:
             "ALTER TABLE pp ATTACH PARTITION pq FOR VALUES FROM (1) TO (100); COMMIT",
             "UPDATE pp SET c = 1 WHERE id = 1",
         )
-        wait_for(
-            lambda: any(e["record"].get("c") == 1 for e in _events(db_url, "pp")), what="the update"
-        )
+        _updated(db_url, "pp", 1)
     wrong = _wrong(db_url, "pp", n)
     assert not wrong, wrong
 
@@ -162,11 +153,7 @@ def _composite(db_url: str, table: str, ddl: str) -> list[str]:
         )
         wait_for(lambda: stored.live_count(db_url, f"public:{table}") == 1, what="the insert")
         execute(db_url, ddl, f"UPDATE {table} SET c = 1 WHERE id = 1")
-        wait_for(
-            lambda: any(e["record"].get("c") == 1 for e in _events(db_url, table)),
-            what="the update",
-        )
-        ev = [e for e in _events(db_url, table) if e["record"].get("c") == 1][-1]["record"]
+        ev = _updated(db_url, table, 1)
     with psycopg.connect(db_url) as conn:
         want = _one(conn, f"SELECT a::text FROM {table} WHERE id = 1")
     return (
@@ -210,10 +197,7 @@ def test_an_enum_label_renamed_under_a_multirange(db_url: str) -> None:
         execute(
             db_url, "ALTER TYPE me RENAME VALUE 'l0001' TO 'zz'", "UPDATE mr SET c = 1 WHERE id = 1"
         )
-        wait_for(
-            lambda: any(e["record"].get("c") == 1 for e in _events(db_url, "mr")), what="the update"
-        )
-        ev = [e for e in _events(db_url, "mr") if e["record"].get("c") == 1][-1]["record"]
+        ev = _updated(db_url, "mr", 1)
     with psycopg.connect(db_url) as conn:
         want = _one(conn, "SELECT m::text FROM mr WHERE id = 1")
         ext = _one(conn, "SELECT pg_column_size(m) FROM mr WHERE id = 1")

@@ -20,7 +20,7 @@ from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart
 )
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
-from tests.helpers.api import api_serving
+from tests.helpers.api import api_serving, change
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import running, weir
 from tests.helpers.quickstart import PASSWORD, ROLE
@@ -133,9 +133,7 @@ def test_a_source_added_by_a_change_applies_from_the_change_on(
         with psycopg.connect(table, autocommit=True) as conn:
             conn.execute("INSERT INTO t VALUES (1, 'a')")
         wait_for(lambda: _sent(hooks, c) == [("public:t", "1")], what="the connector to run")
-        r = client.put("/v1/connectors/added", json={**c, "sources": ["app", "stripe"]})
-        assert r.status_code == 200, r.text
-        time.sleep(2)  # its shards restarted with the new config
+        change(client, c, sources=["app", "stripe"])
         _push(client, range(4, 6))
         wait_for(lambda: ("charges", "5") in _sent(hooks, c), what="charge 5")
         time.sleep(1)

@@ -10,7 +10,6 @@ import contextlib
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -21,7 +20,7 @@ from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart
     _quickstart_config,
     quickstart_pg,
 )
-from tests.adversarial.test_tryout_nov29f import _events, _wrong
+from tests.adversarial.test_tryout_nov29f import _events, _updated, _wrong
 from tests.helpers import stored, toast
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import WEIR, weir
@@ -43,13 +42,6 @@ def _own_store(pg: EmbeddedPostgres, name: str) -> dict[str, str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {name} OWNER {ROLE}")
     return _env(pg, store=_db(pg, name, ROLE, PASSWORD))
-
-
-def _updated(url: str, table: str, c: int) -> dict[str, Any]:
-    """The record of the newest event of ``table`` whose ``c`` is ``c`` (waited for)."""
-    wait_for(lambda: any(e["record"].get("c") == c for e in _events(url, table)),
-             what=f"the update of {table}")  # fmt: skip
-    return [e for e in _events(url, table) if e["record"].get("c") == c][-1]["record"]
 
 
 # --- partitions: rows that leave the root with no change in the WAL ------------------------
@@ -103,15 +95,9 @@ def test_ddl_run_inside_a_procedure_is_not_seen(db_url: str, form: str) -> None:
     ADD ATTRIBUTE z int`` in a procedure, then an update of ``c``: the event's ``a`` is the
     value without the new attribute, the row's ends in ``,)``."""
     if form == "partitions":
+        toast.partitioned(db_url)
         execute(
             db_url,
-            "CREATE TABLE pp (id int PRIMARY KEY, a text, b text, c int) PARTITION BY RANGE (id)",
-            "CREATE TABLE pp1 PARTITION OF pp FOR VALUES FROM (1) TO (100)",
-            "ALTER TABLE pp1 ALTER COLUMN a SET STORAGE EXTERNAL",
-            "ALTER TABLE pp1 ALTER COLUMN b SET STORAGE EXTERNAL",
-            "CREATE TABLE pq (id int PRIMARY KEY, a text, b text, c int)",
-            "ALTER TABLE pq ALTER COLUMN a SET STORAGE EXTERNAL",
-            "ALTER TABLE pq ALTER COLUMN b SET STORAGE EXTERNAL",
             "CREATE PROCEDURE rotate() LANGUAGE plpgsql AS $p$ BEGIN"
             " ALTER TABLE pp DETACH PARTITION pp1;"
             " ALTER TABLE pp ATTACH PARTITION pq FOR VALUES FROM (1) TO (100); END $p$",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,13 @@ def api_serving(
 
         wait_for(listening, what="the API to listen")
         yield client
+
+
+def change(client: httpx.Client, connector: dict[str, Any], **changes: Any) -> None:
+    """``connector`` changed over the API by ``changes``, its shards restarted with them."""
+    r = client.put(f"/v1/connectors/{connector['name']}", json={**connector, **changes})
+    assert r.status_code == 200, r.text
+    time.sleep(2)  # its shards restarted with the new config
 
 
 def receive(client: httpx.Client, consumer: str, n: int = 10, **params: Any) -> list[Any]:

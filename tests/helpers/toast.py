@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from tests.helpers.sql import execute
+from tests.helpers.sql import execute, wait_records
 
 BIG = 2500  # random bytes, as 5000 hex digits: stored out of line; small values stay inline
 
@@ -24,6 +24,24 @@ def table(url: str, name: str, cols: str = "a text, b text, c int") -> None:
     execute(url, f"CREATE TABLE {name} (id int PRIMARY KEY, {cols})",
             f"ALTER TABLE {name} ALTER COLUMN a SET STORAGE EXTERNAL",
             f"ALTER TABLE {name} ALTER COLUMN b SET STORAGE EXTERNAL")  # fmt: skip
+
+
+def insert(url: str, name: str, a: int, b: int) -> None:
+    """Row 1 of ``name`` (``big(a)``, ``big(b)``, 0), once the store holds it as a live record."""
+    execute(url, f"INSERT INTO {name} VALUES (1, %s, %s, 0)", params=(big(a), big(b)))
+    wait_records(url, f"public:{name}", 1)
+
+
+def partitioned(url: str, pq_cols: str = "id int PRIMARY KEY, a text, b text, c int") -> None:
+    """Root ``pp`` with partition ``pp1`` (ids 1-99) and ``pq`` to swap in, a and b out of line."""
+    execute(url,
+            "CREATE TABLE pp (id int PRIMARY KEY, a text, b text, c int) PARTITION BY RANGE (id)",
+            "CREATE TABLE pp1 PARTITION OF pp FOR VALUES FROM (1) TO (100)",
+            "ALTER TABLE pp1 ALTER COLUMN a SET STORAGE EXTERNAL",
+            "ALTER TABLE pp1 ALTER COLUMN b SET STORAGE EXTERNAL",
+            f"CREATE TABLE pq ({pq_cols})",
+            "ALTER TABLE pq ALTER COLUMN a SET STORAGE EXTERNAL",
+            "ALTER TABLE pq ALTER COLUMN b SET STORAGE EXTERNAL")  # fmt: skip
 
 
 def rows(url: str, name: str) -> dict[str, dict[str, Any]]:
