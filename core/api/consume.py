@@ -394,7 +394,7 @@ def _shape(d: Delivery, m: Message, flat: bool) -> None:
     the record and changes the families that show them apart take from it; when the steps
     flatten the message, it is the record (no changes)."""
     d.message = m
-    shaped = load(m.payload, exact=True)
+    shaped = load(m.payload)
     if flat or not isinstance(shaped, dict) or "record" not in shaped:
         d.record, d.changes = m.payload.decode(), None
         return

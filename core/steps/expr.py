@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from core.redact import Said, said
-from core.steps.payload import dump
+from core.steps.payload import Exact, dump
 
 NAMES = ("action", "record", "changes", "metadata", "message")
 MAX_LENGTH = 4096  # characters of an expression or template
@@ -72,6 +72,9 @@ def _eq(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_eq(v, b[k]) for k, v in a.items())
+    if _is_num(a) and _is_num(b):
+        x, y = _mixed(a, b)
+        return bool(x == y)
     return bool(a == b)
 
 
@@ -99,12 +102,18 @@ def _kind(v: Any) -> str:
 
 
 def _mixed(a: Any, b: Any) -> tuple[Any, Any]:
-    """Numbers of one kind: an exact number (Decimal) meets a float as a float."""
-    if isinstance(a, Decimal) and type(b) is float:
-        return float(a), b
-    if isinstance(b, Decimal) and type(a) is float:
-        return a, float(b)
+    """Numbers of one kind, by the value their digits say: a number read with more digits than
+    a float holds (``Exact``) or a function's Decimal makes both Decimals, a float as its
+    shortest digits (``9.99``, as JSON writes it)."""
+    if type(a) is Exact or type(b) is Exact or isinstance(a, Decimal) or isinstance(b, Decimal):
+        return _decimal(a), _decimal(b)
     return a, b
+
+
+def _decimal(v: Any) -> Decimal:
+    if type(v) is Exact:
+        return Decimal(v.text)
+    return Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
 
 
 def _add(a: Any, b: Any) -> Any:

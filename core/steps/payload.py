@@ -1,10 +1,11 @@
 """Payloads as JSON with every number exact (docs/transforms.md “What steps keep”): what steps
 read and write, and what an enrich step reads of its rows.
 
-A number orjson would change (``1.10``, ``0.1000000000000000055511``, ``1e400``, an integer
-beyond 64 bits) is read as a subclass of float or int that keeps its text: it compares and
-computes as the float or int it is (``9.99 == 9.99`` whichever way it was read), and is written
-back as its own digits when no step changed it.
+A number orjson would change (``1.10``, ``0.1000000000000000055511``, ``1e400``, ``-0``, an
+integer beyond 64 bits) is read as a subclass of float or int that keeps its text: it is
+written back as its own digits when no step changed it, and compares and computes by the value
+its digits say (core/steps/expr.py: ``9.99 == 9.99`` whichever way it was read,
+``12345678901234567890.1 < 12345678901234567890.2``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class Big(int):
     """An integer beyond 64 bits: written back as its own digits."""
 
 
-def _exact_int(text: str) -> int:
+def _exact_int(text: str) -> int | float:
+    if text == "-0":  # written back as it came (an int would be 0)
+        return Exact(text)
     n = int(text)
     return n if -(2**63) <= n < 2**64 else Big(n)
 
@@ -57,18 +60,15 @@ def _fragment(v: Any) -> Any:
 _SPACE = b" \t\n\r"
 
 
-def load(payload: bytes, exact: bool = True) -> Any:
+def load(payload: bytes) -> Any:
     """A payload as JSON, every number exact: orjson's reading when writing it back gives the
-    same bytes but for whitespace, else the exact one. ``exact=False``: orjson's reading, when
-    it can (read, not written back).
+    same bytes but for whitespace, else the exact one.
 
     Whitespace is the difference in a json or jsonb column's value (Postgres writes ``{"a": 1}``)
     and never in a number: no number holds whitespace and a separator stands between any two,
     so texts equal without it hold the same numbers in the same places."""
     try:
         fast = orjson.loads(payload)
-        if not exact:
-            return fast
         again = orjson.dumps(fast)
         if again == payload or again.translate(None, _SPACE) == payload.translate(None, _SPACE):
             return fast

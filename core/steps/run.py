@@ -112,7 +112,7 @@ class Steps:
 
     def _begin(self, m: Message) -> State:
         try:
-            return load(m.payload, exact=self.rewrites), {}
+            return load(m.payload), {}
         except (ValueError, RecursionError) as e:
             return StepFailed(said("steps: the payload is no JSON Weir can read: %s", e))
 
