@@ -71,15 +71,15 @@ class Enrich:
                 for i in places:
                     states[i] = why
                 continue
-            found = {}
+            found: dict[str, bytes] = {}
             for text in rows:
-                row = load(text.encode())
-                found[expr.text_of(row.get(self.spec.on))] = row
+                found[expr.text_of(load(text.encode()).get(self.spec.on))] = text.encode()
             for i in places:
                 record = states[i][0].get("record")
-                if type(record) is dict:
+                if type(record) is dict:  # a row of its own: a later step may change it
                     k = keys[i]
-                    record[self.spec.into] = None if k is None else found.get(k)
+                    got = None if k is None else found.get(k)
+                    record[self.spec.into] = None if got is None else load(got)
 
     async def _rows(self, sync_id: str, ids: list[str]) -> list[str]:
         if not ids:
