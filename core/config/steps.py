@@ -16,10 +16,12 @@ from pydantic import (
     Field,
     JsonValue,
     Tag,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from core.config.base import Duration, Model
 from core.redact import Said, said
@@ -228,48 +230,56 @@ def flat_before(steps: list[Step]) -> list[bool]:
     return [*out, flat]
 
 
-def check_steps(steps: list[Step]) -> None:
+class _Misplaced(ValueError):
+    """A step the config cannot run, at its place in ``steps`` (``(1, "route", "subject")``)."""
+
+    def __init__(self, at: tuple[int | str, ...], why: Said) -> None:
+        super().__init__(why)
+        self.at, self.why = at, why
+
+
+def check_steps(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
+    """Refuse what ``steps`` cannot do in the ``connector`` (``a nats connector``) that takes
+    the route ``fields`` (none: no route step), at the step's place: the config's error names
+    its line (``connectors[0].steps[1].route.subject``), the API's 422 its key."""
+    try:
+        _after_flatten(steps)
+        _routes(steps, fields, Said(connector))
+    except _Misplaced as e:
+        raise ValidationError.from_exception_data("steps", [InitErrorDetails(
+            type=PydanticCustomError("value_error", "{error}", {"error": e.why}),
+            loc=("steps", *e.at), input=None)]) from None  # fmt: skip
+
+
+def _after_flatten(steps: list[Step]) -> None:
     """Refuse a declarative transform after a flatten: the message is its record then, with no
     ``record`` of its own to keep, drop or rename fields of (it did nothing, silently)."""
     for i, (step, flat) in enumerate(zip(steps, flat_before(steps), strict=False)):
         if isinstance(step, TransformStep) and step.transform.function is None and flat:
-            raise ValueError(
-                said(
-                    "steps[%s]: after a flatten the message is the record: put this "
-                    "transform before the flatten (filters read message.x)",
-                    i,
-                )
-            )
+            raise _Misplaced((i, "transform"), said(
+                "after a flatten the message is the record: put this transform before the "
+                "flatten (filters read message.x)"))  # fmt: skip
 
 
-def check_routes(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
-    """Refuse route fields the ``connector`` (``a nats connector``) does not take (``fields``
-    empty: any route). ``connector`` and the fields' names are Weir's words."""
-    connector = Said(connector)
-    for step in steps:
-        if isinstance(step, RouteStep) and not fields:
-            raise ValueError(
-                said(
-                    "steps: %s takes no route step: its messages have one place "
-                    "(filter, transform and enrich only)",
-                    connector,
-                )
-            )
-        if isinstance(step, RouteStep):
-            wrong = sorted(set(step.route) - {*fields, "function"})
-            if wrong:
-                raise ValueError(
-                    said(
-                        "steps: %s takes %s in a route, not %s",
-                        connector,
-                        Said(", ".join(fields)),
-                        ", ".join(wrong),
-                    )
-                )
-            for name, text in step.route.items():
-                if name in fields:  # a sample of what it makes: its literal text must fit
-                    pieces, _ = expr.template(text)
-                    try:
-                        fields[name].check("x".join(pieces))
-                    except ValueError as e:
-                        raise ValueError(said("steps: route %s %r: %s", name, text, e)) from None
+def _routes(steps: list[Step], fields: dict[str, RouteField], connector: Said) -> None:
+    """Refuse route fields the connector does not take (``fields`` empty: any route), and
+    a route field's literal text its place cannot hold."""
+    for i, step in enumerate(steps):
+        if not isinstance(step, RouteStep):
+            continue
+        if not fields:
+            raise _Misplaced((i, "route"), said(
+                "%s takes no route step: its messages have one place (filter, transform and "
+                "enrich only)", connector))  # fmt: skip
+        wrong = sorted(set(step.route) - {*fields, "function"})
+        if wrong:
+            raise _Misplaced((i, "route", wrong[0]), said(
+                "%s takes %s in a route, not %s", connector, Said(", ".join(fields)),
+                ", ".join(wrong)))  # fmt: skip
+        for name, text in step.route.items():
+            if name in fields:  # a sample of what it makes: its literal text must fit
+                pieces, _ = expr.template(text)
+                try:
+                    fields[name].check("x".join(pieces))
+                except ValueError as e:
+                    raise _Misplaced((i, "route", name), said("%r: %s", text, e)) from None
