@@ -78,14 +78,17 @@ def _segment(value: str) -> str:
 
 
 class WebhookConnector(ConnectorBase):
-    """POSTs batches of one stream's messages as ``{"data": [message, ...]}``: a 2xx answer
+    """POSTs batches of one stream's messages as ``{"data": [message, ...], "idempotency_keys":
+    [key, ...]}`` (each message's key at its place, whatever steps made of it): a 2xx answer
     acknowledges them; anything else, or no answer within ``timeout``, is retried with the
     connector's backoff (``retry``), and after ``retry.max_attempts`` the message goes to the
     failed list.
     """
 
     type: Literal["webhook"] = Field(
-        description='POSTs batches as `{"data": [message, ...]}`; a 2xx answer acknowledges them'
+        description='POSTs batches as `{"data": [message, ...], "idempotency_keys": [key, ...]}`'
+        " (each message's idempotency key at its place, whatever steps made of the message);"
+        " a 2xx answer acknowledges them"
     )
     batch: BatchPolicy = Field(
         BatchPolicy(max_messages=100, max_bytes=1024 * 1024),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 import httpx
+import orjson
 
 from connectors.webhook.config import WebhookConnector
 from core.engine.sink import BatchError, FatalError, RetryableError
@@ -80,7 +81,11 @@ class WebhookSink:
     async def _post(self, url: str, batch: Sequence[Message]) -> Exception | None:
         """None when the receiver took the messages, else why not."""
         assert self._client is not None, "write_batch() before connect()"
-        body = b'{"data":[' + b",".join([m.payload for m in batch]) + b"]}"
+        # Each message's idempotency key beside it, also when steps made a payload without it
+        body = b'{"data":[%b],"idempotency_keys":%b}' % (
+            b",".join([m.payload for m in batch]),
+            orjson.dumps([m.key for m in batch]),
+        )
         headers = {}
         if self.settings.secret is not None:
             ts = str(int(time.time()))
