@@ -29,7 +29,7 @@ import re
 import tokenize
 import unicodedata
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 from core.redact import Said, said
@@ -128,9 +128,18 @@ def _add(a: Any, b: Any) -> Any:
 def _arith(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def run(a: Any, b: Any) -> Any:
         x, y = _mixed(_num(a, op), _num(b, op))
+        if type(y) is Decimal and y == 0 and op in ("/", "//", "%"):
+            raise ZeroDivisionError(said("%s by zero", op))  # as a float's, not Decimal's
         return fn(x, y)
 
     return run
+
+
+def _floordiv(a: Any, b: Any) -> Any:
+    """``a // b``, rounded down for Decimals too (theirs rounds toward zero)."""
+    if type(a) is Decimal:
+        return (a / b).to_integral_value(rounding=ROUND_FLOOR)
+    return a // b
 
 
 def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
@@ -190,8 +199,8 @@ _ORDERS: dict[type[ast.cmpop], str] = {ast.Lt: "_lt", ast.LtE: "_le", ast.Gt: "_
 _HELPERS: dict[str, Any] = {
     "_get": _get, "_add": _add, "_eq": _eq, "_in": _in, "_neg": lambda v: -_num(v, "-"),
     "_sub": _arith("-", lambda a, b: a - b), "_mul": _arith("*", lambda a, b: a * b),
-    "_div": _arith("/", lambda a, b: a / b), "_floordiv": _arith("//", lambda a, b: a // b),
-    "_mod": _arith("%", lambda a, b: a % b),
+    "_div": _arith("/", lambda a, b: a / b), "_floordiv": _arith("//", _floordiv),
+    "_mod": _arith("%", lambda a, b: a - b * _floordiv(a, b) if type(a) is Decimal else a % b),
     "_lt": _order(lambda a, b: a < b), "_le": _order(lambda a, b: a <= b),
     "_gt": _order(lambda a, b: a > b), "_ge": _order(lambda a, b: a >= b),
     **{f"_call_{k}": v for k, v in _CALLS.items()},

@@ -393,6 +393,30 @@ def test_a_payload_is_read_with_every_number_as_written_whatever_its_spaces(text
     assert dump(load(raw)) == dump(exact)
 
 
+DECIMALS = st.builds(lambda m, e: Decimal(m).scaleb(e), st.integers(-(10**25), 10**25),
+                     st.integers(-8, 8))  # fmt: skip
+
+
+@given(DECIMALS, DECIMALS)
+def test_numbers_compare_by_the_value_their_digits_say(a: Decimal, b: Decimal) -> None:
+    """Whatever digits a json column holds: ``<`` and ``==`` as the numbers written are."""
+    record = load(f'{{"record":{{"a":{a},"b":{b}}}}}'.encode())["record"]
+    for text, want in (("record.a < record.b", a < b), ("record.a == record.b", a == b)):
+        assert expr.expression(text)(None, record, None, None, None) is want, (text, a, b)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("record.x // 2", -4), ("record.x % 2", Decimal("0.9")), ("record.y // 2", -4),
+    ("record.y % 2", 1.0), ("record.x + 1 > record.x", True),
+])  # fmt: skip
+def test_exact_numbers_floor_and_keep_their_value_as_floats_do(text: str, want: Any) -> None:
+    """``-7.10`` (read exact: orjson writes ``-7.1``) floors as ``-7.1`` does."""
+    record = load(b'{"record":{"x":-7.10,"y":-7.0}}')["record"]
+    assert expr.expression(text)(None, record, None, None, None) == want
+    with pytest.raises(ZeroDivisionError, match="/ by zero"):
+        expr.expression("record.x / 0")(None, record, None, None, None)
+
+
 def test_a_batch_sends_what_its_steps_keep_and_fails_what_they_cannot_make() -> None:
     cfg = NatsConnector.model_validate({"name": "n", "type": "nats", "stream": "events", "steps": [
         {"filter": "record.n != 2"}, {"route": {"subject": "x.{record.tenant}"}}]})  # fmt: skip
