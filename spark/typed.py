@@ -35,6 +35,7 @@ from pyspark.sql.types import (
     CharType,
     DataType,
     DateType,
+    DayTimeIntervalType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -54,6 +55,10 @@ _EXACT = Context(prec=1000)  # a DECIMAL's scaling: exact for every precision Sp
 _INT = re.compile(r"-?[0-9]{1,20}")
 _DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")  # a JSON number
 _NUMBER = re.compile(_DECIMAL.pattern + "|NaN|-?Infinity")  # and the floats' other values
+_DURATION = re.compile(  # an interval as Weir's capture writes it (IntervalStyle iso_8601)
+    r"P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?"
+    r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
+)
 _BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 _FLOAT_MAX = 3.4028234663852886e38
 
@@ -89,7 +94,8 @@ def typed_fields(schema: StructType, envelope: list[str], error: type[Exception]
         if wrong is not None:
             raise error(f"{what}: {wrong.simpleString().upper()} is not supported (BOOLEAN, "
                         "TINYINT to BIGINT, FLOAT, DOUBLE, DECIMAL, STRING, BINARY, DATE, "
-                        "TIMESTAMP, TIMESTAMP_NTZ, ARRAY, STRUCT, MAP<STRING, …>)")  # fmt: skip
+                        "TIMESTAMP, TIMESTAMP_NTZ, INTERVAL DAY TO SECOND, ARRAY, STRUCT, "
+                        "MAP<STRING, …>)")  # fmt: skip
     return typed
 
 
@@ -232,11 +238,27 @@ def _timestamp_ntz(v: Any) -> Any:
     return t if t.tzinfo is None else t.astimezone(dt.UTC).replace(tzinfo=None)
 
 
+def _interval(v: Any) -> dt.timedelta:
+    """An ISO 8601 duration (``P1DT2H3M4.5S``, each part signed as Postgres writes it) as a
+    day-time interval: one with years or months has no fixed length and does not fit."""
+    m = _DURATION.fullmatch(v) if type(v) is str and len(v) > 1 else None
+    if m is None:
+        raise Misfit("not an ISO 8601 interval")
+    years, months, days, hours, minutes, seconds = m.groups()
+    if int(years or 0) or int(months or 0):
+        raise Misfit("an interval of years or months (write INTERVAL as STRING to keep them)")
+    us = Decimal(seconds or 0).scaleb(6) + 60_000_000 * (60 * int(hours or 0) + int(minutes or 0))
+    try:
+        return dt.timedelta(days=int(days or 0), microseconds=int(us))
+    except OverflowError:
+        raise Misfit("beyond the range of an interval") from None
+
+
 _SCALARS: dict[type, Callable[[Any], Any]] = {
     BooleanType: _boolean, ByteType: _whole(8), ShortType: _whole(16),
     IntegerType: _whole(32), LongType: _whole(64), FloatType: _float, DoubleType: _double,
     StringType: _text, BinaryType: _binary, DateType: _date, TimestampType: _timestamp,
-    TimestampNTZType: _timestamp_ntz, DecimalType: _decimal,
+    TimestampNTZType: _timestamp_ntz, DecimalType: _decimal, DayTimeIntervalType: _interval,
 }  # fmt: skip
 
 

@@ -288,7 +288,8 @@ def test_the_example_aggregate_reaches_a_nats_subscriber_once_after_a_replay(
 
 TYPED = (
     "id INT, big BIGINT, n DECIMAL(38,9), txt STRING, flag BOOLEAN, at TIMESTAMP, day DATE, "
-    "doc STRUCT<a: INT, b: ARRAY<STRING>>, list ARRAY<BIGINT>, raw BINARY, other STRING"
+    "doc STRUCT<a: INT, b: ARRAY<STRING>>, list ARRAY<BIGINT>, raw BINARY, other STRING, "
+    "iv INTERVAL DAY TO SECOND"
 )
 TYPED_READ = """
 import sys
@@ -316,11 +317,11 @@ def test_the_schema_option_types_the_record_as_the_table_holds_it(
     """A batch read of the records stream and a streaming read of the events stream, with a
     schema: each column equals what psycopg reads of the table, typed (numeric beyond a
     double's digits, non-ASCII text, timestamptz, date, jsonb as a struct, an array and text,
-    bytea, NULLs)."""
+    bytea, an interval, NULLs)."""
     with psycopg.connect(table, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE typed (id int PRIMARY KEY, big bigint, n numeric, txt text, flag bool, "
-            "at timestamptz, day date, doc jsonb, list jsonb, raw bytea, other jsonb)"
+            "at timestamptz, day date, doc jsonb, list jsonb, raw bytea, other jsonb, iv interval)"
         )
     config = _config(tmp_path, table)
     with serving(load_config(config)), psycopg.connect(table, autocommit=True) as conn:
@@ -328,16 +329,18 @@ def test_the_schema_option_types_the_record_as_the_table_holds_it(
             "INSERT INTO typed VALUES (1, 9223372036854775807, 12345678901234567890.123456789, "
             "'naïve 😀 ß', true, '2026-03-04 05:06:07.891234+00', '2024-02-29', "
             """'{"a": 7, "b": ["x", null, "ü"]}', '[1, -2, 9007199254740993]', '\\x00ff10', """
-            """'{"n": 12345678901234567890.123456789, "t": [true, null, "😀"]}'), """
+            """'{"n": 12345678901234567890.123456789, "t": [true, null, "😀"]}', """
+            "'1 day 02:03:04.5'), "
             "(2, -1, -0.5, '', false, '1970-01-01 00:00:00+00', '0001-01-01', '{}', '[]', '', "
-            "'1.50'), (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            "'1.50', '-3 days +00:00:01.000001'), "
+            "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
         )
         wait_for(lambda: _store_seqs(table) >= 3, what="the rows stored")
     done = subprocess.run([sys.executable, "-c", TYPED_READ, str(config), TYPED, str(tmp_path)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     with psycopg.connect(table) as conn:
-        cur = conn.execute("SELECT id, big, n, txt, flag, at, day, doc, list, raw, other::text "
+        cur = conn.execute("SELECT id, big, n, txt, flag, at, day, doc, list, raw, other::text, iv "
                            "FROM typed ORDER BY id")  # fmt: skip
         names = [c.name for c in cur.description or []]
         want = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
