@@ -24,16 +24,16 @@ from __future__ import annotations
 import ast
 import io
 import itertools
-import math
 import re
 import tokenize
 import unicodedata
 from collections.abc import Callable
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 from typing import Any
 
 from core.redact import Said, said
-from core.steps.payload import Exact, dump
+from core.steps import numbers
+from core.steps.payload import dump
 
 NAMES = ("action", "record", "changes", "metadata", "message")
 MAX_LENGTH = 4096  # characters of an expression or template
@@ -53,8 +53,7 @@ def _get(v: Any, k: Any) -> Any:
     return None
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float, Decimal)) and not isinstance(v, bool)
+_is_num = numbers.is_num
 
 
 def _num(v: Any, op: str) -> Any:
@@ -73,7 +72,7 @@ def _eq(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_eq(v, b[k]) for k, v in a.items())
     if _is_num(a) and _is_num(b):
-        x, y = _mixed(a, b)
+        x, y = numbers.pair(a, b)
         return bool(x == y)
     return bool(a == b)
 
@@ -101,45 +100,24 @@ def _kind(v: Any) -> str:
             dict: "an object"}.get(type(v), type(v).__name__)  # fmt: skip
 
 
-def _mixed(a: Any, b: Any) -> tuple[Any, Any]:
-    """Numbers of one kind, by the value their digits say: a number read with more digits than
-    a float holds (``Exact``) or a function's Decimal makes both Decimals, a float as its
-    shortest digits (``9.99``, as JSON writes it)."""
-    if type(a) is Exact or type(b) is Exact or isinstance(a, Decimal) or isinstance(b, Decimal):
-        return _decimal(a), _decimal(b)
-    return a, b
-
-
-def _decimal(v: Any) -> Decimal:
-    if type(v) is Exact:
-        return Decimal(v.text)
-    return Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
-
-
 def _add(a: Any, b: Any) -> Any:
     if isinstance(a, str) and isinstance(b, str):
         return a + b
     if isinstance(a, list) and isinstance(b, list):
         return a + b
-    x, y = _mixed(_num(a, "+"), _num(b, "+"))
-    return x + y
+    return _PLUS(_num(a, "+"), _num(b, "+"))
 
 
-def _arith(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+_PLUS = numbers.arith("+")
+
+
+def _arith(op: str) -> Callable[[Any, Any], Any]:
+    fn = numbers.arith(op)
+
     def run(a: Any, b: Any) -> Any:
-        x, y = _mixed(_num(a, op), _num(b, op))
-        if type(y) is Decimal and y == 0 and op in ("/", "//", "%"):
-            raise ZeroDivisionError(said("%s by zero", op))  # as a float's, not Decimal's
-        return fn(x, y)
+        return fn(_num(a, op), _num(b, op))
 
     return run
-
-
-def _floordiv(a: Any, b: Any) -> Any:
-    """``a // b``, rounded down for Decimals too (theirs rounds toward zero)."""
-    if type(a) is Decimal:
-        return (a / b).to_integral_value(rounding=ROUND_FLOOR)
-    return a // b
 
 
 def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
@@ -148,7 +126,7 @@ def _order(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
             return False
         if _ordered(a) != _ordered(b) or _ordered(a) is None:  # never across kinds
             raise TypeError(said("%s and %s do not compare", _kind(a), _kind(b)))
-        return fn(*_mixed(a, b))
+        return fn(*numbers.pair(a, b)) if _is_num(a) else fn(a, b)
 
     return run
 
@@ -172,12 +150,6 @@ def _text(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _int(v: Any) -> int:
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(said("int of %s", v))
-    return int(v)
-
-
 def text_of(v: Any) -> str:
     """A value as text: text as it is, anything else as its JSON (``true``, ``1.5``)."""
     if isinstance(v, str):
@@ -186,7 +158,7 @@ def text_of(v: Any) -> str:
 
 
 _CALLS: dict[str, Callable[..., Any]] = {
-    "len": len, "str": text_of, "int": _int, "float": float,
+    "len": len, "str": text_of, "int": lambda v: numbers.whole(_num(v, "int")), "float": float,
     "lower": _text(str.lower), "upper": _text(str.upper),
     "startswith": _text(str.startswith), "endswith": _text(str.endswith),
 }  # fmt: skip
@@ -197,10 +169,9 @@ _BINOPS: dict[type[ast.operator], str] = {
 _ORDERS: dict[type[ast.cmpop], str] = {ast.Lt: "_lt", ast.LtE: "_le", ast.Gt: "_gt",
                                        ast.GtE: "_ge"}  # fmt: skip
 _HELPERS: dict[str, Any] = {
-    "_get": _get, "_add": _add, "_eq": _eq, "_in": _in, "_neg": lambda v: -_num(v, "-"),
-    "_sub": _arith("-", lambda a, b: a - b), "_mul": _arith("*", lambda a, b: a * b),
-    "_div": _arith("/", lambda a, b: a / b), "_floordiv": _arith("//", _floordiv),
-    "_mod": _arith("%", lambda a, b: a - b * _floordiv(a, b) if type(a) is Decimal else a % b),
+    "_get": _get, "_add": _add, "_eq": _eq, "_in": _in,
+    "_neg": lambda v: numbers.neg(_num(v, "-")), "_sub": _arith("-"), "_mul": _arith("*"),
+    "_div": _arith("/"), "_floordiv": _arith("//"), "_mod": _arith("%"),
     "_lt": _order(lambda a, b: a < b), "_le": _order(lambda a, b: a <= b),
     "_gt": _order(lambda a, b: a > b), "_ge": _order(lambda a, b: a >= b),
     **{f"_call_{k}": v for k, v in _CALLS.items()},
@@ -213,6 +184,7 @@ class _Check(ast.NodeTransformer):
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.literals: dict[str, Decimal] = {}  # a number with a point or an exponent: as written
 
     def refuse(self, node: ast.AST, why: str) -> ExpressionError:
         col = getattr(node, "col_offset", 0)
@@ -231,6 +203,11 @@ class _Check(ast.NodeTransformer):
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         if not isinstance(node.value, (str, int, float, bool, type(None))):
             raise self.refuse(node, said("the literal %r is not allowed", node.value))
+        if type(node.value) is float:  # Python would read 1e-400 as 0.0
+            written = ast.get_source_segment(self.text, node) or repr(node.value)
+            name = f"_number{len(self.literals)}"
+            self.literals[name] = Decimal(written)
+            return ast.Name(name, ast.Load())
         return node
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
@@ -318,7 +295,7 @@ def _parse(text: str) -> ast.Expression:
     return tree
 
 
-def _function(body: ast.expr, text: str) -> Callable[..., Any]:
+def _function(body: ast.expr, text: str, literals: dict[str, Decimal]) -> Callable[..., Any]:
     """``lambda action, record, changes, metadata, message: body`` with only the helpers in
     reach (no builtins)."""
     args = ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in NAMES], kwonlyargs=[],
@@ -328,18 +305,18 @@ def _function(body: ast.expr, text: str) -> Callable[..., Any]:
         code = compile(tree, f"<expression {text!r}>", "eval")
     except (ValueError, RecursionError, MemoryError, SyntaxError) as e:  # nesting too deep
         raise ExpressionError(said("%r cannot be compiled: %s", text, e)) from None
-    made: Callable[..., Any] = eval(code, {"__builtins__": {}, **_HELPERS})
+    made: Callable[..., Any] = eval(code, {"__builtins__": {}, **_HELPERS, **literals})
     return made
 
 
 def expression(text: str) -> Callable[..., Any]:
     """The function of (action, record, changes, metadata, message) an expression is."""
-    tree = _parse(text)
+    tree, check = _parse(text), _Check(text)
     try:
-        body = _Check(text).visit(tree).body
+        body = check.visit(tree).body
     except RecursionError:
         raise ExpressionError(said("%r… is nested too deeply", text[:40])) from None
-    return _function(body, text)
+    return _function(body, text, check.literals)
 
 
 def path(text: str) -> Callable[..., Any]:

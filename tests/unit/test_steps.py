@@ -55,11 +55,17 @@ def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def value(v: Any) -> Any:
+    """A number by the value its digits say (docs/transforms.md “Expressions”): an int as it
+    is, a float as the Decimal of its shortest digits."""
+    return Decimal(repr(v)) if isinstance(v, float) else v
+
+
 def eq(a: Any, b: Any) -> bool:
     """JSON's equality: true is not 1."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
-    return bool(a == b)
+    return bool(value(a) == value(b))
 
 
 def order(op: str, a: Any, b: Any) -> bool:
@@ -68,6 +74,7 @@ def order(op: str, a: Any, b: Any) -> bool:
     if isinstance(a, bool) != isinstance(b, bool):
         raise Err
     try:
+        a, b = (value(a), value(b)) if is_num(a) and is_num(b) else (a, b)
         return bool(a < b if op == "<" else a >= b)
     except TypeError:
         raise Err from None
@@ -78,7 +85,7 @@ def add(a: Any, b: Any) -> Any:
         return a + b
     if not (is_num(a) and is_num(b)):
         raise Err
-    return a + b
+    return a + b if type(a) is type(b) is int else value(a) + value(b)
 
 
 PATHS: list[tuple[str, Ref]] = [
@@ -129,7 +136,7 @@ def _combine(children: st.SearchStrategy[tuple[str, Ref]]) -> st.SearchStrategy[
             v = f(m)
             if not is_num(v):
                 raise Err
-            return -v
+            return -value(v)
 
         return (f"(-{t})", neg)
 
