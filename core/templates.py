@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from core.config.steps import RouteField, RouteStep, Step
+from core.config.steps import RouteField, RouteStep, Step, refusal_at
 from core.envelope import Message
 from core.ids import encode_token
 from core.redact import Said, said
@@ -48,17 +48,18 @@ def routed_field(bad: str) -> RouteField:
 
 def check_routed(template: str, steps: list[Step], field: str, key: str) -> None:
     """A template with ``{route}`` needs a route step giving ``field`` (a function may), and
-    a route step giving ``field`` needs ``{route}`` in the template (``key``, the config's)."""
-    routes = [s.route for s in steps if isinstance(s, RouteStep)]
-    gives = any(field in r or "function" in r for r in routes)
-    if "{route}" in template and not gives:
-        raise ValueError(said("%s %r holds {route}: add a route step giving its %s (steps: "
-                              "[{route: {%s: '{record.tenant}'}}])", Said(key), template,
-                              Said(field), Said(field)))  # fmt: skip
-    if "{route}" not in template and any(field in r for r in routes):
-        raise ValueError(said("steps: a route's %s fills {route} in %s: put it there (for "
-                              "example %s: 'orders.{route}')", Said(field), Said(key),
-                              Said(key)))  # fmt: skip
+    a route step giving ``field`` needs ``{route}`` in the template (``key``, the config's),
+    each refused at its place."""
+    routes = [(i, s.route) for i, s in enumerate(steps) if isinstance(s, RouteStep)]
+    if "{route}" in template and not any(field in r or "function" in r for _, r in routes):
+        raise refusal_at(tuple(key.split(".")), said(
+            "%r holds {route}: add a route step giving its %s (steps: [{route: {%s: "
+            "'{record.tenant}'}}])", template, Said(field), Said(field)))  # fmt: skip
+    for i, route in routes:
+        if "{route}" not in template and field in route:
+            raise refusal_at(("steps", i, "route", field), said(
+                "a route's %s fills {route} in %s: put it there (for example %s: "
+                "'orders.{route}')", Said(field), Said(key), Said(key)))  # fmt: skip
 
 
 class Unrouted(ValueError):

@@ -17,12 +17,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.config.load import error_text
+from core.config.load import error_text, without_tags
 from core.config.model import WeirConfig
 from core.errors import Busy, Conflict, Invalid, InvalidField, NotFound, Refusal
 from core.failures import AWAY
 from core.redact import first_line, forms_of, masked, raw_secrets, redact
-from core.registry import connector_specs
 
 log = logging.getLogger("weir.api")
 
@@ -90,15 +89,6 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-def _without_tag(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A connector body's error location without the union's tag pydantic puts after
-    ``body`` (``type``'s value, no key of the body): ``body.webhook.url``, not
-    ``body.webhook.webhook.url``."""
-    if len(loc) > 2 and loc[0] == "body" and loc[1] in {s.type for s in connector_specs()}:
-        return loc[:1] + loc[2:]
-    return loc
-
-
 def install(app: FastAPI, max_body_bytes: int) -> None:
     """The body limit, and error bodies without secrets, on every route of ``app``."""
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -118,8 +108,7 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
         secrets = forms_of(raw_secrets(e.body, WeirConfig))
         errors = [{k: v for k, v in err.items() if k not in ("input", "msg", "ctx")}
                   for err in e.errors()]  # fmt: skip
-        if request.url.path.startswith("/v1/connectors"):  # a connector body: a tagged union
-            errors = [{**err, "loc": _without_tag(tuple(err["loc"]))} for err in errors]
+        errors = [{**err, "loc": without_tags(tuple(err["loc"]))} for err in errors]
         detail = redacted(jsonable_encoder(errors), secrets)
         for out, err in zip(detail, e.errors(), strict=True):  # the message as Weir says it,
             # and the body's own secrets nowhere in it (the process does not know them)

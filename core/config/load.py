@@ -15,7 +15,9 @@ from pydantic import ValidationError
 
 from core.config.base import tag_of
 from core.config.model import WeirConfig
+from core.config.steps import KINDS
 from core.redact import Said, masked, own, raw_secrets, redact, remember, remember_config, said
+from core.registry import connector_specs
 from core.steps import functions
 
 
@@ -102,13 +104,21 @@ def _dotted(path: tuple[str | int, ...]) -> str:
     return out or "(top)"
 
 
-def _without_tags(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    """Drop the tag (``postgres``, ``nats``, ...) pydantic puts after ``sources[i]`` and
-    ``connectors[i]``: each is a discriminated union, and the tag is not a key of the file.
-    """
-    if len(loc) > 2 and loc[0] in ("sources", "connectors") and isinstance(loc[1], int):
-        return loc[:2] + loc[3:]
-    return loc
+def without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An error's location without the tags pydantic puts after a discriminated union's place
+    (no key of the file or of an API body): a source's or a connector's kind after
+    ``sources[i]``, ``connectors[i]`` or a connector body's ``body``, and a step's kind after
+    ``steps[i]`` (``connectors[0].steps[1].filter``, not ``….filter.filter``)."""
+    out = list(loc)
+    if len(out) > 2 and out[0] in ("sources", "connectors") and isinstance(out[1], int):
+        del out[2]
+    elif len(out) > 2 and out[0] == "body" and out[1] in {c.type for c in connector_specs()}:
+        del out[1]
+    for i in range(len(out) - 4, -1, -1):  # steps, i, the kind's tag, the kind's key
+        if out[i] == "steps" and isinstance(out[i + 1], int) and out[i + 2] in KINDS \
+                and out[i + 3] == out[i + 2]:  # fmt: skip
+            del out[i + 2]
+    return tuple(out)
 
 
 def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:
@@ -205,7 +215,7 @@ def load_config(path: str | Path, *, api: bool = True) -> WeirConfig:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            loc = _without_tags(tuple(err["loc"]))
+            loc = without_tags(tuple(err["loc"]))
             line, where = _line_of(loc, lines, data)
             rest = [p for p in loc[len(where) :] if p not in where]
             key = _dotted((*where, *rest)) if err["loc"] else "(top)"

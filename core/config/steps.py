@@ -246,9 +246,15 @@ def check_steps(steps: list[Step], fields: dict[str, RouteField], connector: str
         _after_flatten(steps)
         _routes(steps, fields, Said(connector))
     except _Misplaced as e:
-        raise ValidationError.from_exception_data("steps", [InitErrorDetails(
-            type=PydanticCustomError("value_error", "{error}", {"error": e.why}),
-            loc=("steps", *e.at), input=None)]) from None  # fmt: skip
+        raise refusal_at(("steps", *e.at), e.why) from None
+
+
+def refusal_at(at: tuple[int | str, ...], why: Said) -> ValidationError:
+    """A model validator's refusal at a place below its model (``("steps", 1, "route")``), so
+    that the file's error names that line and the API's 422 that key."""
+    return ValidationError.from_exception_data("config", [InitErrorDetails(
+        type=PydanticCustomError("value_error", "{error}", {"error": why}), loc=at,
+        input=None)])  # fmt: skip
 
 
 def _after_flatten(steps: list[Step]) -> None:
