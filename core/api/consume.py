@@ -158,7 +158,8 @@ class Consumers:
         if cfg.steps:
             live.steps = Steps(cfg.steps, {}, cfg.stream == "records",
                                self.cfg.functions.timeout.total_seconds(),
-                               enrich_sources(self.cfg.sources_of(cfg)))  # fmt: skip
+                               enrich_sources(self.cfg.sources_of(cfg)),
+                               owner=f"consumer {cfg.name}")  # fmt: skip
         self.live[cfg.name] = live
         filler = Filler(self.store, cfg)
         live.filler = asyncio.create_task(self._fill(live, filler), name=f"fill-{cfg.name}")

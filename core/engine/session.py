@@ -48,7 +48,8 @@ class Session:
         self.steps: Steps | None = None
         if fw.cfg.steps:  # made anew each session: a changed function is imported again
             self.steps = Steps(fw.cfg.steps, type(fw.cfg).ROUTES, fw.cfg.stream == "records",
-                               fw.step_timeout, enrich_sources(fw.sources))  # fmt: skip
+                               fw.step_timeout, enrich_sources(fw.sources),
+                               owner=f"connector {fw.name}")  # fmt: skip
             self.write = functools.partial(self.steps.write, self.sink.write_batch)
         self.lanes = [Lane(fw.open_reader(s)) for s in fw.sources]
         self.groups: Groups[tuple[Lane, Message]] = Groups(collapse=fw.cfg.stream == "records")

@@ -19,10 +19,12 @@ from core.config.steps import (
     Step,
     TransformSpec,
     TransformStep,
+    flat_before,
 )
 from core.engine.sink import FatalError
 from core.redact import said
 from core.steps import expr, functions
+from core.steps.payload import dump, load
 
 Msg = dict[str, Any]
 Route = dict[str, str]
@@ -51,16 +53,19 @@ class Compiled:
 
 @dataclass(frozen=True, slots=True)
 class EnrichAt:
-    """An enrich step and its name: it runs on a whole batch (core/steps/enrich.py)."""
+    """An enrich step and its name: it runs on a whole batch (core/steps/enrich.py); ``flat``:
+    after a flatten, the message is the record its row goes in."""
 
     name: str
     spec: EnrichSpec
+    flat: bool
 
 
 def compile_steps(
     steps: list[Step], routes: dict[str, RouteField], records: bool
 ) -> list[Compiled | EnrichAt]:
     out: list[Compiled | EnrichAt] = []
+    flat = flat_before(steps)
     for i, step in enumerate(steps):
         if isinstance(step, FilterStep):
             out.append(Compiled(f"steps[{i}] filter", False, False, _filter(step.filter)))
@@ -73,7 +78,7 @@ def compile_steps(
             run = _route_function(fn, routes) if fn else _route(step.route, routes)
             out.append(Compiled(f"steps[{i}] route", bool(fn), False, run))
         elif isinstance(step, EnrichStep):
-            out.append(EnrichAt(f"steps[{i}] enrich", step.enrich))
+            out.append(EnrichAt(f"steps[{i}] enrich", step.enrich, flat[i]))
     return out
 
 
@@ -155,9 +160,12 @@ def _function(spec: str) -> Run:
 
     def run(msg: Msg, route: Route) -> Msg | None:
         out = fn()(*parts(msg))
-        if out is not None and type(out) is not dict:
+        if out is None:
+            return None
+        if not isinstance(out, dict):
             raise StepError(said("%s returned %s, not a dict or None", spec, type(out).__name__))
-        return out
+        made: Msg = load(dump(out))  # JSON's own values: an OrderedDict's or a defaultdict's
+        return made  # fields are read as a dict's, and numbers stay as they were read
 
     return run
 

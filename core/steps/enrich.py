@@ -22,22 +22,21 @@ from typing import Any
 
 import psycopg
 
-from core.config.steps import EnrichSpec
 from core.engine.sink import RetryableError
 from core.envelope import Message
 from core.redact import first_line, said
 from core.steps import expr
-from core.steps.compile import StepFailed, parts
+from core.steps.compile import EnrichAt, StepFailed, parts
 from core.steps.payload import load
 
 QUERY_TIMEOUT_MS = 10_000
 
 
 class Enrich:
-    def __init__(self, name: str, spec: EnrichSpec, sources: dict[str, str]) -> None:
+    def __init__(self, at: EnrichAt, sources: dict[str, str]) -> None:
         """``sources``: each Postgres source's URL by sync id."""
-        self.name = name
-        self.spec = spec
+        self.name, self.spec, self.flat = at.name, at.spec, at.flat
+        spec = at.spec
         self.key = expr.path(spec.key)
         self.sources = sources
         self.conns: dict[str, psycopg.AsyncConnection[Any]] = {}
@@ -75,7 +74,7 @@ class Enrich:
             for text in rows:
                 found[expr.text_of(load(text.encode()).get(self.spec.on))] = text.encode()
             for i in places:
-                record = states[i][0].get("record")
+                record = states[i][0] if self.flat else states[i][0].get("record")
                 if type(record) is dict:  # a row of its own: a later step may change it
                     k = keys[i]
                     got = None if k is None else found.get(k)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +62,16 @@ def enrich_sources(sources: Iterable[object]) -> dict[str, str]:
             if isinstance(s, PostgresSource)}  # fmt: skip
 
 
+_STUCK: defaultdict[str, list[threading.Thread]] = defaultdict(list)  # by owner, for the process
+
+
 class Steps:
     def __init__(self, steps: list[Step], routes: dict[str, RouteField], records: bool,
-                 timeout: float, sources: dict[str, str] | None = None) -> None:  # fmt: skip
-        """``sources``: the URL of each Postgres source by sync id, for enrich steps."""
+                 timeout: float, sources: dict[str, str] | None = None,
+                 owner: str = "") -> None:  # fmt: skip
+        """``sources``: the URL of each Postgres source by sync id, for enrich steps;
+        ``owner``: the connector or consumer whose calls past their time are counted together
+        across its sessions (a change over the API makes new Steps)."""
         compiled = compile_steps(steps, routes, records)
         self.compiled = [c for c in compiled if isinstance(c, Compiled)]
         # the steps in stages: a list of steps run a message at a time, then an enrichment
@@ -72,13 +79,13 @@ class Steps:
         self.stages: list[tuple[list[Compiled], Enrich | None]] = [([], None)]
         for c in compiled:
             if isinstance(c, EnrichAt):
-                self.stages[-1] = (self.stages[-1][0], Enrich(c.name, c.spec, sources or {}))
+                self.stages[-1] = (self.stages[-1][0], Enrich(c, sources or {}))
                 self.stages.append(([], None))
             else:
                 self.stages[-1][0].append(c)
         self.rewrites = any(c.changes_payload for c in self.compiled) or len(self.stages) > 1
         self.timeout = timeout
-        self.stuck: list[threading.Thread] = []  # calls left running past their time
+        self.stuck = _STUCK[owner]  # calls left running past their time
 
     def bound(self, n: int) -> float:
         """The longest the steps may take on a batch of ``n`` (seconds): ``timeout`` for each
@@ -171,7 +178,7 @@ class Steps:
         loop = asyncio.get_running_loop()
         names = ", ".join(c.name for c in segment if c.calls_user)
         while start < len(out):
-            self.stuck = [t for t in self.stuck if t.is_alive()]
+            self.stuck[:] = [t for t in self.stuck if t.is_alive()]
             if len(self.stuck) >= MAX_STUCK:  # each holds a thread (and maybe a core) for ever
                 why = StepFailed(said("%s: %s calls still run past functions.timeout: fix the "
 "function, then restart weir to end them", names, len(self.stuck)))  # fmt: skip
