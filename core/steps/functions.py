@@ -154,9 +154,8 @@ def _module(spec: str, name: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise ValueError(said("function %r: no module %s in %s", spec, e.name, _dir)) from None
-        raise ValueError(
-            said("function %r: %s imports %s, which is missing", spec, name, e.name)
-        ) from None
+        raise ValueError(said("function %r: %s imports %s, which is missing%s", spec, name,
+                              e.name, _where(e))) from None  # fmt: skip
     except Exception as e:
         where = _where(e)
         raise ValueError(
@@ -174,12 +173,17 @@ def _mtime(module: ModuleType) -> float:
 
 
 def _where(e: BaseException) -> str:
-    """`` at file:line`` of an error's innermost frame, or of a syntax error."""
+    """`` at file:line`` of a syntax error, or of the innermost frame of an error in the
+    functions' directory (an import's error is raised in importlib's own frames), else of
+    the innermost frame."""
     if isinstance(e, SyntaxError) and e.filename:
         return said(" at %s:%s", e.filename, e.lineno)
+    frames = []
     tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
-    if tb is None:
+    mine = [f for f in frames if _dir is not None and f[0].startswith(str(_dir))]
+    if not (mine or frames):
         return ""
-    return said(" at %s:%s", tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    return said(" at %s:%s", *(mine or frames)[-1])
