@@ -7,11 +7,8 @@ repeated.)"""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psycopg
 
 from devkit.embedded import EmbeddedNats
@@ -19,7 +16,7 @@ from tests.connectors.nats.harness import NatsHarness
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
 from tests.helpers import stored
-from tests.helpers.api import api_serving, receive
+from tests.helpers.api import all_handled, api_serving
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
 from tests.helpers.functions import write_module
@@ -41,22 +38,6 @@ def _insert_j(url: str, *rows: tuple[int, int | None, str, str]) -> None:
             conn.execute("INSERT INTO j VALUES (%s, %s, %s, %s)", row)
 
 
-def _all_handled(client: httpx.Client, name: str) -> tuple[list[Any], list[Any]]:
-    """Everything the consumer's queue gives until none is pending (received, not acked), and
-    its failed list."""
-    got: list[Any] = []
-
-    def done() -> bool:
-        got.extend(receive(client, name))
-        info = client.get(f"/v1/http-consumers/{name}").json()["info"]
-        return bool(info["num_pending"] == 0 and info["num_ack_pending"] == len(got))
-
-    time.sleep(1)  # the captured rows reach the queue
-    wait_for(done, what=f"{name}'s messages handled")
-    failed = client.get(f"/v1/http-consumers/{name}/failed").json()["data"]
-    return got, list(failed)
-
-
 # -- Numbers stay exact -----------------------------------------------------------------------
 
 
@@ -76,8 +57,8 @@ def test_a_filter_alone_reads_a_30_digit_json_number_rounded(db_url: str) -> Non
            "steps": [{"transform": {"drop": ["x"]}}, flt]}]  # fmt: skip
     with api_serving(db_url, consumers=cs) as client:
         _insert_j(db_url, (1, None, json.dumps({"n": BIG}), "{}"))
-        after, after_failed = _all_handled(client, "after")
-        alone, alone_failed = _all_handled(client, "alone")
+        after, after_failed = all_handled(client, "after")
+        alone, alone_failed = all_handled(client, "alone")
     assert [m["record"]["data"]["id"] for m in after] == [1] and after_failed == []
     assert [m["record"]["data"]["id"] for m in alone] == [1], alone_failed
 
@@ -122,7 +103,7 @@ def test_json_numbers_with_many_digits_compare_as_doubles(db_url: str) -> None:
            "steps": [{"filter": "record.doc.tiny > 0"}]}]  # fmt: skip
     with api_serving(db_url, consumers=cs) as client:
         _insert_j(db_url, (1, None, doc, "{}"))
-        seen = {name: _all_handled(client, name) for name in ("differ", "less", "tiny")}
+        seen = {name: all_handled(client, name) for name in ("differ", "less", "tiny")}
     kept = {name: [m["record"]["data"]["id"] for m in got] for name, (got, _) in seen.items()}
     assert kept == {"differ": [1], "less": [1], "tiny": [1]}, seen
 
@@ -175,7 +156,7 @@ def test_an_enriched_row_is_one_object_shared_by_the_messages_of_its_key(
         {"transform": {"function": "redact:secret"}}]}  # fmt: skip
     with api_serving(db_url, consumers=[c]) as client:
         _insert_j(db_url, (1, 7, "{}", "{}"), (2, 7, "{}", "{}"))  # one transaction: one batch
-        got, failed = _all_handled(client, "orders")
+        got, failed = all_handled(client, "orders")
     assert [f.get("error") for f in failed] == [], failed
     assert sorted(m["record"]["data"]["id"] for m in got) == [1, 2]
     assert all(m["record"]["data"]["customer"] == {"id": 7, "name": "ann"} for m in got), got

@@ -23,7 +23,7 @@ import pytest
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
 from tests.helpers import stored
-from tests.helpers.api import api_serving, receive
+from tests.helpers.api import all_handled, api_serving
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
 from tests.helpers.functions import write_module
@@ -43,19 +43,14 @@ def _insert_j(url: str, *rows: tuple[int, str]) -> None:
             conn.execute("INSERT INTO j VALUES (%s, %s)", row)
 
 
-def _all_handled(client: httpx.Client, name: str) -> tuple[list[Any], list[Any]]:
-    """Everything the consumer's queue gives until none is pending, and its failed list."""
-    got: list[Any] = []
-
-    def done() -> bool:
-        got.extend(receive(client, name))
-        info = client.get(f"/v1/http-consumers/{name}").json()["info"]
-        return bool(info["num_pending"] == 0 and info["num_ack_pending"] == len(got))
-
-    time.sleep(1)  # the captured rows reach the queue
-    wait_for(done, what=f"{name}'s messages handled")
-    failed = client.get(f"/v1/http-consumers/{name}/failed").json()["data"]
-    return got, list(failed)
+def _config_file(tmp_path: Path, db_url: str, connector: str, head: str = "") -> Path:
+    """weir.yaml of ``head``, the source ``app`` and one connector, as its YAML lines (they
+    start at line 4, after a ``head`` of none)."""
+    config = tmp_path / "weir.yaml"
+    config.write_text(head + "sources:\n"
+                      f"  - {{name: app, kind: postgres, url: '{db_url}', schemas: [public]}}\n"
+                      "connectors:\n" + connector)  # fmt: skip
+    return config
 
 
 def _kept(db_url: str, filters: dict[str, str], *rows: tuple[int, str]) -> dict[str, Any]:
@@ -66,7 +61,7 @@ def _kept(db_url: str, filters: dict[str, str], *rows: tuple[int, str]) -> dict[
           for name, f in filters.items()]  # fmt: skip
     with api_serving(db_url, consumers=cs) as client:
         _insert_j(db_url, *rows)
-        seen = {name: _all_handled(client, name) for name in filters}
+        seen = {name: all_handled(client, name) for name in filters}
     return {name: sorted(m["record"]["data"]["id"] for m in got) + [f.get("error") for f in bad]
             for name, (got, bad) in seen.items()}  # fmt: skip
 
@@ -187,18 +182,16 @@ def test_a_route_topic_without_route_in_the_template_does_not_name_the_step(
     index, where ``weir.yaml:9: connectors[0].steps[1].route.topic`` was promised), and the
     API's 422 puts it at ``loc: [body, kafka]``. (The other route-field errors, a ``subject`` on
     a webhook or a ``queue`` on Kafka, are named ``steps[1].route.subject`` as promised.)"""
-    config = tmp_path / "weir.yaml"
-    config.write_text(
-        "sources:\n"
-        f"  - {{name: app, kind: postgres, url: '{db_url}', schemas: [public]}}\n"
-        "connectors:\n"
+    config = _config_file(
+        tmp_path,
+        db_url,
         "  - name: c\n"
         "    type: kafka\n"
         "    stream: events\n"
         "    kafka: {bootstrap_servers: '127.0.0.1:1', topic: t}\n"
         "    steps:\n"
         "      - filter: 'True'\n"
-        "      - route: {topic: x}\n"  # line 10
+        "      - route: {topic: x}\n",  # line 10
     )
     out = weir("config", "validate", "--config", str(config), code=2)
     body = {"name": "c", "type": "kafka", "stream": "events",
@@ -256,17 +249,15 @@ def test_a_function_module_importing_a_missing_module_gives_no_file_and_line(
         "def redact(action, record, changes, metadata):\n"
         "    return None\n"
     )
-    config = tmp_path / "weir.yaml"
-    config.write_text(
-        "functions: {dir: functions}\n"
-        "sources:\n"
-        f"  - {{name: app, kind: postgres, url: '{db_url}', schemas: [public]}}\n"
-        "connectors:\n"
+    config = _config_file(
+        tmp_path,
+        db_url,
         "  - name: c\n"
         "    type: nats\n"
         "    stream: events\n"
         "    steps:\n"
-        "      - transform: {function: 'shaping:redact'}\n"  # line 9
+        "      - transform: {function: 'shaping:redact'}\n",  # line 9
+        head="functions: {dir: functions}\n",
     )
     out = weir("config", "validate", "--config", str(config), code=2)
     assert "weir.yaml:9: connectors[0].steps[0].transform" in out, out  # held
@@ -296,18 +287,16 @@ def test_an_added_number_written_in_yaml_is_rounded_to_a_double(
     with serving(weir_config(db_url, [])):
         _insert_j(db_url, (1, "{}"))
         wait_for(lambda: len(stored.events(db_url)) >= 1, what="the row stored")
-    config = tmp_path / "weir.yaml"
-    config.write_text(
-        "sources:\n"
-        f"  - {{name: app, kind: postgres, url: '{db_url}', schemas: [public]}}\n"
-        "connectors:\n"
+    config = _config_file(
+        tmp_path,
+        db_url,
         "  - name: c\n"
         "    type: nats\n"
         "    stream: events\n"
         "    collections: ['public:j']\n"
         "    steps:\n"
         "      - transform: {add: {tiny: 1e-400, price: 1.10,\n"
-        "                          big: 0.1000000000000000055511151231257827}}\n"
+        "                          big: 0.1000000000000000055511151231257827}}\n",
     )
     out = weir("transform", "test", "--config", str(config), "--connector", "c")
     assert "1 messages: 1 sent" in out, out
@@ -388,7 +377,7 @@ def test_an_enrich_after_a_flatten_sends_every_message_without_its_row(db_url: s
          "steps": [{"transform": {"flatten": True}}, {"enrich": enrich}]}  # fmt: skip
     with api_serving(db_url, consumers=[c]) as client:
         _insert_j(db_url, (1, "{}"))
-        got, failed = _all_handled(client, "flat")
+        got, failed = all_handled(client, "flat")
     assert failed == [] and len(got) == 1, (got, failed)
     assert got[0]["record"]["data"].get("row") == {"id": 1, "name": "ann"}, got[0]["record"]
 
@@ -423,7 +412,7 @@ def test_a_function_returning_a_dict_subclass_fails_or_hides_its_fields(
     functions = {"dir": str(functions_dir)}
     with api_serving(db_url, consumers=cs, functions=functions) as client:
         _insert_j(db_url, (1, "{}"))
-        seen = {name: _all_handled(client, name) for name in ("ordered", "default")}
+        seen = {name: all_handled(client, name) for name in ("ordered", "default")}
     kept = {name: ([m["record"]["data"]["id"] for m in got], [f.get("error") for f in bad])
             for name, (got, bad) in seen.items()}  # fmt: skip
     assert kept == {"ordered": ([1], []), "default": ([1], [])}, kept

@@ -100,3 +100,19 @@ def receive_all(client: httpx.Client, consumer: str, count: int, timeout: float 
 
     wait_for(more, timeout, f"{count} messages for {consumer}")
     return got
+
+
+def all_handled(client: httpx.Client, name: str) -> tuple[list[Any], list[Any]]:
+    """Everything HTTP pull consumer ``name``'s queue gives until none is pending (received,
+    not acked), and its failed list."""
+    got: list[Any] = []
+
+    def done() -> bool:
+        got.extend(receive(client, name))
+        info = client.get(f"/v1/http-consumers/{name}").json()["info"]
+        return bool(info["num_pending"] == 0 and info["num_ack_pending"] == len(got))
+
+    time.sleep(1)  # the captured rows reach the queue
+    wait_for(done, what=f"{name}'s messages handled")
+    failed = client.get(f"/v1/http-consumers/{name}/failed").json()["data"]
+    return got, list(failed)
