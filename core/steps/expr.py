@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import io
 import itertools
+import math
 import re
 import tokenize
 import unicodedata
@@ -157,8 +158,22 @@ def text_of(v: Any) -> str:
     return dump(v).decode()  # numbers as read (an exact one's digits), Decimals as theirs
 
 
+def _len(v: Any) -> int:
+    if isinstance(v, (str, list, dict)):
+        return len(v)
+    raise TypeError(said("len takes text, a list or an object, not %s", _kind(v)))
+
+
+def _float(v: Any) -> float:
+    made = float(v)  # a number, or text of one
+    if not math.isfinite(made):
+        raise ValueError(said("float of %s: not a finite number (JSON has no NaN or infinity)",
+                              text_of(v)[:40]))  # fmt: skip
+    return made
+
+
 _CALLS: dict[str, Callable[..., Any]] = {
-    "len": len, "str": text_of, "int": lambda v: numbers.whole(_num(v, "int")), "float": float,
+    "len": _len, "str": text_of, "int": lambda v: numbers.whole(_num(v, "int")), "float": _float,
     "lower": _text(str.lower), "upper": _text(str.upper),
     "startswith": _text(str.startswith), "endswith": _text(str.endswith),
 }  # fmt: skip

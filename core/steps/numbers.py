@@ -5,22 +5,36 @@ pair is two Decimals, a float by its shortest digits (as JSON writes it), a numb
 number was read (a double, or exactly because another field of the payload needed it), and a
 literal in an expression is taken as written (``1e-400``, ``12345678901234567890.1``).
 
-``+``, ``-``, ``*``, ``//`` and ``%`` are exact (``//`` rounds down, as Python's does);
-``/`` gives 34 significant digits (IEEE decimal128).
+``+``, ``-``, ``*``, ``//`` and ``%`` are exact (``//`` rounds down, as Python's does), and
+a result of more than 4,300 digits is an error, not rounded (Python's own limit for an int
+written as text; a product of large numbers would take seconds a message); ``/`` gives 34
+significant digits (IEEE decimal128).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, DecimalException
+from decimal import (
+    MAX_EMAX,
+    MIN_EMIN,
+    Context,
+    Decimal,
+    DecimalException,
+    DivisionByZero,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+)
 from typing import Any
 
 from core.redact import said
 from core.steps.payload import Exact
 
-_EXACT = Context(prec=100_000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # digits: more than any result
-_DIVIDE = Context(prec=34, Emax=MAX_EMAX, Emin=MIN_EMIN)  # of a payload's numbers needs
-_INT_DIGITS = 4300  # Python's own limit for an int written as text
+DIGITS = 4300  # a result's digits at most
+_BITS = 14_285  # bits of an int of DIGITS digits, about
+_EXACT = Context(prec=DIGITS, Emax=MAX_EMAX, Emin=MIN_EMIN,
+                 traps=[InvalidOperation, DivisionByZero, Overflow, Inexact])  # fmt: skip
+_DIVIDE = Context(prec=34, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
 def is_num(v: Any) -> bool:
@@ -41,7 +55,16 @@ def pair(a: Any, b: Any) -> tuple[Any, Any]:
 
 
 def neg(v: Any) -> Any:
-    return -v if isinstance(v, int) else _EXACT.minus(decimal(v))
+    if isinstance(v, int):
+        return -v
+    try:
+        return _EXACT.minus(decimal(v))
+    except DecimalException:  # a number read with more digits than DIGITS
+        raise _too_long("-") from None
+
+
+def _too_long(op: str) -> ArithmeticError:
+    return ArithmeticError(said("%s: the result has more than %s digits", op, DIGITS))
 
 
 def whole(v: Any) -> int:
@@ -49,9 +72,9 @@ def whole(v: Any) -> int:
     if isinstance(v, int):
         return int(v)
     d = decimal(v)
-    if not d.is_finite() or d.adjusted() >= _INT_DIGITS:
+    if not d.is_finite() or d.adjusted() >= DIGITS:
         raise ValueError(said("int of %s: not a whole number of at most %s digits", d,
-                              _INT_DIGITS))  # fmt: skip
+                              DIGITS))  # fmt: skip
     return int(d)
 
 
@@ -79,14 +102,18 @@ def arith(op: str) -> Callable[[Any, Any], Any]:
 
     def run(a: Any, b: Any) -> Any:
         x, y = pair(a, b)
-        if by_ints is not None and isinstance(x, int):
-            return by_ints(x, y)
         if op in ("/", "//", "%") and y == 0:
             raise ZeroDivisionError(said("%s by zero", op))
+        if by_ints is not None and isinstance(x, int):
+            if op == "*" and x.bit_length() + y.bit_length() > _BITS + 1:  # not even made:
+                raise _too_long(op)  # a product of large numbers takes seconds
+            made = by_ints(x, y)
+            if made.bit_length() > _BITS:
+                raise _too_long(op)
+            return made
         try:
             return by_decimals(decimal(x), decimal(y))
-        except DecimalException:  # 1e999999 // 3: a quotient of a million digits
-            raise ArithmeticError(said("%s: the result has more than %s digits", op,
-                                       _EXACT.prec)) from None  # fmt: skip
+        except DecimalException:  # 1 + 1e-5000, 1e999999 // 3: more digits than DIGITS
+            raise _too_long(op) from None
 
     return run
