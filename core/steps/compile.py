@@ -186,7 +186,7 @@ def _route_function(spec: str, routes: dict[str, RouteField]) -> Run:
 
     def run(msg: Msg, route: Route) -> Msg | None:
         out = fn()(*parts(msg))
-        if type(out) is not dict:
+        if not isinstance(out, dict):  # an OrderedDict too
             raise StepError(
                 said("%s returned %s, not a dict of route fields", spec, type(out).__name__)
             )
