@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from core.config.base import tag_of
 from core.config.model import WeirConfig
-from core.config.steps import KINDS
 from core.redact import Said, masked, own, raw_secrets, redact, remember, remember_config, said
 from core.registry import connector_specs
 from core.steps import functions
@@ -107,18 +106,15 @@ def _dotted(path: tuple[str | int, ...]) -> str:
 def without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """An error's location without the tags pydantic puts after a discriminated union's place
     (no key of the file or of an API body): a source's or a connector's kind after
-    ``sources[i]``, ``connectors[i]`` or a connector body's ``body``, and a step's kind after
-    ``steps[i]`` (``connectors[0].steps[1].filter``, not ``….filter.filter``)."""
+    ``sources[i]``, ``connectors[i]`` or a connector body's ``body``; and the tag of a union
+    whose tag is the key it holds, before that key (a step's kind, a start position's
+    ``seq`` or ``time``: ``steps[1].filter``, not ``steps[1].filter.filter``)."""
     out = list(loc)
     if len(out) > 2 and out[0] in ("sources", "connectors") and isinstance(out[1], int):
         del out[2]
     elif len(out) > 2 and out[0] == "body" and out[1] in {c.type for c in connector_specs()}:
         del out[1]
-    for i in range(len(out) - 4, -1, -1):  # steps, i, the kind's tag, the kind's key
-        if out[i] == "steps" and isinstance(out[i + 1], int) and out[i + 2] in KINDS \
-                and out[i + 3] == out[i + 2]:  # fmt: skip
-            del out[i + 2]
-    return tuple(out)
+    return tuple(p for i, p in enumerate(out) if i + 1 == len(out) or out[i + 1] != p)
 
 
 def _line_of(loc: tuple[str | int, ...], lines: Lines, data: Any) -> tuple[int, tuple[Any, ...]]:

@@ -36,9 +36,15 @@ def checks_functions(info: ValidationInfo) -> bool:
     return not (info.context or {}).get("stored")
 
 
-def _template(v: str) -> str:
-    expr.template(v)
-    return v
+def _templates(fields: dict[str, Any]) -> None:
+    """Each text of ``fields`` parsed as a template, a wrong one refused at its key (the
+    file's line, the API's ``loc``: ``route.subject``)."""
+    for key, value in fields.items():
+        if isinstance(value, str):
+            try:
+                expr.template(value)
+            except ValueError as e:
+                raise refusal_at((key,), said("%s", e)) from None
 
 
 class FilterStep(Model):
@@ -79,9 +85,7 @@ class TransformSpec(Model):
     @field_validator("add")
     @classmethod
     def _templates(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for value in v.values():
-            if isinstance(value, str):
-                _template(value)
+        _templates(v)
         return v
 
     @field_validator("function")
@@ -134,8 +138,7 @@ class RouteStep(Model):
             if checks_functions(info):
                 functions.load(v["function"])
         else:
-            for value in v.values():
-                _template(value)
+            _templates(v)
         return v
 
 
