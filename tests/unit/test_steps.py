@@ -71,8 +71,8 @@ def eq(a: Any, b: Any) -> bool:
 def order(op: str, a: Any, b: Any) -> bool:
     if a is None or b is None:
         return False
-    if isinstance(a, bool) != isinstance(b, bool):
-        raise Err
+    if isinstance(a, bool) != isinstance(b, bool) or isinstance(a, (list, dict)):
+        raise Err  # lists and objects do not order (docs/transforms.md “Expressions”)
     try:
         a, b = (value(a), value(b)) if is_num(a) and is_num(b) else (a, b)
         return bool(a < b if op == "<" else a >= b)
