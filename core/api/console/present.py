@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import orjson
+from core.steps.payload import dump
 
 UNKNOWN = "\u2013"  # an en dash
 
@@ -99,7 +99,7 @@ def step(s: dict[str, Any]) -> str:
     kind, spec = next(iter(s.items()))
     if isinstance(spec, str):
         return f"{kind}: {spec}"
-    given = ", ".join(f"{k}: {orjson.dumps(v).decode()}" for k, v in spec.items()
+    given = ", ".join(f"{k}: {dump(v).decode()}" for k, v in spec.items()
                       if v not in (None, [], {}, False))  # fmt: skip
     return f"{kind}: {given}"
 
