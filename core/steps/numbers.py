@@ -1,5 +1,5 @@
 """Numbers in steps' expressions (docs/transforms.md “Expressions”), by the value their digits
-say, whichever way they were read: two whole numbers are Python ints (of any size); any other
+say, whichever way they were read: two whole numbers are Python ints; any other
 pair is two Decimals, a float by its shortest digits (as JSON writes it), a number read exactly
 (``Exact``: more digits than a double holds) by its own. So a result never hangs on how a
 number was read (a double, or exactly because another field of the payload needed it), and a
