@@ -82,7 +82,7 @@ for name, opts in {
     "split": {"source": "app", "split": "range"},
     "actions": {"source": "app", "actions": "upsert"},
     "maxMessagesPerTrigger": {"source": "app", "maxMessagesPerTrigger": "-1"},
-    "schema-type": {"source": "app", "schema": "id INT, gap INTERVAL DAY"},
+    "schema-type": {"source": "app", "schema": "id INT, gap INTERVAL YEAR TO MONTH"},
     "schema-clash": {"source": "app", "schema": "seq BIGINT"},
     "schema-ddl": {"source": "app", "schema": "id INT,"},
     "schemaMode": {"source": "app", "schema": "id INT", "schemaMode": "lenient"},

@@ -153,7 +153,11 @@ def checks(world: World) -> dict[str, Any]:
         ("split", "option \"split\": hash or seq, not 'range'"),
         ("actions", 'option "actions": insert, update, delete or truncate'),
         ("maxMessagesPerTrigger", 'option "maxMessagesPerTrigger": a whole number'),
-        ("schema-type", 'option "schema": field gap INTERVAL DAY: INTERVAL DAY is not supported'),
+        (
+            "schema-type",
+            'option "schema": field gap INTERVAL YEAR TO MONTH: INTERVAL YEAR TO '
+            "MONTH is not supported",
+        ),
         ("schema-clash", 'option "schema": field seq BIGINT: seq is a column of the envelope'),
         ("schema-ddl", "PARSE_SYNTAX_ERROR"),
         ("schemaMode", "option \"schemaMode\": failfast or permissive, not 'lenient'"),
