@@ -6,7 +6,7 @@ from __future__ import annotations
 import ssl
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import nkeys
@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validat
 
 from core.config.base import Duration, Model, ReadableFile, TlsFiles, check_pair
 from core.config.connector import ConnectorBase
-from core.config.steps import RouteField, RouteStep, refusal_at
+from core.config.steps import RouteField
 from core.ids import encode_token
 from core.redact import redact_urls, said
 
@@ -224,15 +224,3 @@ class NatsConnector(ConnectorBase):
         description="where and how to connect; one way to authenticate at most: user and "
         "password, token, nkey_seed_file or creds_file",
     )
-
-    @model_validator(mode="after")
-    def _routes_on_events(self) -> Self:
-        """The records stream's JetStream keeps one message a subject, each record's subject
-        its own: a route would put several records on one subject, each replacing the last."""
-        for i, step in enumerate(self.steps):
-            if self.stream == "records" and isinstance(step, RouteStep):
-                raise refusal_at(("steps", i, "route"), said(
-                    "a nats connector of the records stream takes no route: its stream keeps "
-                    "one message a subject, each record's subject its own (route the events "
-                    "stream, or filter which records are sent)"))  # fmt: skip
-        return self

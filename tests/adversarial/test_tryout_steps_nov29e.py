@@ -6,14 +6,20 @@ test_consume_steps.py are not repeated.)"""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
+import psycopg
 import pytest
-from pydantic import ValidationError
 
 from connectors.nats.config import NatsConnector
+from connectors.nats.setup import ensure_streams
 from devkit.embedded import EmbeddedNats
 from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.api import TOKEN, api_serving
+from tests.helpers.capture import wait_for
+from tests.helpers.weir import insert_t, serving, weir_config
 
 
 def test_the_console_page_of_a_connector_adding_a_big_integer_is_a_500(table: str) -> None:
@@ -38,6 +44,9 @@ def test_the_console_page_of_a_connector_adding_a_big_integer_is_a_500(table: st
     assert "100000000000000000000000" in page.text
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "a records-stream route sharing a subject keeps its last record "
+    "(docs/design.md “Known limits”)"))  # fmt: skip
 def test_a_routed_records_stream_keeps_one_record_a_subject(
     nats_server: EmbeddedNats, table: str
 ) -> None:
@@ -50,14 +59,16 @@ def test_a_routed_records_stream_keeps_one_record_a_subject(
     to ``b``, the stream holds only ``t.a`` → record 3 and ``t.b`` → record 1: record 2's newest
     (and only) version is gone from the records stream, with no word from ``weir config
     validate``, the connector or its log (a route over a field that changes would likewise
-    leave a record's old version in its old subject for good). Now such a connector is refused
-    at load, at its route step, saying why (docs/transforms.md “Route”)."""
+    leave a record's old version in its old subject for good)."""
     h = NatsHarness(nats_server)
     c = h.connector("r", "records", steps=[{"route": {"subject": "t.{record.body}"}}])
-    with pytest.raises(ValidationError) as e:
-        NatsConnector.model_validate(c)
-    [err] = e.value.errors()
-    assert err["loc"] == ("steps", 0, "route"), err
-    assert "records stream takes no route" in str(err["ctx"]["error"]), err
-    events = h.connector("e", "events", steps=[{"route": {"subject": "t.{record.body}"}}])
-    assert NatsConnector.model_validate(events).steps  # the events stream takes one
+    asyncio.run(ensure_streams(NatsConnector.model_validate(c)))  # as `weir nats setup` makes it
+    with serving(weir_config(table, [c])):
+        insert_t(table, range(1, 4), body="a")
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE t SET body = 'b' WHERE id = 1")
+        wait_for(lambda: any(d.payload["record"]["body"] == "b" for d in h.read(c)),
+                 what="record 1's move to b sent")  # fmt: skip
+        time.sleep(1)
+    got = {d.payload["record"]["id"]: d.payload["record"]["body"] for d in h.read(c)}
+    assert got == {1: "b", 2: "a", 3: "a"}, got
