@@ -32,15 +32,30 @@ from tests.helpers.weir import insert_t, serving, weir_config
 ONLY_J = {"collection_id": "public:j"}
 
 
-def _jtable(url: str) -> None:
+def _jtable(url: str, kind: str = "jsonb") -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE j (id int PRIMARY KEY, doc jsonb)")
+        conn.execute(f"CREATE TABLE j (id int PRIMARY KEY, doc {kind})")
 
 
 def _insert_j(url: str, *rows: tuple[int, str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for row in rows:
             conn.execute("INSERT INTO j VALUES (%s, %s)", row)
+
+
+def _kept(
+    db_url: str, filters: dict[str, str], *rows: tuple[int, str], kind: str = "jsonb"
+) -> dict[str, Any]:
+    """For each named filter (a consumer of its own), the ids of the rows it kept, and the
+    errors of the ones it failed."""
+    _jtable(db_url, kind)
+    cs = [{"name": name, "stream": "events", "filters": ONLY_J, "steps": [{"filter": f}]}
+          for name, f in filters.items()]  # fmt: skip
+    with api_serving(db_url, consumers=cs) as client:
+        _insert_j(db_url, *rows)
+        seen = {name: all_handled(client, name) for name in filters}
+    return {name: sorted(m["record"]["data"]["id"] for m in got) + [f.get("error") for f in bad]
+            for name, (got, bad) in seen.items()}  # fmt: skip
 
 
 def _config_file(tmp_path: Path, db_url: str, connector: str, head: str = "") -> Path:
@@ -51,19 +66,6 @@ def _config_file(tmp_path: Path, db_url: str, connector: str, head: str = "") ->
                       f"  - {{name: app, kind: postgres, url: '{db_url}', schemas: [public]}}\n"
                       "connectors:\n" + connector)  # fmt: skip
     return config
-
-
-def _kept(db_url: str, filters: dict[str, str], *rows: tuple[int, str]) -> dict[str, Any]:
-    """For each named filter (a consumer of its own), the ids of the rows it kept, and the
-    errors of the ones it failed."""
-    _jtable(db_url)
-    cs = [{"name": name, "stream": "events", "filters": ONLY_J, "steps": [{"filter": f}]}
-          for name, f in filters.items()]  # fmt: skip
-    with api_serving(db_url, consumers=cs) as client:
-        _insert_j(db_url, *rows)
-        seen = {name: all_handled(client, name) for name in filters}
-    return {name: sorted(m["record"]["data"]["id"] for m in got) + [f.get("error") for f in bad]
-            for name, (got, bad) in seen.items()}  # fmt: skip
 
 
 # -- Numbers: literals ------------------------------------------------------------------------

@@ -16,43 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
+from tests.adversarial.test_tryout_steps_nov29c import ONLY_J, _insert_j, _jtable, _kept
 from tests.helpers import stored
 from tests.helpers.api import all_handled, api_serving, receive
 from tests.helpers.capture import wait_for
 from tests.helpers.cli import weir
 from tests.helpers.functions import write_module
 from tests.helpers.weir import serving, weir_config
-
-ONLY_J = {"collection_id": "public:j"}
-
-
-def _jtable(url: str, kind: str = "jsonb") -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE j (id int PRIMARY KEY, doc {kind})")
-
-
-def _insert_j(url: str, *rows: tuple[int, str]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for row in rows:
-            conn.execute("INSERT INTO j VALUES (%s, %s)", row)
-
-
-def _kept(
-    db_url: str, filters: dict[str, str], *rows: tuple[int, str], kind: str = "jsonb"
-) -> dict[str, Any]:
-    """For each named filter (a consumer of its own), the ids of the rows it kept, and the
-    errors of the ones it failed."""
-    _jtable(db_url, kind)
-    cs = [{"name": name, "stream": "events", "filters": ONLY_J, "steps": [{"filter": f}]}
-          for name, f in filters.items()]  # fmt: skip
-    with api_serving(db_url, consumers=cs) as client:
-        _insert_j(db_url, *rows)
-        seen = {name: all_handled(client, name) for name in filters}
-    return {name: sorted(m["record"]["data"]["id"] for m in got) + [f.get("error") for f in bad]
-            for name, (got, bad) in seen.items()}  # fmt: skip
-
 
 # -- Numbers: exactness -----------------------------------------------------------------------
 
