@@ -233,23 +233,12 @@ def flat_before(steps: list[Step]) -> list[bool]:
     return [*out, flat]
 
 
-class _Misplaced(ValueError):
-    """A step the config cannot run, at its place in ``steps`` (``(1, "route", "subject")``)."""
-
-    def __init__(self, at: tuple[int | str, ...], why: Said) -> None:
-        super().__init__(why)
-        self.at, self.why = at, why
-
-
 def check_steps(steps: list[Step], fields: dict[str, RouteField], connector: str) -> None:
     """Refuse what ``steps`` cannot do in the ``connector`` (``a nats connector``) that takes
     the route ``fields`` (none: no route step), at the step's place: the config's error names
     its line (``connectors[0].steps[1].route.subject``), the API's 422 its key."""
-    try:
-        _after_flatten(steps)
-        _routes(steps, fields, Said(connector))
-    except _Misplaced as e:
-        raise refusal_at(("steps", *e.at), e.why) from None
+    _after_flatten(steps)
+    _routes(steps, fields, Said(connector))
 
 
 def refusal_at(at: tuple[int | str, ...], why: Said) -> ValidationError:
@@ -265,7 +254,7 @@ def _after_flatten(steps: list[Step]) -> None:
     ``record`` of its own to keep, drop or rename fields of (it did nothing, silently)."""
     for i, (step, flat) in enumerate(zip(steps, flat_before(steps), strict=False)):
         if isinstance(step, TransformStep) and step.transform.function is None and flat:
-            raise _Misplaced((i, "transform"), said(
+            raise refusal_at(("steps", i, "transform"), said(
                 "after a flatten the message is the record: put this transform before the "
                 "flatten (filters read message.x)"))  # fmt: skip
 
@@ -277,12 +266,12 @@ def _routes(steps: list[Step], fields: dict[str, RouteField], connector: Said) -
         if not isinstance(step, RouteStep):
             continue
         if not fields:
-            raise _Misplaced((i, "route"), said(
+            raise refusal_at(("steps", i, "route"), said(
                 "%s takes no route step: its messages have one place (filter, transform and "
                 "enrich only)", connector))  # fmt: skip
         wrong = sorted(set(step.route) - {*fields, "function"})
         if wrong:
-            raise _Misplaced((i, "route", wrong[0]), said(
+            raise refusal_at(("steps", i, "route", wrong[0]), said(
                 "%s takes %s in a route, not %s", connector, Said(", ".join(fields)),
                 ", ".join(wrong)))  # fmt: skip
         for name, text in step.route.items():
@@ -291,4 +280,4 @@ def _routes(steps: list[Step], fields: dict[str, RouteField], connector: Said) -
                 try:
                     fields[name].check("x".join(pieces))
                 except ValueError as e:
-                    raise _Misplaced((i, "route", name), said("%r: %s", text, e)) from None
+                    raise refusal_at(("steps", i, "route", name), said("%r: %s", text, e)) from None

@@ -36,13 +36,12 @@ class Enrich:
     def __init__(self, at: EnrichAt, sources: dict[str, str]) -> None:
         """``sources``: each Postgres source's URL by sync id."""
         self.name, self.spec, self.flat = at.name, at.spec, at.flat
-        spec = at.spec
-        self.key = expr.path(spec.key)
+        self.key = expr.path(at.spec.key)
         self.sources = sources
         self.conns: dict[str, psycopg.AsyncConnection[Any]] = {}
         self.lock = asyncio.Lock()
         # the user's query, each row as its JSON text
-        self.query = f"SELECT to_jsonb(q)::text FROM ({spec.sql}) q"
+        self.query = f"SELECT to_jsonb(q)::text FROM ({at.spec.sql}) q"
 
     async def merge(self, batch: Sequence[Message], states: list[Any]) -> None:
         """Put each live message's row (or null) in its record, source by source; a query that
@@ -71,8 +70,8 @@ class Enrich:
                     states[i] = why
                 continue
             found: dict[str, bytes] = {}
-            for text in rows:
-                found[expr.text_of(load(text.encode()).get(self.spec.on))] = text.encode()
+            for row in (text.encode() for text in rows):  # each message loads its own copy
+                found[expr.text_of(load(row).get(self.spec.on))] = row
             for i in places:
                 record = states[i][0] if self.flat else states[i][0].get("record")
                 if type(record) is dict:  # a row of its own: a later step may change it
