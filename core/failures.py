@@ -10,6 +10,7 @@ NATS, and the admin requests' timeouts for Kafka.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -18,7 +19,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -142,15 +143,29 @@ def postgres_unreachable(e: psycopg.Error, url: str, what: str) -> Unreachable:
 def reach_postgres(url: str, what: str) -> None:
     """Connect once to ``url`` (``what``: "the store", "source app"), or raise
     :class:`Unreachable`: what a command checks before it starts its work."""
+    with reached(url, what):
+        pass
+
+
+@contextlib.contextmanager
+def reached(
+    url: str, what: str, open_: Callable[[str], psycopg.Connection[Any]] | None = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to ``url`` made by ``open_`` (by default as Weir's connections to a source
+    are made: in UTF-8, a MULE_INTERNAL database refused saying why, core/sources/pg/encoding.py),
+    or :class:`Unreachable` as :func:`reach_postgres` says; errors of its use are its user's."""
     try:
-        # As Weir's connections to a source are made: in UTF-8 (a MULE_INTERNAL database is
-        # refused saying why, core/sources/pg/encoding.py).
-        with connect(url, autocommit=True, application_name="weir"):
-            pass
+        conn = (open_ or _plain)(url)
     except psycopg.OperationalError as e:
         raise postgres_unreachable(e, url, what) from None
     except psycopg.ProgrammingError as e:  # a value psycopg reads itself (connect_timeout=abc)
         raise Unreachable(what, postgres_address(url), str(e), "its url", for_good=True) from None
+    with conn:
+        yield conn
+
+
+def _plain(url: str) -> psycopg.Connection[Any]:
+    return connect(url, autocommit=True, application_name="weir")
 
 
 STORE_RETRY_FIRST, STORE_RETRY_MAX = 1.0, 25.0  # seconds between attempts to reach the store

@@ -10,6 +10,7 @@ Said, not refused: a table may be created after the connector (a followed schema
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import psycopg
@@ -17,7 +18,7 @@ import psycopg
 from core.config.connector import ConnectorBase
 from core.config.model import ConsumerConfig, WeirConfig
 from core.config.sources import PostgresSource
-from core.failures import Unreachable, away, reach_postgres
+from core.failures import Unreachable, away, reached
 from core.ids import collection_id_of
 from core.redact import Said, first_line, remember_names, said
 from core.sources.pg import snapshot
@@ -133,8 +134,8 @@ def catalog_problems(cfg: WeirConfig) -> tuple[list[Said], list[Said]]:
             continue
         url = src.url.get_secret_value()
         try:
-            reach_postgres(url, f"source {src.name}")
-            with snapshot.connect(url, "weir-validate") as conn:
+            validate = functools.partial(snapshot.connect, name="weir-validate")
+            with reached(url, f"source {src.name}", validate) as conn:
                 tables = capturable_tables(conn, src, say=False)
                 problems = [slot_problem(conn, src)]
                 if src.create_publication:
