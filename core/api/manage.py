@@ -26,7 +26,8 @@ from core.api.consume import Consumers
 from core.config.model import CONNECTOR, Connector, UnknownSourceError, WeirConfig
 from core.errors import Conflict, InvalidField, NotFound
 from core.ids import lsn_to_str
-from core.redact import Said, masks_in, remember_config, said, shown, unmasked
+from core.masks import masks_in, shown, unmasked
+from core.redact import Said, remember_config, said
 from core.sources.pg.selected import selection_problems
 from core.store import Store
 from core.store import connectors as api_connectors

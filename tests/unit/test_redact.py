@@ -16,13 +16,13 @@ from pydantic import SecretStr
 from core.api.listen import _cannot
 from core.config.model import WeirConfig
 from core.logs import RedactingFormatter
+from core.masks import masks_in, shown, unmasked
 from core.redact import (
     SECRET_MASK,
     Secrets,
     first_line,
     forms_of,
     masked,
-    masks_in,
     raw_secrets,
     redact,
     redact_traceback,
@@ -31,8 +31,6 @@ from core.redact import (
     remember_config,
     said,
     secrets_of,
-    shown,
-    unmasked,
 )
 from core.spellings import MAX_CUTS
 
