@@ -22,8 +22,9 @@ _PUT = (
     " error = excluded.error, failed_at = now(), retry_requested_at = NULL"
 )
 # The entries of a connector's list (of one source) that an operator asked to retry, oldest
-# first, each with whether its stream message is still there (a records-stream version is
-# not, once a newer one replaced it).
+# first, each with whether it is still to be sent: a records-stream version is not once a
+# newer one replaced it; an event always is (the entry holds its payload, which retention
+# deleting the event's batch does not change).
 _RETRIES = (
     "SELECT f.seq, f.group_key, f.idempotency_key, f.payload, {present}"
     " FROM {failed} f WHERE f.connector = %s AND f.sync_id = %s"
@@ -55,9 +56,9 @@ async def retries(
     store: Store, conn: AConn, connector: str, stream: str, sync_id: str, limit: int
 ) -> list[tuple[int, str, str, bytes, bool]]:
     """Up to ``limit`` entries of ``connector``'s list from source ``sync_id`` that are to be
-    sent again: (seq, group key, idempotency key, payload, still in the stream)."""
-    q = sql.SQL(_RETRIES).format(present=present(store, stream, "f"),
-                                 failed=store.table("failed_messages"))  # fmt: skip
+    sent again: (seq, group key, idempotency key, payload, still to be sent)."""
+    current = present(store, stream, "f") if stream == "records" else sql.SQL("true")
+    q = sql.SQL(_RETRIES).format(present=current, failed=store.table("failed_messages"))
     rows = await (await conn.execute(q, (connector, sync_id, limit))).fetchall()
     return [(int(r[0]), r[1], r[2], r[3].encode(), bool(r[4])) for r in rows]
 

@@ -32,11 +32,13 @@ SPARSE = 0.5  # a records batch with fewer live versions than this share is rewr
 def behind(
     conn: Conn, store: Store, cutoff: timedelta, hold: timedelta
 ) -> list[tuple[str, str, int]]:
-    """(connector, source, events) of the events older than ``cutoff`` that a connector's
-    cursor has not passed yet: what deleting them now takes from it. A Spark query's events
-    are kept for ``hold`` (:func:`delete_older`)."""
+    """(who, source, events) of the events older than ``cutoff`` that a reader has not
+    delivered yet: what deleting them now takes from it. ``who``: a connector's name, or
+    ``consumer NAME`` for an HTTP pull consumer, whose queue holds events its cursor passed
+    until a worker acks them. A Spark query's events are kept for ``hold``
+    (:func:`delete_older`)."""
     t = store.table
-    rows: list[Any] = conn.execute(
+    cursors: list[Any] = conn.execute(
         sql.SQL(
             "SELECT c.connector, s.name, sum(b.last_seq - greatest(b.first_seq - 1, c.seq))"
             " FROM {c} c JOIN {s} s USING (sync_id)"
@@ -47,7 +49,17 @@ def behind(
         ).format(c=t("cursors"), s=t("sources"), e=t("event_batches")),
         (cutoff, SPARK_PREFIX, hold),
     ).fetchall()
-    return [(str(c), str(s), int(n)) for c, s, n in rows]
+    queued: list[Any] = conn.execute(
+        sql.SQL(
+            "SELECT 'consumer ' || m.consumer, s.name, count(*)"
+            " FROM {m} m JOIN {k} k ON k.name = m.consumer AND k.stream = 'events'"
+            " JOIN {s} s ON s.sync_id = m.sync_id"
+            " JOIN {e} b ON b.sync_id = m.sync_id AND m.seq BETWEEN b.first_seq AND b.last_seq"
+            " WHERE b.inserted_at < now() - %s GROUP BY m.consumer, s.name"
+        ).format(m=t("consumer_messages"), k=t("consumers"), s=t("sources"), e=t("event_batches")),
+        (cutoff,),
+    ).fetchall()
+    return [(str(c), str(s), int(n)) for c, s, n in cursors + queued]
 
 
 def delete_older(store: Store, cutoff: timedelta, hold: timedelta) -> int:
