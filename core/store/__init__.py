@@ -151,15 +151,40 @@ class Store:
 
 
 def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error) -> Said:
-    """Why the store role cannot make or change the store's schema, and the GRANT that lets it."""
-    user, db = conn.execute("SELECT quote_ident(current_user), quote_ident(current_database())"
-                            ).fetchone() or ("ROLE", "DATABASE")  # fmt: skip
+    """Why the store role cannot make or change the store's schema, and what lets it: the
+    GRANT, or, when another role owns the schema (a run as that role made it), the handover of
+    the schema and what it holds (Weir changes them as their owner)."""
+    conn.rollback()
+    user, db, s, owner = conn.execute(
+        "SELECT quote_ident(current_user), quote_ident(current_database()), quote_ident(%s),"
+        " (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s)",
+        (schema, schema),
+    ).fetchone() or ("ROLE", "DATABASE", schema, None)
+    if owner is not None and owner != user:
+        at, alter = _literal(s), _literal(f"ALTER %s %s OWNER TO {user}")
+        handover = (
+            f"DO $$ DECLARE o record; BEGIN ALTER SCHEMA {s} OWNER TO {user}; FOR o IN SELECT"
+            f" 'TABLE' AS k, oid::regclass::text AS n FROM pg_class WHERE relnamespace ="
+            f" {at}::regnamespace AND relkind IN ('r', 'p') UNION ALL SELECT 'FUNCTION',"
+            f" oid::regprocedure::text FROM pg_proc WHERE pronamespace = {at}::regnamespace"
+            f" LOOP EXECUTE format({alter}, o.k, o.n); END LOOP; END $$"
+        )
+        return said(
+            "role %s may not change the store's schema %s in database %s (%s): role %s owns it "
+            "(a run as that role made it); as %s or a superuser hand it and what it holds to "
+            "%s: %s; or DROP SCHEMA %s CASCADE to make it anew (what it holds is lost)",
+            *(user, schema, db, first_line(e), owner, owner, user, handover, s),
+        )
     return said(
         "role %s may not make the store's schema %s in database %s (%s): as the database's "
         "owner run GRANT CREATE ON DATABASE %s TO %s; or give store.url a database the role "
         "owns (createdb -O %s weir_store)",
         *(user, schema, db, first_line(e), db, user, user),
     )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def open_store(cfg: WeirConfig) -> Store:
