@@ -19,7 +19,9 @@ import base64
 import binascii
 import datetime as dt
 import json
+import math
 import re
+import struct
 from collections.abc import Callable
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any
@@ -60,7 +62,6 @@ _DURATION = re.compile(  # an interval as Weir's capture writes it (IntervalStyl
     r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
 )
 _BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
-_FLOAT_MAX = 3.4028234663852886e38
 
 
 class SourceError(RuntimeError):
@@ -143,17 +144,24 @@ def _whole(bits: int) -> Callable[[Any], Any]:
 
 
 def _double(v: Any) -> Any:
+    """A double: an infinity only where the value is one (``Infinity`` as Weir writes it), not
+    a number beyond a double's range (``1e400``, which float() makes infinite)."""
     if type(v) in (float, int, Decimal) or (type(v) is str and _NUMBER.fullmatch(v)):
         try:
-            return float(v)
+            f = float(v)
         except OverflowError:
             raise Misfit("beyond its range") from None
+        if math.isinf(f) and not (type(v) is str and v.endswith("Infinity")):
+            raise Misfit("beyond its range")
+        return f
     raise Misfit("not a number")
 
 
 def _float(v: Any) -> Any:
+    """A float: what rounds to a finite one (the largest ``real`` written with its 8 digits
+    does), or an infinity."""
     f = _double(v)
-    if abs(f) > _FLOAT_MAX and abs(f) != float("inf"):
+    if math.isinf(struct.unpack("f", struct.pack("f", f))[0]) and not math.isinf(f):
         raise Misfit("beyond its range")
     return f
 
@@ -248,10 +256,10 @@ def _interval(v: Any) -> dt.timedelta:
     if int(years or 0) or int(months or 0):
         raise Misfit("an interval of years or months (write INTERVAL as STRING to keep them)")
     us = Decimal(seconds or 0).scaleb(6) + 60_000_000 * (60 * int(hours or 0) + int(minutes or 0))
-    try:
-        return dt.timedelta(days=int(days or 0), microseconds=int(us))
-    except OverflowError:
-        raise Misfit("beyond the range of an interval") from None
+    us += 86_400_000_000 * int(days or 0)
+    if abs(us) >= 2**63:  # Spark's intervals are 64-bit microseconds (~106,751,991 days)
+        raise Misfit("beyond the range of an interval")
+    return dt.timedelta(microseconds=int(us))
 
 
 _SCALARS: dict[type, Callable[[Any], Any]] = {
