@@ -9,6 +9,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from core.store import Store
+from core.tables import closest
 from spark.typed import MODES, SourceError
 
 
@@ -41,6 +42,11 @@ def spec_of(options: dict[str, str]) -> Spec:
     from core.config.load import load_config
 
     # Spark's options are case-insensitive: dict() of them has the keys in lower case.
+    for key in options:
+        if key.lower() not in _KNOWN:
+            near = closest(key.lower(), _KNOWN)
+            raise SourceError(f"no option {key!r} of a weir read{_named(near)}: "
+                              "docs/spark.md lists them")  # fmt: skip
     options = {key.lower(): value for key, value in options.items()}
     path = options.get("config")
     if not path:
@@ -99,6 +105,19 @@ def spec_of(options: dict[str, str]) -> Spec:
     )
 
 
+# The options of a weir read (docs/spark.md “Reading”), by their lower-case names.
+_KNOWN = {o.lower(): o for o in ("config", "source", "stream", "collections", "actions", "start",
+                                  "partitions", "split", "maxMessagesPerTrigger", "name",
+                                  "schema", "schemaMode")}  # fmt: skip
+
+
+def _named(near: str) -> str:
+    """``closest``'s hint, with the option's documented spelling."""
+    for low, spelled in _KNOWN.items():
+        near = near.replace(repr(low), repr(spelled))
+    return near
+
+
 def _listed(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
@@ -107,6 +126,6 @@ def _positive(options: dict[str, str], key: str) -> int | None:
     text = options.get(key.lower())
     if text is None:
         return None
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise SourceError(f'option "{key}": a whole number of at least 1, not {text!r}')
     return int(text)
