@@ -16,12 +16,14 @@ optional ``deleted`` (boolean) and ``version`` (a whole number).
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import (
     BooleanType,
@@ -34,6 +36,7 @@ from pyspark.sql.types import (
 
 from core.sources.pg.values import json_float
 from core.steps.payload import dump, load
+from core.tables import closest
 
 BATCH = 1_000  # records a request
 # Seconds between the tries of a post that may pass later: about a minute in all.
@@ -75,7 +78,10 @@ def target_of(options: dict[str, str], schema: StructType) -> Target:
                         "missing (deleted and version are optional)")  # fmt: skip
     for f in schema.fields:
         takes = _TAKES.get(f.name)
-        if takes is not None and not isinstance(f.dataType, takes[0]):
+        if takes is None:  # dropped, it would take its meaning with it (a version, a delete)
+            raise SinkError(f'no column "{f.name}" is written{closest(f.name.lower(), _TAKES)}:'
+                            f" the rows' columns are {', '.join(_TAKES)}")  # fmt: skip
+        if not isinstance(f.dataType, takes[0]):
             raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: it takes '
                             f"{takes[1]}")  # fmt: skip
         if isinstance(f.dataType, MapType) and not isinstance(f.dataType.keyType, StringType):
@@ -154,9 +160,7 @@ def _record(row: Any) -> dict[str, Any]:
             data = load(data.encode())  # every number as written, as ingest takes it
         except ValueError as e:
             raise SinkError(f"record {rid!r} of {coll}: data is not JSON text: {e}") from None
-    elif data is not None and not isinstance(data, dict):
-        data = data.asDict(recursive=True)  # decimals in it are written as their digits
-    out = {"collection_id": coll, "record_id": str(rid), "data": _spelled(data)}
+    out = {"collection_id": coll, "record_id": str(rid), "data": _json(data)}
     fields = row.__fields__
     if "deleted" in fields and row["deleted"] is not None:
         out["deleted"] = bool(row["deleted"])
@@ -168,14 +172,20 @@ def _record(row: Any) -> dict[str, Any]:
     return out
 
 
-def _spelled(v: Any) -> Any:
-    """``v`` with NaN and the infinities as capture writes them: strings, not JSON's null."""
+def _json(v: Any) -> Any:
+    """A value of ``data`` as JSON's values, written as capture writes Postgres's: a struct (a
+    Row, also within a map or an array) an object, NaN and the infinities strings (not JSON's
+    null), bytes base64 text (as a ``bytea``); decimals keep their digits (dump writes them)."""
     if type(v) is float:
         return json_float(v)
+    if isinstance(v, Row):
+        return {k: _json(x) for k, x in v.asDict().items()}
     if isinstance(v, dict):
-        return {k: _spelled(x) for k, x in v.items()}
+        return {k: _json(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_spelled(x) for x in v]
+        return [_json(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(v).decode()
     return v
 
 
