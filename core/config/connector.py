@@ -6,7 +6,7 @@ selection, start position, steps, batching and retries. Each connector package's
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
@@ -115,6 +115,11 @@ class SeqStart(Model):
 
 class TimeStart(Model):
     time: datetime = Field(description="deliver messages written at or after this time")
+
+    @property
+    def utc(self) -> datetime:
+        """The time; one without an offset is UTC (not the store session's time zone)."""
+        return self.time if self.time.tzinfo is not None else self.time.replace(tzinfo=UTC)
 
 
 def _start_kind(v: Any) -> str | None:

@@ -167,4 +167,14 @@ ALTER TABLE {s}.api_connectors ADD COLUMN heads jsonb;
 ALTER TABLE {s}.api_connectors ADD COLUMN added jsonb;
 """,
     ),
+    (
+        19,
+        "the newest commit time of the events retention deleted",
+        """
+-- A source's newest commit time of the events retention deleted: a Spark query whose start time
+-- comes before it would begin in events that are gone, and fails saying so (it began after
+-- them without a word: found by an outside tryout).
+ALTER TABLE {s}.sources ADD COLUMN events_pruned_to timestamptz;
+""",
+    ),
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import AsyncIterator, Callable, Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 import orjson
@@ -172,9 +172,7 @@ class StreamReader:
         if isinstance(start, SeqStart):
             return start.seq - 1
         assert isinstance(start, TimeStart)
-        at: datetime = start.time
-        if at.tzinfo is None:  # UTC: not the store session's time zone, which the query took
-            at = at.replace(tzinfo=UTC)
+        at = start.utc
         if self.stream == "records":
             q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND updated_at >= %s")
             row = await (await self.conn.execute(q.format(self.store.table("record_index")),

@@ -90,7 +90,7 @@ def _prune(
     table = store.table("event_batches")
     rows: list[Any] = conn.execute(
         sql.SQL(
-            "SELECT first_seq, data, version_pos, version_seq FROM {e}"
+            "SELECT first_seq, data, version_pos, version_seq, last_committed_at FROM {e}"
             " WHERE sync_id = %s AND inserted_at < now() - %s"
             " AND (inserted_at < now() - %s OR last_seq <= (SELECT coalesce(min(seq), last_seq)"
             "  FROM {c} WHERE sync_id = %s AND stream = 'events' AND starts_with(connector, %s)))"
@@ -101,12 +101,18 @@ def _prune(
     if not rows:
         conn.rollback()
         return None
-    batches = {int(first): Entries.decode(data).numbered(p, s) for first, data, p, s in rows}
+    batches = {int(first): Entries.decode(data).numbered(p, s) for first, data, p, s, _ in rows}
     seqs = [s for e in batches.values() for s in e.rseq if s is not None]
     _keep(writer, store, sid, seqs, batches)
     conn.execute(
         sql.SQL("DELETE FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)").format(table),
         (sid, list(batches)),
+    )
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET events_pruned_to = greatest(events_pruned_to, %s) WHERE sync_id = %s"
+        ).format(store.table("sources")),
+        (max(r[4] for r in rows), sid),
     )
     writer.conn.commit()
     return sum(len(e) for e in batches.values())
