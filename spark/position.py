@@ -8,9 +8,11 @@ import asyncio
 import uuid
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from core.config.connector import TimeStart
+from core.failures import postgres_unreachable
 from core.store.cursors import SPARK_PREFIX
 from core.store.reader import StreamReader
 from core.store.selection import selection
@@ -22,10 +24,17 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def reader_of(spec: Spec) -> StreamReader:
+async def opened(spec: Spec) -> StreamReader:
+    """A reader of the spec, connected to the store; a store that does not answer fails the
+    query with one line saying so (Spark shows the data source's message as it is)."""
     where = selection(list(spec.collections), spec.actions, [])  # type: ignore[arg-type]
     name = SPARK_PREFIX + (spec.name or "reader")
-    return StreamReader(spec.store, name, spec.stream, where, spec.sync_id, spec.provider)
+    reader = StreamReader(spec.store, name, spec.stream, where, spec.sync_id, spec.provider)
+    try:
+        await reader.open()
+    except psycopg.OperationalError as e:
+        raise SourceError(str(postgres_unreachable(e, spec.store.url, "the store"))) from None
+    return reader
 
 
 async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
@@ -33,8 +42,7 @@ async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
     time at or before the newest event retention deleted begins in those events: at the
     stream's first, as ``beginning`` does, so that reading it fails naming them (``_present``
     in spark/source.py)."""
-    reader = reader_of(spec)
-    await reader.open()
+    reader = await opened(spec)
     try:
         head = await reader.head()
         if not start:
@@ -73,8 +81,7 @@ class Position:
             self.noted = max(seq, self.noted)
 
     async def _put(self, seq: int) -> None:
-        reader = reader_of(self.spec)
-        await reader.open()
+        reader = await opened(self.spec)
         try:
             held = await reader.cursors.put(reader.conn, seq, self.holder, self.noted < 0)
         finally:

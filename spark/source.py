@@ -52,7 +52,7 @@ from core.store.batches import Entries, Stored, Version
 from core.store.reader import StreamReader
 from spark import arrow, sink
 from spark.options import Spec, spec_of
-from spark.position import Position, bounds, reader_of, run
+from spark.position import Position, bounds, opened, run
 from spark.typed import Columns, SourceError, typed_fields
 
 SCHEMA = (
@@ -65,7 +65,15 @@ PAGE = 5_000  # messages a read takes from the store at a time
 
 def _typed(options: dict[str, str], schema: StructType) -> Spec:
     """The spec, with the typed columns of the ``schema`` option (those after the envelope's:
-    :meth:`WeirSource.schema`), checked."""
+    :meth:`WeirSource.schema`), checked. A schema given with ``.schema()`` is refused: the
+    rows' columns are the envelope's, then the option's."""
+    if schema.fieldNames()[: len(ENVELOPE)] != ENVELOPE:
+        ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
+        raise SourceError(
+            f"a weir read's columns are the envelope's ({', '.join(ENVELOPE)}), then the "
+            'typed columns of the record its option "schema" gives: write '
+            f'.option("schema", "{ddl}"), not .schema(...)'
+        )
     spec = spec_of(options)
     if spec.schema is None:
         return spec
@@ -215,15 +223,16 @@ def _snapshot(spec: Spec, part: Bucket) -> Iterator[tuple[asyncio.AbstractEventL
     check and the read: retention deleting events meanwhile (which the reader would step past)
     cannot take any from under it."""
     loop = asyncio.new_event_loop()
-    reader = reader_of(spec)
+    reader: StreamReader | None = None
     try:
-        loop.run_until_complete(reader.open())
+        reader = loop.run_until_complete(opened(spec))
         loop.run_until_complete(reader.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ"))
         if spec.stream == "events":
             loop.run_until_complete(_present(reader, part))
         yield loop, reader
     finally:
-        loop.run_until_complete(reader.close())
+        if reader is not None:
+            loop.run_until_complete(reader.close())
         loop.close()
 
 
