@@ -161,7 +161,7 @@ def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error
         (schema, schema),
     ).fetchone() or ("ROLE", "DATABASE", schema, None)
     if owner is not None and owner != user:
-        at, alter = _literal(s), _literal(f"ALTER %s %s OWNER TO {user}")
+        at, alter = (sql.Literal(t).as_string(conn) for t in (s, f"ALTER %s %s OWNER TO {user}"))
         handover = (
             f"DO $$ DECLARE o record; BEGIN ALTER SCHEMA {s} OWNER TO {user}; FOR o IN SELECT"
             f" 'TABLE' AS k, oid::regclass::text AS n FROM pg_class WHERE relnamespace ="
@@ -181,10 +181,6 @@ def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error
         "owns (createdb -O %s weir_store)",
         *(user, schema, db, first_line(e), db, user, user),
     )
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def open_store(cfg: WeirConfig) -> Store:
