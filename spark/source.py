@@ -64,9 +64,10 @@ PAGE = 5_000  # messages a read takes from the store at a time
 
 
 def _typed(options: dict[str, str], schema: StructType) -> Spec:
-    """The spec, with the typed columns of the ``schema`` option (those after the envelope's:
-    :meth:`WeirSource.schema`), checked. A schema given with ``.schema()`` is refused: the
-    rows' columns are the envelope's, then the option's."""
+    """The spec, with the typed columns of the schema Spark reads with (those after the
+    envelope's: the ``schema`` option's, :meth:`WeirSource.schema`, or, given with
+    ``.schema()``, a schema such a read had), checked. Another schema is refused: the rows'
+    columns are the envelope's, then the typed ones."""
     if schema.fieldNames()[: len(ENVELOPE)] != ENVELOPE:
         ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
         raise SourceError(
@@ -75,7 +76,7 @@ def _typed(options: dict[str, str], schema: StructType) -> Spec:
             f'.option("schema", "{ddl}"), not .schema(...)'
         )
     spec = spec_of(options)
-    if spec.schema is None:
+    if len(schema.fields) == len(ENVELOPE):
         return spec
     return replace(spec, typed=typed_fields(schema, ENVELOPE, SourceError))
 

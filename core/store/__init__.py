@@ -152,15 +152,18 @@ class Store:
 
 def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error) -> Said:
     """Why the store role cannot make or change the store's schema, and what lets it: the
-    GRANT, or, when another role owns the schema (a run as that role made it), the handover of
-    the schema and what it holds (Weir changes them as their owner)."""
+    GRANT, or, when another role owns the schema or what it holds (a run as that role made
+    them), their handover, which a superuser runs (Weir changes them as their owner)."""
     conn.rollback()
-    user, db, s, owner = conn.execute(
+    user, db, s, other = conn.execute(
         "SELECT quote_ident(current_user), quote_ident(current_database()), quote_ident(%s),"
-        " (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s)",
+        " (SELECT o::regrole::text FROM pg_namespace n, LATERAL (SELECT n.nspowner UNION ALL"
+        "  SELECT relowner FROM pg_class WHERE relnamespace = n.oid UNION ALL"
+        "  SELECT proowner FROM pg_proc WHERE pronamespace = n.oid) AS owners(o)"
+        "  WHERE n.nspname = %s AND o <> current_user::regrole LIMIT 1)",
         (schema, schema),
     ).fetchone() or ("ROLE", "DATABASE", schema, None)
-    if owner is not None and owner != user:
+    if other is not None:
         at, alter = (sql.Literal(t).as_string(conn) for t in (s, f"ALTER %s %s OWNER TO {user}"))
         handover = (
             f"DO $$ DECLARE o record; BEGIN ALTER SCHEMA {s} OWNER TO {user}; FOR o IN SELECT"
@@ -170,10 +173,10 @@ def _may_not_create(conn: psycopg.Connection[Any], schema: str, e: psycopg.Error
             f" LOOP EXECUTE format({alter}, o.k, o.n); END LOOP; END $$"
         )
         return said(
-            "role %s may not change the store's schema %s in database %s (%s): role %s owns it "
-            "(a run as that role made it); as %s or a superuser hand it and what it holds to "
+            "role %s may not change the store's schema %s in database %s (%s): role %s owns "
+            "it or what it holds (a run as that role made them); as a superuser hand them to "
             "%s: %s; or DROP SCHEMA %s CASCADE to make it anew (what it holds is lost)",
-            *(user, schema, db, first_line(e), owner, owner, user, handover, s),
+            *(user, schema, db, first_line(e), other, user, handover, s),
         )
     return said(
         "role %s may not make the store's schema %s in database %s (%s): as the database's "

@@ -175,6 +175,12 @@ ALTER TABLE {s}.api_connectors ADD COLUMN added jsonb;
 -- comes before it would begin in events that are gone, and fails saying so (it began after
 -- them without a word: found by an outside tryout).
 ALTER TABLE {s}.sources ADD COLUMN events_pruned_to timestamptz;
+-- A source whose first events retention deleted before this migration: their times are gone
+-- with them, so the first kept event's commit stands for them (a start time up to it fails).
+UPDATE {s}.sources s SET events_pruned_to = coalesce(
+    (SELECT min(b.first_committed_at) FROM {s}.event_batches b WHERE b.sync_id = s.sync_id), now())
+WHERE s.events_seq > 0 AND NOT EXISTS (
+    SELECT 1 FROM {s}.event_batches b WHERE b.sync_id = s.sync_id AND b.first_seq = 1);
 """,
     ),
 ]

@@ -19,14 +19,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from psycopg import sql
 
 from core.envelope import record_token
 from core.store import AConn, Conn, Store, array
-from core.store.batches import Entries, Version
+from core.store.batches import Entries
 from core.store.shared import lock_key
 
 log = logging.getLogger("weir.store")
@@ -115,8 +114,7 @@ def rebuild(conn: Conn, store: Store) -> None:
                             if seq is not None:
                                 v = batch.version_at(i)
                                 copy.write_row((sync_id, v.coll, record_token(v.rid), v.seq,
-                                                v.version, v.idx, v.deleted,
-                                                made(v, at, kind),  # type: ignore[arg-type]
+                                                v.version, v.idx, v.deleted, at,
                                                 kind * key, i))  # type: ignore[operator]  # fmt: skip
                                 entries += 1
     conn.execute(
@@ -135,14 +133,6 @@ def rebuild(conn: Conn, store: Store) -> None:
         entries,
         time.monotonic() - started,
     )
-
-
-def made(v: Version, stored: datetime, kind: int) -> datetime:
-    """When a version was written, as the index keeps it (``updated_at``: where a records
-    connector's ``start_position`` time begins): its events batch's store time; a records
-    batch's is when retention moved the version there, so its own time (its commit's) stands
-    for it."""
-    return stored if kind > 0 or not v.ts else datetime.fromisoformat(v.ts)
 
 
 # -- versions by where they are --------------------------------------------------------------

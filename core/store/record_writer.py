@@ -10,6 +10,7 @@ seeds (core/store/snapshot_writer.py) and retention (core/store/retention.py) us
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from psycopg import sql
@@ -95,19 +96,21 @@ class RecordWriter:
                         ts=ch.committed_at)))  # fmt: skip
                 self.place(versions)
 
-    def place(self, versions: list[tuple[str, Version]], *, new: bool = False) -> None:
+    def place(self, versions: list[tuple[str, Version]], *, new: bool = False,
+              stored: datetime | None = None) -> None:  # fmt: skip
         """Store versions (each with its record token) in a new records batch, and index them
         there: as records the index holds already, or (``new``) as records it does not hold,
         which fails on one it holds (a unique violation). The source's counters move past
-        them."""
+        them. ``stored``: when versions moved from other batches were written (the batch's
+        time, which a rebuilt index gives them), else now."""
         self.record_batches += 1
         entries = Entries()
         for _, v in versions:
             entries.add_version(v)
         key = -self.record_batches
         self.batches.put(key, entries)
-        self.conn.execute(self._insert_records, (self.sync_id, self.record_batches,
-                                                 len(entries), entries.encode()))  # fmt: skip
+        self.conn.execute(self._insert_records, (self.sync_id, self.record_batches, len(entries),
+                                                 entries.encode(), stored))  # fmt: skip
         if new:
             with self.conn.cursor() as cur, cur.copy(self._copy_index) as copy:
                 for pos, (token, v) in enumerate(versions):
@@ -125,4 +128,7 @@ class RecordWriter:
 
 
 TOMBSTONES = 10_000  # versions per records batch of a truncate's tombstones
-INSERT_RECORD_BATCH = sql.SQL("INSERT INTO {} (sync_id, id, entries, data) VALUES (%s, %s, %s, %s)")
+INSERT_RECORD_BATCH = sql.SQL(
+    "INSERT INTO {} (sync_id, id, entries, data, inserted_at)"
+    " VALUES (%s, %s, %s, %s, coalesce(%s, now()))"
+)

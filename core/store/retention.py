@@ -14,7 +14,7 @@ for it, as for another writer), so it never holds a write up for long.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import sql
@@ -29,25 +29,33 @@ BATCHES = 100  # batches deleted or rewritten per transaction
 SPARSE = 0.5  # a records batch with fewer live versions than this share is rewritten
 
 
+# Whether retention deletes events batch ``b`` now: older than the cutoff, and read by every
+# Spark query (running or stopped) unless older than their hold. Params: cutoff, hold, prefix.
+_DELETED = (
+    "b.inserted_at < now() - %(cutoff)s AND (b.inserted_at < now() - %(hold)s"
+    " OR b.last_seq <= (SELECT coalesce(min(q.seq), b.last_seq) FROM {c} q WHERE"
+    " q.sync_id = b.sync_id AND q.stream = 'events' AND starts_with(q.connector, %(spark)s)))"
+)
+
+
 def behind(
     conn: Conn, store: Store, cutoff: timedelta, hold: timedelta
 ) -> list[tuple[str, str, int]]:
-    """(who, source, events) of the events older than ``cutoff`` that a reader has not
-    delivered yet: what deleting them now takes from it. ``who``: a connector's name, or
-    ``consumer NAME`` for an HTTP pull consumer, whose queue holds events its cursor passed
-    until a worker acks them. A Spark query's events are kept for ``hold``
-    (:func:`delete_older`)."""
+    """(who, source, events) of the events retention deletes now (:func:`delete_older`) that a
+    reader has not delivered yet: what deleting them takes from it. ``who``: a connector's
+    name (a Spark query's cursor too), or ``consumer NAME`` for an HTTP pull consumer, whose
+    queue holds events its cursor passed until a worker acks them."""
     t = store.table
+    deleted = sql.SQL(_DELETED).format(c=t("cursors"))
+    params = {"cutoff": cutoff, "hold": hold, "spark": SPARK_PREFIX}
     cursors: list[Any] = conn.execute(
         sql.SQL(
             "SELECT c.connector, s.name, sum(b.last_seq - greatest(b.first_seq - 1, c.seq))"
             " FROM {c} c JOIN {s} s USING (sync_id)"
             " JOIN {e} b ON b.sync_id = c.sync_id AND b.last_seq > c.seq"
-            " WHERE c.stream = 'events' AND b.inserted_at < now() - %s"
-            " AND (NOT starts_with(c.connector, %s) OR b.inserted_at < now() - %s)"
-            " GROUP BY c.connector, s.name"
-        ).format(c=t("cursors"), s=t("sources"), e=t("event_batches")),
-        (cutoff, SPARK_PREFIX, hold),
+            " WHERE c.stream = 'events' AND {deleted} GROUP BY c.connector, s.name"
+        ).format(c=t("cursors"), s=t("sources"), e=t("event_batches"), deleted=deleted),
+        params,
     ).fetchall()
     queued: list[Any] = conn.execute(
         sql.SQL(
@@ -55,9 +63,15 @@ def behind(
             " FROM {m} m JOIN {k} k ON k.name = m.consumer AND k.stream = 'events'"
             " JOIN {s} s ON s.sync_id = m.sync_id"
             " JOIN {e} b ON b.sync_id = m.sync_id AND m.seq BETWEEN b.first_seq AND b.last_seq"
-            " WHERE b.inserted_at < now() - %s GROUP BY m.consumer, s.name"
-        ).format(m=t("consumer_messages"), k=t("consumers"), s=t("sources"), e=t("event_batches")),
-        (cutoff,),
+            " WHERE {deleted} GROUP BY m.consumer, s.name"
+        ).format(
+            m=t("consumer_messages"),
+            k=t("consumers"),
+            s=t("sources"),
+            e=t("event_batches"),
+            deleted=deleted,
+        ),
+        params,
     ).fetchall()
     return [(str(c), str(s), int(n)) for c, s, n in cursors + queued]
 
@@ -90,20 +104,17 @@ def _prune(
     table = store.table("event_batches")
     rows: list[Any] = conn.execute(
         sql.SQL(
-            "SELECT first_seq, data, version_pos, version_seq, last_committed_at FROM {e}"
-            " WHERE sync_id = %s AND inserted_at < now() - %s"
-            " AND (inserted_at < now() - %s OR last_seq <= (SELECT coalesce(min(seq), last_seq)"
-            "  FROM {c} WHERE sync_id = %s AND stream = 'events' AND starts_with(connector, %s)))"
-            " ORDER BY first_seq LIMIT %s"
-        ).format(e=table, c=store.table("cursors")),
-        (sid, cutoff, hold, sid, SPARK_PREFIX, BATCHES),
+            "SELECT first_seq, data, version_pos, version_seq, last_committed_at, inserted_at"
+            " FROM {e} b WHERE sync_id = %(sid)s AND {deleted} ORDER BY first_seq LIMIT %(n)s"
+        ).format(e=table, deleted=sql.SQL(_DELETED).format(c=store.table("cursors"))),
+        {"sid": sid, "cutoff": cutoff, "hold": hold, "spark": SPARK_PREFIX, "n": BATCHES},
     ).fetchall()
     if not rows:
         conn.rollback()
         return None
-    batches = {int(first): Entries.decode(data).numbered(p, s) for first, data, p, s, _ in rows}
+    batches = {int(first): Entries.decode(data).numbered(p, s) for first, data, p, s, *_ in rows}
     seqs = [s for e in batches.values() for s in e.rseq if s is not None]
-    _keep(writer, store, sid, seqs, batches)
+    _keep(writer, store, sid, seqs, batches, max(r[5] for r in rows))
     conn.execute(
         sql.SQL("DELETE FROM {} WHERE sync_id = %s AND first_seq = ANY(%s)").format(table),
         (sid, list(batches)),
@@ -150,12 +161,14 @@ def _rewrite(conn: Conn, store: Store, sid: uuid.UUID, ids: list[int]) -> int:
     writer = _writer(conn, store, sid)
     table = store.table("record_batches")
     rows: list[Any] = conn.execute(
-        sql.SQL("SELECT id, data FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(table),
+        sql.SQL("SELECT id, data, inserted_at FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(
+            table
+        ),
         (sid, ids),
     ).fetchall()
-    batches = {-int(i): Entries.decode(data) for i, data in rows}
+    batches = {-int(i): Entries.decode(data) for i, data, _ in rows}
     seqs = [s for e in batches.values() for s in e.rseq if s is not None]
-    _keep(writer, store, sid, seqs, batches)
+    _keep(writer, store, sid, seqs, batches, max(r[2] for r in rows))
     conn.execute(
         sql.SQL("DELETE FROM {} WHERE sync_id = %s AND id = ANY(%s)").format(table), (sid, ids)
     )
@@ -170,11 +183,12 @@ def _writer(conn: Conn, store: Store, sid: uuid.UUID) -> RecordWriter:
     return writer
 
 
-def _keep(
-    writer: RecordWriter, store: Store, sid: Any, seqs: list[int], batches: dict[int, Entries]
-) -> None:
+def _keep(writer: RecordWriter, store: Store, sid: Any, seqs: list[int],
+          batches: dict[int, Entries], stored: datetime) -> None:  # fmt: skip
     """Move the versions of ``seqs`` that are still their record's newest and whose entries are
-    in ``batches`` (by index location key) into a new records batch."""
+    in ``batches`` (by index location key) into a new records batch, which keeps the newest
+    time they were written (``stored``): a rebuilt index gives it to them, and a records
+    connector's start time is compared with it."""
     if not seqs:
         return
     rows: list[Any] = writer.conn.execute(
@@ -190,4 +204,4 @@ def _keep(
             v = entries.version_at(pos)
             versions.append((record_token(v.rid), v))
     for at in range(0, len(versions), 10_000):
-        writer.place(versions[at : at + 10_000])
+        writer.place(versions[at : at + 10_000], stored=stored)
