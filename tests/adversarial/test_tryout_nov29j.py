@@ -126,8 +126,9 @@ def test_a_failed_event_retried_after_retention_is_sent_or_kept(
 def test_a_records_time_start_after_retention_and_a_postgres_crash_starts_at_that_time(
     nats_server: EmbeddedNats,
 ) -> None:
-    """docs/design.md “Start positions”: ``{time: …}`` is where a connector's first start
-    begins (docs/configuration.md: "a seq or a time"); “The store's layout”: the records index,
+    """docs/design.md “Guarantees”, **Start positions**: ``{time: …}`` is where a connector's
+    first start begins (docs/configuration.md: "a seq or a time"); “The store's layout”: the
+    records index,
     emptied by a Postgres crash, is rebuilt "from the batches". Rows 1-5 are inserted, then at
     time T (3 s later) rows 6-10. A records connector to NATS with ``start_position: {time:
     T}`` gets rows 6-10 (that holds, also after retention). But after the retention job moved

@@ -107,8 +107,9 @@ print("DELETED", retention.delete_older(Store(cfg.store_url), td(0), td(0)))
 def test_a_start_time_before_events_deleted_before_the_upgrade_is_not_a_silent_gap(
     tmp_path: Path, table: str
 ) -> None:
-    """docs/spark.md “Never a silent gap”: "It never skips them: a start time at or before
-    the newest commit of the events retention deleted (the store keeps that time) begins in
+    """docs/spark.md “What a query keeps”, **Never a silent gap**: "It never skips them: a
+    start time at or before the newest commit of the events retention deleted (the store keeps
+    that time) begins in
     them, and fails so too"; docs/operations.md “Upgrading”: store migrations run when a Weir
     process starts. The Weir before migration 19 (commit 6ed9db4, this repository's history)
     captures 5 changes after time T and its retention deletes them; the current Weir then
@@ -251,8 +252,9 @@ def test_the_schema_of_a_typed_read_given_with_dot_schema_is_refused_before_the_
 def test_a_records_time_start_sends_the_same_pushed_records_after_a_crash(
     nats_server: EmbeddedNats,
 ) -> None:
-    """docs/design.md “Start positions” and “The store's layout”: ``{time: …}`` "deliver[s]
-    messages written at or after this time" (docs/configuration.md), and the records index,
+    """docs/design.md “Guarantees” (**Start positions**) and “The store's layout”:
+    ``{time: …}`` "deliver[s] messages written at or after this time" (docs/configuration.md),
+    and the records index,
     emptied by a Postgres crash, is rebuilt "from the batches": the same index. At time T an
     API sync pushes 5 records into the http source ``stripe`` with ``upstream_updated_at``
     2020-01-01 (data synced late from a provider). A records connector made with

@@ -349,8 +349,9 @@ def test_a_column_the_writer_does_not_take_is_refused_naming_it(
 def test_a_start_time_before_deleted_events_fails_as_a_start_seq_does(
     tmp_path: Path, table: str
 ) -> None:
-    """docs/spark.md "Never a silent gap": "When events a query has to read were deleted anyway
-    (…, or a query without a name), its micro-batch fails: events 1 to 4312 of source … were
+    """docs/spark.md “What a query keeps”, **Never a silent gap**: "When events a query has to
+    read were deleted anyway (…, or a query without a name), its micro-batch fails: events 1 to
+    4312 of source … were
     deleted by retention …; it never skips them." Events 1-5 were written after time T and
     deleted by retention, then 6-10 written. A read with ``start`` ``seq:1`` (or ``beginning``)
     fails so; the same
