@@ -45,7 +45,8 @@ def table_name(schema: str, table: str) -> str:
 
 
 def closest(name: str, names: Iterable[str]) -> Said:
-    """`` (did you mean 'X'?)`` of the name of ``names`` closest to ``name``; nothing when none
-    is close."""
-    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return said(" (did you mean %r?)", near[0]) if near else Said("")
+    """`` (did you mean 'X'?)`` of the name of ``names`` closest to ``name``, compared without
+    case and told as ``names`` spell it; nothing when none is close."""
+    by_folded = {n.lower(): n for n in names}
+    near = difflib.get_close_matches(name.lower(), list(by_folded), n=1, cutoff=0.6)
+    return said(" (did you mean %r?)", by_folded[near[0]]) if near else Said("")

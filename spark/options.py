@@ -44,8 +44,7 @@ def spec_of(options: dict[str, str]) -> Spec:
     # Spark's options are case-insensitive: dict() of them has the keys in lower case.
     for key in options:
         if key.lower() not in _KNOWN:
-            near = closest(key.lower(), _KNOWN)
-            raise SourceError(f"no option {key!r} of a weir read{_named(near)}: "
+            raise SourceError(f"no option {key!r} of a weir read{closest(key, _KNOWN.values())}: "
                               "docs/spark.md lists them")  # fmt: skip
     options = {key.lower(): value for key, value in options.items()}
     path = options.get("config")
@@ -109,13 +108,6 @@ def spec_of(options: dict[str, str]) -> Spec:
 _KNOWN = {o.lower(): o for o in ("config", "source", "stream", "collections", "actions", "start",
                                   "partitions", "split", "maxMessagesPerTrigger", "name",
                                   "schema", "schemaMode")}  # fmt: skip
-
-
-def _named(near: str) -> str:
-    """``closest``'s hint, with the option's documented spelling."""
-    for low, spelled in _KNOWN.items():
-        near = near.replace(repr(low), repr(spelled))
-    return near
 
 
 def _listed(text: str | None) -> list[str]:

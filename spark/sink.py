@@ -79,7 +79,7 @@ def target_of(options: dict[str, str], schema: StructType) -> Target:
     for f in schema.fields:
         takes = _TAKES.get(f.name)
         if takes is None:  # dropped, it would take its meaning with it (a version, a delete)
-            raise SinkError(f'no column "{f.name}" is written{closest(f.name.lower(), _TAKES)}:'
+            raise SinkError(f'no column "{f.name}" is written{closest(f.name, _TAKES)}:'
                             f" the rows' columns are {', '.join(_TAKES)}")  # fmt: skip
         if not isinstance(f.dataType, takes[0]):
             raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: it takes '

@@ -43,6 +43,8 @@ def test_a_spec_is_what_the_options_say(config: str) -> None:
     ({"partitions": "0"}, 'option "partitions": a whole number of at least 1'),
     ({"split": "range"}, "hash or seq, not 'range'"),
     ({"maxMessagesPerTrigger": "1e3"}, "not '1e3'"),
+    ({"maxmessagespertriger": "5"}, "(did you mean 'maxMessagesPerTrigger'?)"),  # as documented
+    ({"SchemaMod": "permissive"}, "(did you mean 'schemaMode'?)"),
     ({"actions": "inserts"}, "insert, update, delete or truncate, of the events stream (inserts"),
     ({"actions": "insert", "stream": "records"}, "of the events stream (records given)"),
 ])  # fmt: skip
