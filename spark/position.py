@@ -9,10 +9,9 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
-from core.config.connector import TimeStart
 from core.failures import postgres_unreachable
+from core.store import starts
 from core.store.cursors import SPARK_PREFIX
 from core.store.reader import StreamReader
 from core.store.selection import selection
@@ -38,23 +37,15 @@ async def opened(spec: Spec) -> StreamReader:
 
 
 async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
-    """(where the start option begins: the last seq before it, the stream's head). A start
-    time at or before the newest event retention deleted begins in those events: at the
-    stream's first, as ``beginning`` does, so that reading it fails naming them (``_present``
-    in spark/source.py)."""
+    """(where the start option begins: the last seq before it, the stream's head). A start in
+    events retention deleted fails when they are read, naming them (``_present`` in
+    spark/source.py)."""
     reader = await opened(spec)
     try:
         head = await reader.head()
         if not start:
             return head, head
-        if isinstance(spec.start, TimeStart) and spec.stream == "events":
-            q = sql.SQL("SELECT events_pruned_to FROM {} WHERE sync_id = %s").format(
-                spec.store.table("sources")
-            )
-            row = await (await reader.conn.execute(q, (spec.sync_id,))).fetchone()
-            if row is not None and row[0] is not None and spec.start.utc <= row[0]:
-                return 0, head
-        return await reader.start_seq(spec.start), head
+        return await starts.start_seq(reader, spec.start), head
     finally:
         await reader.close()
 

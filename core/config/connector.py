@@ -170,8 +170,9 @@ class ConnectorBase(Model):
     start_position: StartPosition = Field(
         "beginning",
         description="where its first start begins: every retained message (records: every "
-        "current record), only messages stored after it, a seq or a time; then its saved "
-        "position wins",
+        "current record), only messages stored after it, a seq or a time (one in events "
+        "retention deleted begins at the first kept, with a warning); then its saved position "
+        "wins",
     )
     filters: list[Filter] = Field([], description="conditions on the record that must all hold")
     steps: list[Step] = Field(

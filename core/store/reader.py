@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import select
 from collections.abc import AsyncIterator, Callable, Iterable
-from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 import orjson
 import psycopg
 from psycopg import sql
 
-from core.config.connector import SeqStart, TimeStart
 from core.envelope import (
     Message,
     Payloads,
@@ -29,7 +27,7 @@ from core.envelope import (
 )
 from core.redact import said
 from core.shards import UNSPLIT, Resplit, Shard, shard_of
-from core.store import SESSION, AConn, Store, index, streams
+from core.store import SESSION, AConn, Store, index, starts, streams
 from core.store import failed as failed_list
 from core.store.batches import Entries, Version
 from core.store.cursors import Cursor, Cursors
@@ -159,35 +157,11 @@ class StreamReader:
     async def cursor(self, start: Any, had: bool = False) -> Cursor:
         """The saved cursor; on the connector's first start, one made from ``start`` (see
         :meth:`Cursors.load` for ``had``)."""
-        cursor = await self.cursors.load(self.conn, lambda: self.start_seq(start), had)
+        cursor = await self.cursors.load(self.conn, lambda: starts.start_seq(self, start), had)
         self.resplits = cursor.resplits
+        if cursor.new:
+            await starts.tell_deleted(self, cursor.seq, start)
         return cursor
-
-    async def start_seq(self, start: Any) -> int:
-        """The last seq before where ``start`` (a start position) begins."""
-        if start == "beginning":
-            return 0
-        if start == "end":
-            return self.end if self.end is not None else await self.head()
-        if isinstance(start, SeqStart):
-            return start.seq - 1
-        assert isinstance(start, TimeStart)
-        at = start.utc
-        if self.stream == "records":
-            q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND updated_at >= %s")
-            row = await (await self.conn.execute(q.format(self.store.table("record_index")),
-                                                 (self.sync_id, at))).fetchone()  # fmt: skip
-            return await self.head() if row is None or row[0] is None else int(row[0]) - 1
-        q = sql.SQL("SELECT first_seq, data FROM {} WHERE sync_id = %s AND last_committed_at >= %s"
-                    " ORDER BY first_seq LIMIT 1")  # fmt: skip
-        row = await (await self.conn.execute(q.format(self.store.table("event_batches")),
-                                             (self.sync_id, at))).fetchone()  # fmt: skip
-        if row is None:
-            return await self.head()
-        when = at.timestamp()
-        entries = Entries.decode(row[1])
-        first = next((i for i, ts in enumerate(entries.ts) if _epoch(ts) >= when), 0)
-        return int(row[0]) + first - 1
 
     async def save(self, seq: int, state: dict[str, Any]) -> None:
         if self.resplits:  # kept until the cursor has passed what the earlier splits sent
@@ -367,12 +341,12 @@ class StreamReader:
         if ts == self._last[0]:
             return self._last[1]
         if len(ts) != 27:
-            return _epoch(ts)
+            return starts.epoch(ts)
         second = self._times.get(ts[:19])
         if second is None:
             if len(self._times) > 1000:
                 self._times.clear()
-            second = self._times[ts[:19]] = _epoch(ts[:19] + "Z")
+            second = self._times[ts[:19]] = starts.epoch(ts[:19] + "Z")
         at = second + int(ts[20:26]) / 1_000_000
         self._last = (ts, at)
         return at
@@ -394,7 +368,3 @@ class StreamReader:
                                        v.record)  # fmt: skip
         return Message(sid, self.provider, v.seq, v.coll, None, group, key, payload,
                        self._at(v.ts) if v.ts else 0.0)  # fmt: skip
-
-
-def _epoch(ts: str) -> float:
-    return datetime.fromisoformat(ts).timestamp()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -24,10 +25,13 @@ from core.api.probes import reachable as _reachable
 from core.config.model import WeirConfig
 from core.runtime import jobs
 from core.runtime.service import prepare, serve
+from devkit.embedded import EmbeddedNats
+from tests.connectors.nats.harness import NatsHarness
 from tests.connectors.webhook.harness import WebhookHarness
 from tests.connectors.webhook.receiver import Receiver
 from tests.helpers import stored
 from tests.helpers.api import api_serving
+from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import count_events, wait_for
 from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
 
@@ -161,6 +165,48 @@ def test_retention_deletes_old_events_and_names_connectors_behind(
     live = stored.records(table, live_only=True)
     assert sorted(r["record"]["id"] for r in live) == list(range(10))
     assert [r["seq"] for r in live] == list(range(1, 11))
+
+
+def test_a_start_in_events_retention_deleted_is_told_and_begins_at_the_first_kept(
+    table: str, nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design.md “Guarantees” (**Nothing lost silently**, **Start positions**): a new
+    connector whose ``{time: …}`` or ``{seq: N}`` start falls in events retention deleted
+    starts at the first kept event and says so in one line naming them; ``beginning`` (every
+    retained message) and a time after them say nothing. Before, it started there silently."""
+
+    def now() -> datetime:
+        with psycopg.connect(table) as conn:
+            return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index,no-any-return]
+
+    store = {"events_retention": "7d"}
+    cfg = weir_config(table, [], store=store)
+    before = now()
+    with serving(cfg):
+        insert_t(table, range(5))
+        wait_for(lambda: count_events(table) == 5, what="capture")
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '8 days'")
+        assert jobs.prune_events(cfg, prepare(cfg)) == 5
+        between = now()
+        insert_t(table, range(5, 8))
+        wait_for(lambda: count_events(table) == 3, what="capture")
+    nats = NatsHarness(nats_server)
+    starts = {"at_time": {"time": before.isoformat()}, "at_seq": {"seq": 2},
+              "beginning": "beginning", "after": {"time": between.isoformat()}}  # fmt: skip
+    connectors = [nats.connector(name, "events", start_position=s) for name, s in starts.items()]
+    for c in connectors:
+        nats.prepare(c)
+    with caplog.at_level(logging.WARNING), serving(weir_config(table, connectors, store=store)):
+        got = {c["name"]: wait_delivered(nats, c, 3) for c in connectors}
+    for name, delivered in got.items():
+        assert sorted(d.payload["record"]["id"] for d in delivered) == [5, 6, 7], name
+    said = sorted(r.getMessage() for r in caplog.records if "start_position" in r.getMessage())
+    assert said == [
+        f"connector {name}: its start_position begins in events {first} to 5 of source app, which "
+        "retention deleted (store.events_retention); it starts at the first kept, 6"
+        for name, first in (("at_seq", 2), ("at_time", 1))
+    ]
 
 
 def test_slot_lag_check_warns_when_wal_piles_up(table: str) -> None:
