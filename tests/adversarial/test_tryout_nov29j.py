@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from tests.helpers import stored
 from tests.helpers.api import api_config, api_serving, receive
 from tests.helpers.brokers import Delivered, wait_delivered
 from tests.helpers.capture import wait_for
-from tests.helpers.cli import WEIR, weir
+from tests.helpers.cli import run_again, weir
 from tests.helpers.quickstart import db_url as _db
 from tests.helpers.sql import execute
 from tests.helpers.weir import serving, weir_config
@@ -43,6 +41,19 @@ def _queued(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM weir.consumer_messages").fetchone()
     return int(row[0]) if row else 0
+
+
+SLOW = {"name": "slow", "stream": "events", "ack_wait_ms": 30000}  # an HTTP pull consumer
+
+
+def _queue_and_prune(table: str, caplog: pytest.LogCaptureFixture) -> int:
+    """20 inserts into ``t`` moved into consumer ``SLOW``'s queue, then aged past retention and
+    the retention job run (its warnings in ``caplog``): how many events it deleted."""
+    execute(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
+    wait_for(lambda: _queued(table) == 20, what="the consumer's queue to fill")
+    _age(table)
+    with caplog.at_level(logging.WARNING):
+        return jobs.prune_events(api_config(table, 1), Store(table))
 
 
 def _ids(got: list[Delivered]) -> list[int]:
@@ -66,13 +77,8 @@ def test_retention_of_events_a_consumer_queued_but_never_delivered_is_said(
     core/store/retention.py counts only events past a cursor, and a queued event is behind
     it): 20 messages the consumer still had to deliver are gone without a word (the queue rows
     are "buried" as pruned, core/store/consumers.py ``receive``)."""
-    consumer = {"name": "slow", "stream": "events", "ack_wait_ms": 30000}
-    with api_serving(table, consumers=[consumer]) as client:
-        execute(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
-        wait_for(lambda: _queued(table) == 20, what="the consumer's queue to fill")
-        _age(table)
-        with caplog.at_level(logging.WARNING):
-            deleted = jobs.prune_events(api_config(table, 1), Store(table))
+    with api_serving(table, consumers=[SLOW]) as client:
+        deleted = _queue_and_prune(table, caplog)
         got = receive(client, "slow", 100)
         failed = client.get("/v1/http-consumers/slow/failed").json()["data"]
     said = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
@@ -194,12 +200,6 @@ def test_a_store_schema_another_role_made_is_told_with_a_fix_that_works(
     assert fix is not None, line
     with psycopg.connect(_db(pg, "weir_store"), autocommit=True) as conn:
         conn.execute(fix[0])  # the fix as the line names it
-    run = subprocess.Popen([*WEIR, "run", "--config", str(config)], env=_env(pg),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        again = run.communicate(timeout=20)[0]  # it stopped: say why
-    except subprocess.TimeoutExpired:  # it runs: the fix worked
-        run.send_signal(signal.SIGTERM)
-        again = run.communicate(timeout=60)[0]
+    again = run_again(config, _env(pg))
     assert "the store's schema" not in again, f"{line}\nthen, after {fix[0]}:" \
         f" {again.strip().splitlines()[-1]}"  # fmt: skip

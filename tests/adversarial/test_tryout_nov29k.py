@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import tarfile
@@ -26,21 +24,20 @@ from core.store import Store
 from devkit.embedded import EmbeddedNats, EmbeddedPostgres
 from devkit.server import CHECKOUT
 from spark.options import spec_of
-from spark.position import Position, bounds, run
-from spark.source import Bucket, _batches
+from spark.position import Position
 from spark.typed import SourceError
 from tests.adversarial.test_tryout_nov29c_ops import (  # noqa: F401 (quickstart_pg: a fixture)
     _env,
     _quickstart_config,
     quickstart_pg,
 )
-from tests.adversarial.test_tryout_nov29j import _age, _ids, _queued
-from tests.adversarial.test_tryout_spark_nov29c import _config, _head
+from tests.adversarial.test_tryout_nov29j import SLOW, _age, _ids, _queue_and_prune
+from tests.adversarial.test_tryout_spark_nov29c import _config, _head, _read_from
 from tests.connectors.nats.harness import NatsHarness
 from tests.helpers.api import api_config, api_serving, receive
 from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import wait_for
-from tests.helpers.cli import WEIR, weir
+from tests.helpers.cli import run_again, weir
 from tests.helpers.quickstart import db_url as _db
 from tests.helpers.sql import execute
 from tests.helpers.weir import insert_t, serving
@@ -64,15 +61,10 @@ def test_retention_does_not_warn_of_deleting_queued_events_a_spark_query_keeps(
     happen. core/store/retention.py ``behind`` counts the queue's rows in every batch older
     than the cutoff, not those ``_prune`` deletes (it keeps batches a Spark query has not read
     unless older than ``readers_hold``)."""
-    consumer = {"name": "slow", "stream": "events", "ack_wait_ms": 30000}
     config = _config(tmp_path, table)
-    with api_serving(table, consumers=[consumer]) as client:
+    with api_serving(table, consumers=[SLOW]) as client:
         Position(spec_of({"config": str(config), "name": "lake"})).note(0)
-        execute(table, "INSERT INTO t SELECT i, 'x' FROM generate_series(1, 20) i")
-        wait_for(lambda: _queued(table) == 20, what="the consumer's queue to fill")
-        _age(table)
-        with caplog.at_level(logging.WARNING):
-            deleted = jobs.prune_events(api_config(table, 1), Store(table))
+        deleted = _queue_and_prune(table, caplog)
         got = receive(client, "slow", 100)
     said = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
     assert deleted == 0 and len(got) == 20, (deleted, len(got))
@@ -138,15 +130,10 @@ def test_a_start_time_before_events_deleted_before_the_upgrade_is_not_a_silent_g
         insert_t(table, range(5, 10))
         wait_for(lambda: _head(table) == 10, what="5 more stored")
 
-    def read(start: str) -> list[int]:
-        spec = spec_of({"config": str(config), "start": start})
-        after, head = run(bounds(spec))
-        return [r["seq"] for b in _batches(spec, Bucket(after, head, 0, 1)) for r in b.to_pylist()]
-
     with pytest.raises(SourceError, match="deleted by retention"):
-        read("beginning")
+        _read_from(config, "beginning")
     with pytest.raises(SourceError, match="deleted by retention"):
-        print(read(before))  # Found: [6, 7, 8, 9, 10]
+        print(_read_from(config, before))  # Found: [6, 7, 8, 9, 10]
 
 
 # --- the store's schema made by another role ---------------------------------------------------
@@ -183,13 +170,7 @@ def test_the_handover_a_schema_owner_is_told_to_run_works_as_that_owner(
             conn.execute(fix[0])  # as the superuser, as the line says
     except psycopg.Error as e:
         pytest.fail(f"{line}\nthen, as the superuser: {e}")
-    run = subprocess.Popen([*WEIR, "run", "--config", str(config)], env=_env(pg),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        again = run.communicate(timeout=20)[0]
-    except subprocess.TimeoutExpired:
-        run.send_signal(signal.SIGTERM)
-        again = run.communicate(timeout=60)[0]
+    again = run_again(config, _env(pg))
     assert "the store's schema" not in again, again.strip().splitlines()[-1]
 
 
@@ -327,12 +308,6 @@ def test_a_store_whose_tables_another_role_owns_is_told_a_fix_that_works(
     assert fix is not None, line
     with psycopg.connect(_db(pg, "weir_store"), autocommit=True) as conn:
         conn.execute(fix[0])  # the fix as the line names it, as the superuser
-    run = subprocess.Popen([*WEIR, "run", "--config", str(config)], env=_env(pg),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        again = run.communicate(timeout=20)[0]
-    except subprocess.TimeoutExpired:
-        run.send_signal(signal.SIGTERM)
-        again = run.communicate(timeout=60)[0]
+    again = run_again(config, _env(pg))
     assert "the store's schema" not in again, f"{line}\nthen, after {fix[0]}:" \
         f" {again.strip().splitlines()[-1]}"  # fmt: skip

@@ -16,6 +16,7 @@ from pyspark.sql.types import DayTimeIntervalType, DoubleType, StructField, Stru
 
 from core.config.load import load_config
 from spark.options import spec_of
+from spark.position import bounds, run
 from spark.source import Bucket, _batches
 from spark.typed import SourceError
 from tests.helpers.capture import wait_for
@@ -55,6 +56,14 @@ def _typed_read(config: Path, head: int, typed: StructType, **options: str) -> l
     ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in typed.fields)
     spec = replace(spec_of({"config": str(config), "schema": ddl, **options}), typed=typed)
     return [row for b in _batches(spec, Bucket(0, head, 0, 1)) for row in b.to_pylist()]
+
+
+def _read_from(config: Path, start: str) -> list[int]:
+    """The seqs a read with the ``start`` option yields: its bounds (spark/position.py
+    ``bounds``), then a read task over them in one bucket (spark/source.py ``_batches``)."""
+    spec = spec_of({"config": str(config), "start": start})
+    after, head = run(bounds(spec))
+    return [r["seq"] for b in _batches(spec, Bucket(after, head, 0, 1)) for r in b.to_pylist()]
 
 
 # -- 1. an interval Postgres holds but Spark's INTERVAL DAY TO SECOND cannot ------------------
@@ -373,18 +382,11 @@ def test_a_start_time_before_deleted_events_fails_as_a_start_seq_does(
         insert_t(table, range(5, 10))
         wait_for(lambda: _head(table) == 10, what="5 more stored")
 
-    def read(start: str) -> list[int]:
-        spec = spec_of({"config": str(config), "start": start})
-        from spark.position import bounds, run
-
-        after, head = run(bounds(spec))
-        return [r["seq"] for b in _batches(spec, Bucket(after, head, 0, 1)) for r in b.to_pylist()]
-
     for start in ("seq:1", "beginning"):
         with pytest.raises(SourceError, match=r"events 1 to 5 of source .* deleted by retention"):
-            read(start)
+            _read_from(config, start)
     with pytest.raises(SourceError, match="deleted by retention"):
-        print(read(before))  # Found: [6, 7, 8, 9, 10]
+        print(_read_from(config, before))  # Found: [6, 7, 8, 9, 10]
 
 
 # -- 11. the schema given as Spark's .schema(): a mismatch inside the task ----------------------

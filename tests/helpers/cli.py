@@ -28,6 +28,18 @@ def weir(
     return out.stdout + out.stderr
 
 
+def run_again(config: Path, env: dict[str, str] | None = None, within: float = 20) -> str:
+    """What ``weir run --config CONFIG`` (in ``env``) says: all of it when it stops within
+    ``within`` seconds, else what it said until SIGTERM ended it (it went on)."""
+    run = subprocess.Popen([*WEIR, "run", "--config", str(config)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        return run.communicate(timeout=within)[0]  # it stopped: say why
+    except subprocess.TimeoutExpired:  # it runs
+        run.send_signal(signal.SIGTERM)
+        return run.communicate(timeout=60)[0]
+
+
 def answers(url: str) -> bool:
     """Whether ``url`` answers 200 (``/health`` of an API that is up)."""
     try:
