@@ -209,6 +209,35 @@ def test_a_start_in_events_retention_deleted_is_told_and_begins_at_the_first_kep
     ]
 
 
+def test_connectors_hear_commits_again_after_the_store_drops_their_listener(
+    table: str, nats_server: EmbeddedNats
+) -> None:
+    """docs/design.md “Guarantees”: a caught-up connector is woken by the store's commit
+    notification, not a poll. The store ends the listening connection (``weir:notify``): it
+    comes back within seconds, and changes committed after it still reach NATS."""
+
+    def listener() -> int | None:
+        with psycopg.connect(table) as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_activity"
+                               " WHERE application_name = 'weir:notify'").fetchone()  # fmt: skip
+        return row[0] if row else None
+
+    nats = NatsHarness(nats_server)
+    c = nats.connector("hear", "events")
+    nats.prepare(c)
+    with serving(weir_config(table, [c])):
+        insert_t(table, range(3))
+        wait_delivered(nats, c, 3)
+        first = listener()
+        assert first is not None
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_for(lambda: listener() not in (None, first), what="the listener to come back")
+        insert_t(table, range(3, 6))
+        got = wait_delivered(nats, c, 6)
+    assert sorted(d.payload["record"]["id"] for d in got) == list(range(6))
+
+
 def test_slot_lag_check_warns_when_wal_piles_up(table: str) -> None:
     cfg = WeirConfig.model_validate({"sources": [
         {"name": "app", "kind": "postgres", "url": table, "schemas": ["public"],
