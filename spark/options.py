@@ -93,7 +93,7 @@ def spec_of(options: dict[str, str]) -> Spec:
         stream=stream,
         collections=tuple(_listed(options.get("collections")) or ("*",)),
         actions=tuple(_listed(actions)) if actions else None,
-        partitions=_positive(options, "partitions") or 2,
+        partitions=_positive(options, "partitions", MOST_PARTITIONS) or 2,
         split=split,
         start=start,
         name=options.get("name"),
@@ -103,6 +103,8 @@ def spec_of(options: dict[str, str]) -> Spec:
         permissive=mode == "permissive",
     )
 
+
+MOST_PARTITIONS = 10_000  # read tasks a micro-batch: the planner makes a bucket each
 
 # The options of a weir read (docs/spark.md “Reading”), by their lower-case names.
 _KNOWN = {o.lower(): o for o in ("config", "source", "stream", "collections", "actions", "start",
@@ -114,10 +116,12 @@ def _listed(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
-def _positive(options: dict[str, str], key: str) -> int | None:
+def _positive(options: dict[str, str], key: str, most: int | None = None) -> int | None:
     text = options.get(key.lower())
     if text is None:
         return None
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise SourceError(f'option "{key}": a whole number of at least 1, not {text!r}')
+    if most is not None and int(text) > most:
+        raise SourceError(f'option "{key}": {most} at most, not {text}')
     return int(text)

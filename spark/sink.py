@@ -34,6 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from core.redact import said
 from core.sources.pg.values import json_float
 from core.steps.payload import dump, load
 from core.tables import closest
@@ -55,6 +56,10 @@ _TAKES: dict[str, tuple[tuple[type, ...], str]] = {
 
 class SinkError(RuntimeError):
     """The rows cannot be written as asked; the message says what to do."""
+
+
+_OPTIONS = ("config", "source", "url")  # a weir write's (docs/spark.md “Writing”)
+_SPARKS = ("checkpointlocation", "queryname")  # Spark's own, given to a stream writer too
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ def target_of(options: dict[str, str], schema: StructType) -> Target:
         if isinstance(f.dataType, MapType) and not isinstance(f.dataType.keyType, StringType):
             raise SinkError(f'column "{f.name}" is {f.dataType.simpleString()}: a JSON '
                             "object's keys are strings (cast the keys to string)")  # fmt: skip
+    for key in options:
+        if key.lower() not in _OPTIONS and key.lower() not in _SPARKS:
+            raise SinkError(f"no option {key!r} of a weir write{closest(key, _OPTIONS)}: "
+                            "docs/spark.md lists them")  # fmt: skip
     path = options.get("config")
     if not path:
         raise SinkError('option "config" is required: the path of the weir YAML file')
@@ -123,7 +132,7 @@ def _post(target: Target, records: list[dict[str, Any]]) -> tuple[int, int]:
         try:
             r = httpx.post(target.url, content=body, headers=headers, timeout=60)
         except httpx.TransportError as e:
-            why = f"{target.url} cannot be reached: {e}"
+            why = said("%s cannot be reached: %s", target.url, e)  # a URL's password masked
         else:
             if r.status_code == 200:
                 answer = r.json()

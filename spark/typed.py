@@ -54,12 +54,14 @@ from pyspark.sql.types import (
 
 MODES = ("failfast", "permissive")
 _EXACT = Context(prec=1000)  # a DECIMAL's scaling: exact for every precision Spark has
-_INT = re.compile(r"-?[0-9]{1,20}")
+_INT = re.compile(r"-?(0|[1-9][0-9]{0,19})")  # a whole JSON number
 _DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")  # a JSON number
+# YYYY-MM-DD: what Postgres writes (fromisoformat takes week dates and the basic form too)
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _NUMBER = re.compile(_DECIMAL.pattern + "|NaN|-?Infinity")  # and the floats' other values
 _DURATION = re.compile(  # an interval as Weir's capture writes it (IntervalStyle iso_8601)
-    r"P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?"
-    r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
+    r"P(?!$)(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?"  # a part at least after P, and after T
+    r"(?:T(?!$)(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
 )
 _BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 
@@ -219,7 +221,7 @@ def _binary(v: Any) -> Any:
 
 
 def _date(v: Any) -> Any:
-    if type(v) is not str or len(v) != 10:
+    if type(v) is not str or not _DATE.fullmatch(v):
         raise Misfit("not an ISO date")
     try:
         return dt.date.fromisoformat(v)
@@ -228,7 +230,7 @@ def _date(v: Any) -> Any:
 
 
 def _time(v: Any) -> dt.datetime:
-    if type(v) is not str or len(v) < 10:
+    if type(v) is not str or not _DATE.match(v) or v[10:11] not in ("", "T", " "):
         raise Misfit("not an ISO timestamp")
     try:
         return dt.datetime.fromisoformat(v)

@@ -506,13 +506,17 @@ def test_a_bad_start_position_is_one_problem(tmp_path: Path) -> None:
         "{seq: 1, time: 2}": "start_position: expected beginning, end, {seq: N} or {time: "
         "ISO-8601}",
         "{seq: 0}": "start_position.seq: Input should be greater than or equal to 1",
+        # pydantic alone read digits as seconds since 1970: 100 (a seq meant) began in 1970
+        "{time: 100}": "start_position.time: an ISO 8601 time, such as 2026-01-31T12:00:00Z",
+        "{time: '1700000000'}": "start_position.time: an ISO 8601 time, such as "
+        "2026-01-31T12:00:00Z",
     }
     for value, problem in cases.items():
         body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, head + body))
         assert e.value.problems == [f"3: connectors[0].{problem}"], value
-    for value in ("end", "{seq: 7}", "{time: '2026-11-22T10:00:00Z'}"):
+    for value in ("end", "{seq: 7}", "{time: '2026-11-22T10:00:00Z'}", "{time: 2026-11-22}"):
         body = f"  - {{name: c, type: nats, stream: events, start_position: {value}}}\n"
         load_config(_write(tmp_path, head + body))
 

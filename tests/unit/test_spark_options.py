@@ -55,3 +55,28 @@ def test_a_wrong_option_says_which_and_what_it_takes(
     with pytest.raises(SourceError) as e:
         spec_of({k: v for k, v in given.items() if v is not None})
     assert said in str(e.value)
+
+
+def test_a_write_takes_its_own_options_and_those_spark_gives_a_stream_writer(
+    tmp_path: Path,
+) -> None:
+    """docs/spark.md “Writing”: config, source and url; Spark's checkpointLocation and
+    queryName pass (Spark hands them to a stream writer, in lower case); a path does not."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark.sink import SinkError, target_of
+
+    path = tmp_path / "weir.yaml"
+    path.write_text(json.dumps({
+        "api": {"listen": "127.0.0.1:1", "tokens": ["t" * 32]},
+        "store": {"url": "postgresql://127.0.0.1:1/none"},
+        "sources": [{"name": "stripe", "kind": "http", "provider": "stripe"}]}))  # fmt: skip
+    rows = StructType(
+        [StructField(n, StringType()) for n in ("collection_id", "record_id", "data")]
+    )
+    given = {"config": str(path), "checkpointlocation": "/tmp/c", "queryname": "q"}
+    assert target_of(given, rows).url == "http://127.0.0.1:1/v1/sources/stripe/records"
+    with pytest.raises(SinkError, match=r"no option 'path' of a weir write: docs/spark.md"):
+        target_of({**given, "path": "/tmp/out"}, rows)
+    with pytest.raises(SinkError, match=r"no option 'soruce' .*\(did you mean 'source'\?\)"):
+        target_of({**given, "soruce": "stripe"}, rows)
