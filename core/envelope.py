@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,23 @@ def utc_iso(at: datetime) -> str:
     """A time as messages write it (``commit_timestamp``, ``upstream_updated_at``): ISO 8601
     in UTC with microseconds, ``2026-11-22T10:00:00.123456Z``. A store batch keeps the text."""
     return at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# YYYY-MM-DD, as an ISO 8601 time begins where Postgres and people write it
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def iso_time(text: str) -> datetime | None:
+    """``text`` read as an ISO 8601 date or time as Postgres and people write it (YYYY-MM-DD,
+    then ``T`` or a space and the time; an offset ``Z``, ``±hh``, ``±hhmm`` or ``±hh:mm``), or
+    None: ``fromisoformat`` alone takes week dates and the basic form too, pydantic no ``±hh``
+    and digits alone as seconds since 1970."""
+    if not _ISO_DATE.match(text) or text[10:11] not in ("", "T", " "):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 EVENT_TYPES = {"insert": "inserted", "update": "updated", "delete": "deleted",

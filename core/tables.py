@@ -7,9 +7,9 @@ A name is taken as written, quoted or not: it is not folded to lower case.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
+from difflib import SequenceMatcher
 
 from core.redact import Said, said
 
@@ -45,8 +45,15 @@ def table_name(schema: str, table: str) -> str:
 
 
 def closest(name: str, names: Iterable[str]) -> Said:
-    """`` (did you mean 'X'?)`` of the name of ``names`` closest to ``name``, compared without
-    case and told as ``names`` spell it; nothing when none is close."""
-    by_folded = {n.lower(): n for n in names}
-    near = difflib.get_close_matches(name.lower(), list(by_folded), n=1, cutoff=0.6)
-    return said(" (did you mean %r?)", by_folded[near[0]]) if near else Said("")
+    """`` (did you mean 'X'?)`` of the name of ``names`` closest to ``name``, told as ``names``
+    spell it; nothing when none is close. Compared without case (an option Spark gives in lower
+    case finds its documented spelling), then with it (of ``Orders`` and ``orders``, the one
+    whose case is nearer), then by the name (the same hint whatever order ``names`` has)."""
+    low = name.lower()
+
+    def nearness(n: str) -> tuple[float, float, str]:
+        return (SequenceMatcher(None, low, n.lower()).ratio(),
+                SequenceMatcher(None, name, n).ratio(), n)  # fmt: skip
+
+    best = max(map(nearness, names), default=None)
+    return said(" (did you mean %r?)", best[2]) if best and best[0] >= 0.6 else Said("")

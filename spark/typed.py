@@ -52,16 +52,16 @@ from pyspark.sql.types import (
     VarcharType,
 )
 
+from core.envelope import iso_time
+
 MODES = ("failfast", "permissive")
 _EXACT = Context(prec=1000)  # a DECIMAL's scaling: exact for every precision Spark has
 _INT = re.compile(r"-?(0|[1-9][0-9]{0,19})")  # a whole JSON number
 _DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")  # a JSON number
-# YYYY-MM-DD: what Postgres writes (fromisoformat takes week dates and the basic form too)
-_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _NUMBER = re.compile(_DECIMAL.pattern + "|NaN|-?Infinity")  # and the floats' other values
 _DURATION = re.compile(  # an interval as Weir's capture writes it (IntervalStyle iso_8601)
-    r"P(?!$)(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?"  # a part at least after P, and after T
-    r"(?:T(?!$)(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
+    r"P(?!$)(?:(-?[0-9]+)Y)?(?:(-?[0-9]+)M)?(?:(-?[0-9]+)D)?"  # a part after P, and after T
+    r"(?:T(?!$)(?:(-?[0-9]+)H)?(?:(-?[0-9]+)M)?(?:(-?[0-9]+(?:\.[0-9]+)?)S)?)?"
 )
 _BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 
@@ -221,26 +221,27 @@ def _binary(v: Any) -> Any:
 
 
 def _date(v: Any) -> Any:
-    if type(v) is not str or not _DATE.fullmatch(v):
+    t = iso_time(v) if type(v) is str and len(v) == 10 else None
+    if t is None:
         raise Misfit("not an ISO date")
-    try:
-        return dt.date.fromisoformat(v)
-    except ValueError:
-        raise Misfit("not an ISO date") from None
+    return t.date()
 
 
 def _time(v: Any) -> dt.datetime:
-    if type(v) is not str or not _DATE.match(v) or v[10:11] not in ("", "T", " "):
+    t = iso_time(v) if type(v) is str else None
+    if t is None:
         raise Misfit("not an ISO timestamp")
-    try:
-        return dt.datetime.fromisoformat(v)
-    except ValueError:
-        raise Misfit("not an ISO timestamp") from None
+    return t
 
 
 def _timestamp(v: Any) -> Any:
     t = _time(v)  # one without an offset: UTC, as Weir's capture writes timestamp columns
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+    if t.tzinfo is None:
+        return t.replace(tzinfo=dt.UTC)
+    try:  # Spark's timestamps are years 1 to 9999 in UTC
+        return t.astimezone(dt.UTC)
+    except OverflowError:
+        raise Misfit("beyond the range of a timestamp") from None
 
 
 def _timestamp_ntz(v: Any) -> Any:

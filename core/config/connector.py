@@ -6,7 +6,6 @@ selection, start position, steps, batching and retries. Each connector package's
 from __future__ import annotations
 
 import math
-import re
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
@@ -14,6 +13,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, mo
 
 from core.config.base import Duration, Model
 from core.config.steps import RouteField, Step, check_steps
+from core.envelope import iso_time
 from core.redact import said
 
 if TYPE_CHECKING:
@@ -114,19 +114,19 @@ class SeqStart(Model):
     seq: int = Field(ge=1, description="first seq to deliver")
 
 
-_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # how an ISO 8601 time begins
-
-
 class TimeStart(Model):
     time: datetime = Field(description="deliver messages written at or after this time")
 
     @field_validator("time", mode="before")
     @classmethod
     def _iso(cls, v: Any) -> Any:
-        """ISO 8601 text (or YAML's timestamp) only: pydantic reads a number, or text of
-        digits, as seconds since 1970, so ``100`` (meant as a seq) would start in 1970."""
-        if isinstance(v, date) or (isinstance(v, str) and _ISO_DATE.match(v)):
+        """ISO 8601 text (or YAML's timestamp) only, read as ``iso_time`` reads it: pydantic
+        reads a number, or digits, as seconds since 1970 (``100``, a seq meant, began in 1970)
+        and refuses the ``+00`` Postgres writes."""
+        if isinstance(v, date):
             return v
+        if isinstance(v, str) and (at := iso_time(v)) is not None:
+            return at
         raise ValueError("an ISO 8601 time, such as 2026-01-31T12:00:00Z")
 
     @property

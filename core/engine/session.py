@@ -23,7 +23,7 @@ from core.engine.sink import BatchError, FatalError, ReadBack
 from core.envelope import BrokerMark, Message, earliest, key_prefixes
 from core.redact import said
 from core.steps.run import Steps, enrich_sources
-from core.store.cursors import FenceLost, Resplitting
+from core.store.cursors import FenceLost, NotNow
 
 log = logging.getLogger("weir.engine")
 
@@ -158,7 +158,7 @@ class Session:
                 try:
                     cur = await lane.reader.cursor(start, self.fw.had)
                     break
-                except Resplitting as e:  # an old split's shard still runs: it may stop soon
+                except NotNow as e:  # an old split's shard still runs, or its start is to come
                     self.fw.set_state("waiting", str(e))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.stop.wait(), POLL)

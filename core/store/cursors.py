@@ -32,7 +32,12 @@ log = logging.getLogger("weir.engine")
 SPARK_PREFIX = "spark:"  # a Spark query's cursor is spark:NAME (spark/source.py)
 
 
-class Resplitting(Exception):
+class NotNow(Exception):
+    """A connector's cursors cannot be made yet: its session waits, saying why, and tries
+    again."""
+
+
+class Resplitting(NotNow):
     """The connector's shards cannot be re-split now: a shard of its old split still runs."""
 
 

@@ -63,24 +63,27 @@ class Notifier:
         def readable() -> None:
             try:
                 pgconn.consume_input()
-            except psycopg.OperationalError as e:  # the server went away
-                if not lost.done():
-                    lost.set_exception(e)
+            except psycopg.OperationalError as e:  # the server went away: libpq closed the
+                loop.remove_reader(fd)  # socket, whose number another connection may take next
+                lost.set_exception(e)
                 return
             while (n := pgconn.notifies()) is not None:
-                self._tell(n.extra.decode())
+                self._tell(n.extra.decode(errors="replace"))
 
         fd = pgconn.socket
         loop.add_reader(fd, readable)
         try:
             await lost
         finally:
-            loop.remove_reader(fd)
+            if lost.cancelled():  # stopped: the socket is still this connection's
+                loop.remove_reader(fd)
 
     def _tell(self, payload: str) -> None:
+        """A commit of a source: ``sync_id:events_seq:records_seq`` (heads left out when the
+        payload is not Weir's own)."""
         sid, _, heads = payload.partition(":")
-        if heads:
-            events, _, records = heads.partition(":")
+        events, _, records = heads.partition(":")
+        if events.isdecimal() and records.isdecimal():
             self.heads[sid] = (int(events), int(records))
         for callback in self._subscribers.get(sid, ()):
             callback()

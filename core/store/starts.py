@@ -11,9 +11,9 @@ from psycopg import sql
 
 from core.config.connector import SeqStart, TimeStart
 from core.redact import said
-from core.shards import Shard
 from core.store import AConn, Store
 from core.store.batches import Entries
+from core.store.cursors import NotNow
 
 log = logging.getLogger("weir.engine")
 
@@ -25,7 +25,6 @@ class StreamReader(Protocol):
     connector: str
     stream: str
     sync_id: str
-    shard: Shard
     end: int | None
 
     @property
@@ -50,7 +49,9 @@ async def start_seq(reader: StreamReader, start: Any) -> int:
         q = sql.SQL("SELECT min(seq) FROM {} WHERE sync_id = %s AND updated_at >= %s")
         row = await (await reader.conn.execute(q.format(table("record_index")),
                                                (sync_id, at))).fetchone()  # fmt: skip
-        return await reader.head() if row is None or row[0] is None else int(row[0]) - 1
+        if row is None or row[0] is None:
+            return await _head_by(reader, at)
+        return int(row[0]) - 1
     q = sql.SQL("SELECT events_pruned_to FROM {} WHERE sync_id = %s")
     row = await (await reader.conn.execute(q.format(table("sources")), (sync_id,))).fetchone()
     if row is not None and row[0] is not None and at <= row[0]:
@@ -60,18 +61,35 @@ async def start_seq(reader: StreamReader, start: Any) -> int:
     row = await (await reader.conn.execute(q.format(table("event_batches")),
                                            (sync_id, at))).fetchone()  # fmt: skip
     if row is None:
-        return await reader.head()
+        return await _head_by(reader, at)
     when = at.timestamp()
     entries = Entries.decode(row[1])
     first = next((i for i, ts in enumerate(entries.ts) if epoch(ts) >= when), 0)
     return int(row[0]) + first - 1
 
 
+class StartToCome(NotNow):
+    """A start time still to come: nothing can be told written after it yet."""
+
+
+async def _head_by(reader: StreamReader, at: datetime) -> int:
+    """The head, for a start time after everything stored: once that time has passed by the
+    store's clock (what comes next is written after it); before, the connector waits (what
+    comes until then is written before it)."""
+    row = await (await reader.conn.execute("SELECT now()")).fetchone()
+    if row is not None and at > row[0]:
+        raise StartToCome(said("connector %s: its start_position time %s is still to come (the "
+                               "store's clock: %s); it starts then", reader.connector,
+                               at.isoformat(), row[0].isoformat()))  # fmt: skip
+    return await reader.head()
+
+
 async def tell_deleted(reader: StreamReader, seq: int, start: Any) -> None:
     """A connector's first cursor, at ``seq`` from ``start``, that begins before the first
-    event retention kept: said once (by its first shard), as nothing is lost silently; it
-    goes on at the first kept. ``beginning`` means every retained message: nothing to say."""
-    if start == "beginning" or reader.stream != "events" or reader.shard.index:
+    event retention kept: said once (by the shard that made the shards' cursors, whichever
+    started first), as nothing is lost silently; it goes on at the first kept. ``beginning``
+    means every retained message: nothing to say."""
+    if start == "beginning" or reader.stream != "events":
         return
     q = sql.SQL("SELECT name, coalesce((SELECT min(first_seq) FROM {} WHERE sync_id = %s),"
                 " events_seq + 1) FROM {} WHERE sync_id = %s").format(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -92,3 +93,26 @@ def insert_t(url: str, ids: range, body: str = "x") -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for i in ids:
             conn.execute("INSERT INTO t VALUES (%s, %s)", (i, body))
+
+
+RETAINED = {"events_retention": "7d"}  # the store settings of captured_then_pruned
+
+
+def captured_then_pruned(table: str) -> datetime:
+    """Rows 0 to 4 of ``t`` captured, then deleted by retention (their batches aged past
+    ``RETAINED``), then rows 5 to 7 captured: events 1 to 5 gone, 6 to 8 kept. Returns the
+    store's time between the two."""
+    from core.runtime import jobs
+    from tests.helpers.capture import count_events, wait_for
+
+    cfg = weir_config(table, [], store=RETAINED)
+    with serving(cfg):
+        insert_t(table, range(5))
+        wait_for(lambda: count_events(table) == 5, what="capture")
+        with psycopg.connect(table, autocommit=True) as conn:
+            conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '8 days'")
+            assert jobs.prune_events(cfg, prepare(cfg)) == 5
+            between: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        insert_t(table, range(5, 8))
+        wait_for(lambda: count_events(table) == 3, what="capture")
+    return between

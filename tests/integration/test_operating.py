@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -33,7 +32,14 @@ from tests.helpers import stored
 from tests.helpers.api import api_serving
 from tests.helpers.brokers import wait_delivered
 from tests.helpers.capture import count_events, wait_for
-from tests.helpers.weir import cursor_of, insert_t, serving, weir_config
+from tests.helpers.weir import (
+    RETAINED,
+    captured_then_pruned,
+    cursor_of,
+    insert_t,
+    serving,
+    weir_config,
+)
 
 
 def samples(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -175,29 +181,16 @@ def test_a_start_in_events_retention_deleted_is_told_and_begins_at_the_first_kep
     starts at the first kept event and says so in one line naming them; ``beginning`` (every
     retained message) and a time after them say nothing. Before, it started there silently."""
 
-    def now() -> datetime:
-        with psycopg.connect(table) as conn:
-            return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index,no-any-return]
-
-    store = {"events_retention": "7d"}
-    cfg = weir_config(table, [], store=store)
-    before = now()
-    with serving(cfg):
-        insert_t(table, range(5))
-        wait_for(lambda: count_events(table) == 5, what="capture")
-        with psycopg.connect(table, autocommit=True) as conn:
-            conn.execute("UPDATE weir.event_batches SET inserted_at = now() - interval '8 days'")
-        assert jobs.prune_events(cfg, prepare(cfg)) == 5
-        between = now()
-        insert_t(table, range(5, 8))
-        wait_for(lambda: count_events(table) == 3, what="capture")
+    with psycopg.connect(table) as conn:
+        before = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    between = captured_then_pruned(table)
     nats = NatsHarness(nats_server)
     starts = {"at_time": {"time": before.isoformat()}, "at_seq": {"seq": 2},
               "beginning": "beginning", "after": {"time": between.isoformat()}}  # fmt: skip
     connectors = [nats.connector(name, "events", start_position=s) for name, s in starts.items()]
     for c in connectors:
         nats.prepare(c)
-    with caplog.at_level(logging.WARNING), serving(weir_config(table, connectors, store=store)):
+    with caplog.at_level(logging.WARNING), serving(weir_config(table, connectors, store=RETAINED)):
         got = {c["name"]: wait_delivered(nats, c, 3) for c in connectors}
     for name, delivered in got.items():
         assert sorted(d.payload["record"]["id"] for d in delivered) == [5, 6, 7], name
@@ -207,6 +200,33 @@ def test_a_start_in_events_retention_deleted_is_told_and_begins_at_the_first_kep
         "retention deleted (store.events_retention); it starts at the first kept, 6"
         for name, first in (("at_seq", 2), ("at_time", 1))
     ]
+
+
+def test_a_start_time_still_to_come_waits_and_then_delivers_what_is_written_after_it(
+    table: str, nats_server: EmbeddedNats
+) -> None:
+    """docs/design.md “Guarantees” (**Start positions**): ``{time: T}`` delivers what is
+    written at or after T; a T still to come waits for it: rows written before T are not
+    sent, rows written after it are."""
+    with psycopg.connect(table) as conn:
+        at = conn.execute("SELECT now() + interval '4 seconds'").fetchone()[0]  # type: ignore[index]
+    nats = NatsHarness(nats_server)
+    c = nats.connector("later", "events", start_position={"time": at.isoformat()})
+    control = nats.connector("all", "events")
+    for each in (c, control):
+        nats.prepare(each)
+    with serving(weir_config(table, [c, control])):
+        wait_for(lambda: cursor_of(table, "all")[0] >= 0, what="the control connector's start")
+        time.sleep(1)  # the other one has started too (its cursor made, before the fix)
+        insert_t(table, range(3))
+        wait_for(lambda: count_events(table) == 3, what="capture")
+        with psycopg.connect(table) as conn:
+            wait_for(
+                lambda: conn.execute("SELECT clock_timestamp() > %s", (at,)).fetchone()[0], what="T"
+            )
+        insert_t(table, range(3, 6))
+        got = wait_delivered(nats, c, 3, settle=2.0)
+    assert sorted(d.payload["record"]["id"] for d in got) == [3, 4, 5]
 
 
 def test_connectors_hear_commits_again_after_the_store_drops_their_listener(

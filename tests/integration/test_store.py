@@ -185,3 +185,39 @@ def test_the_records_index_is_rebuilt_as_it_was(db_url: str) -> None:
         assert conn.execute(INDEX).fetchall() == before
     assert [{k: v for k, v in r.items() if k != "updated_at"} for r in stored.records(db_url)] \
         == [{k: v for k, v in r.items() if k != "updated_at"} for r in records]  # fmt: skip
+
+
+def test_the_notifier_tells_each_commit_and_passes_over_a_payload_not_its_own(db_url: str) -> None:
+    """A commit notification wakes the source's readers and keeps its heads; one on Weir's
+    channel that is not Weir's (``s1:x:y``, sent by another program) wakes them too, keeps no
+    heads and stops nothing: the one after it is told at once."""
+    import asyncio
+
+    from core.store.notifier import Notifier
+    from core.store.shared import channel
+
+    async def run() -> tuple[list[str], dict[str, tuple[int, int]]]:
+        store = Store(db_url)
+        notifier = Notifier(store)
+        woken: list[str] = []
+        for sid in ("s1", "s2"):
+            notifier.subscribe(sid, lambda sid=sid: woken.append(sid))
+        await notifier.start()
+        try:
+            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+                while not woken:  # listening: subscribers are told once it listens
+                    await asyncio.sleep(0.05)
+                woken.clear()
+                for payload in ("s1:x:y", "s2:7:3"):
+                    await conn.execute("SELECT pg_notify(%s, %s)", (channel(store.schema), payload))
+                for _ in range(100):
+                    if len(woken) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await notifier.stop()
+        return woken, notifier.heads
+
+    woken, heads = asyncio.run(run())
+    assert woken == ["s1", "s2"]
+    assert heads == {"s2": (7, 3)}
