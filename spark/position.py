@@ -39,7 +39,8 @@ async def opened(spec: Spec) -> StreamReader:
 async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
     """(where the start option begins: the last seq before it, the stream's head). A start in
     events retention deleted fails when they are read, naming them (``_present`` in
-    spark/source.py); a start time still to come fails at once."""
+    spark/source.py); a start time still to come begins at the head (a batch read of it is
+    empty)."""
     reader = await opened(spec)
     try:
         head = await reader.head()
@@ -47,10 +48,7 @@ async def bounds(spec: Spec, start: bool = True) -> tuple[int, int]:
             return head, head
         return await starts.start_seq(reader, spec.start), head
     except starts.StartToCome:
-        raise SourceError(
-            f'option "start": {spec.start.utc.isoformat()} is still to come by '
-            "the store's clock: give a time that has passed, or end"
-        ) from None
+        return head, head
     finally:
         await reader.close()
 
